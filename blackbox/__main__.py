@@ -1,0 +1,5 @@
+"""`python -m blackbox` is the `blackbox` command."""
+
+from .cli.main import entry
+
+entry()

@@ -1,0 +1,100 @@
+"""blackbox: start the rank recorder in the rank processes of a job run under `blackbox run`, then run the
+sitecustomize this file shadows. Stdlib only; this folder is first on the job's PYTHONPATH, so nothing
+else may live in it. Env names mirror blackbox/_recorder/protocol.py (a test keeps them equal)."""
+
+import os
+import sys
+
+_RUN_DIR = "BLACKBOX_RECORD_DIR"
+_RECORDER = "BLACKBOX_RECORDER"
+_DISABLE = "BLACKBOX_DISABLE"
+# Command lines of launchers: they start ranks and are never ranks themselves.
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+_LAUNCHER_SCRIPTS = ("torchrun", "accelerate", "deepspeed", "composer")
+
+
+def _blackbox_is_launcher():
+    argv = getattr(sys, "orig_argv", None)
+    if argv is None:  # Python 3.9
+        try:
+            with open("/proc/self/cmdline", "rb") as f:
+                argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            argv = list(sys.argv)
+    for i, arg in enumerate(argv[1:], 1):
+        if arg == "-m" and i + 1 < len(argv):
+            return argv[i + 1] in _LAUNCHER_MODULES or argv[i + 1].split(".")[0] in _LAUNCHER_SCRIPTS
+        if not arg.startswith("-"):
+            return os.path.basename(arg) in _LAUNCHER_SCRIPTS
+    return False
+
+
+def _blackbox_mode(env):
+    """'rank', 'single' or None: whether this process records, decided from its environment alone."""
+    if not env.get(_RUN_DIR) or env.get(_DISABLE) == "1":
+        return None
+    parent_pid, _, parent_mode = env.get(_RECORDER, "").partition(":")
+    inherited = bool(parent_pid) and parent_pid != str(os.getpid())
+    if env.get("RANK") is not None and env.get("LOCAL_RANK") is not None:
+        # A child of an active rank (DataLoader worker, helper) inherits RANK: it is not a second rank.
+        # A child of a single-process recorder that has RANK was started by a launcher we did not know.
+        return None if inherited and parent_mode == "rank" else "rank"
+    if inherited or _blackbox_is_launcher():
+        return None
+    return "single"
+
+
+def _blackbox_activate(mode, env):
+    run_dir = env[_RUN_DIR]
+    try:
+        import importlib
+        import importlib.util
+
+        pkg_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        name = "_blackbox_recorder"
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(
+                name, os.path.join(pkg_dir, "__init__.py"), submodule_search_locations=[pkg_dir]
+            )
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        recorder = importlib.import_module(name + ".recorder")
+        if mode == "rank":
+            rank, local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
+            world_size = int(env.get("WORLD_SIZE", "0") or 0)
+        else:
+            rank, local_rank, world_size = 0, 0, 1
+        recorder.activate(run_dir, rank, local_rank, world_size, mode)
+    except Exception as exc:  # the job must start whatever happens here
+        try:
+            with open(os.path.join(run_dir, "bootstrap-errors.log"), "a") as f:
+                f.write("pid %d: the recorder could not start: %r\n" % (os.getpid(), exc))
+        except Exception:
+            pass
+
+
+def _blackbox_chain():
+    """Run the sitecustomize that this one shadows, as `sitecustomize`, exactly as site would have."""
+    import importlib.machinery
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sitecustomize"] = module
+    spec.loader.exec_module(module)
+
+
+_blackbox_env = os.environ
+_blackbox_m = None
+try:
+    _blackbox_m = _blackbox_mode(_blackbox_env)
+except Exception:
+    pass
+if _blackbox_m is not None:
+    _blackbox_activate(_blackbox_m, _blackbox_env)
+_blackbox_chain()

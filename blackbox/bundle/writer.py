@@ -1,0 +1,134 @@
+"""Writes one bundle: entries gathered in memory, each capped, a manifest first, the tar.gz written to a
+temporary name and renamed, files 0600 and directories 0700. Imports the stdlib and blackbox only."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+from .. import __version__
+
+MANIFEST_SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+DEFAULT_FILE_CAP = 4 * 1024 * 1024  # bytes per file
+DEFAULT_TOTAL_CAP = 64 * 1024 * 1024  # bytes per bundle, before compression
+
+
+@dataclass
+class Step:
+    name: str
+    status: str  # ok | failed | skipped | truncated
+    duration_s: float
+    detail: Optional[str] = None
+
+
+@dataclass
+class BundleWriter:
+    run_id: str
+    node: str
+    trigger: str
+    file_cap: int = DEFAULT_FILE_CAP
+    total_cap: int = DEFAULT_TOTAL_CAP
+    entries: dict[str, bytes] = field(default_factory=dict)
+    truncated: dict[str, int] = field(default_factory=dict)  # path -> original size
+    dropped: list[str] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    _total: int = 0
+
+    def add_bytes(self, path: str, data: bytes, *, keep: str = "tail") -> None:
+        """Add an entry, cut to the per-file cap (keeping the tail or the head) and the total cap."""
+        if len(data) > self.file_cap:
+            self.truncated[path] = len(data)
+            data = data[-self.file_cap :] if keep == "tail" else data[: self.file_cap]
+        if self._total + len(data) > self.total_cap:
+            self.dropped.append(path)
+            return
+        self._total += len(data)
+        self.entries[path] = data
+
+    def add_json(self, path: str, obj: Any) -> None:
+        self.add_bytes(path, (json.dumps(obj, indent=2, default=str) + "\n").encode(), keep="head")
+
+    def step(self, name: str, status: str, started: float, detail: Optional[str] = None) -> None:
+        self.steps.append(Step(name, status, round(time.monotonic() - started, 4), detail))
+
+    def manifest(self, extra: dict[str, Any]) -> dict[str, Any]:
+        files = [
+            {
+                "path": path,
+                "size": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(),
+                **({"truncated_from": self.truncated[path]} if path in self.truncated else {}),
+            }
+            for path, data in self.entries.items()
+        ]
+        return {
+            "schema_version": MANIFEST_SCHEMA_VERSION,
+            "blackbox_version": __version__,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "run_id": self.run_id,
+            "node": self.node,
+            "trigger": self.trigger,
+            **extra,
+            "files": files,
+            "steps": [s.__dict__ for s in self.steps],
+            "limits": {
+                "file_cap_bytes": self.file_cap,
+                "total_cap_bytes": self.total_cap,
+                "truncated": sorted(self.truncated),
+                "dropped_over_total_cap": self.dropped,
+            },
+        }
+
+    def write(self, out_dir: str, extra: dict[str, Any]) -> str:
+        """Write atomically into `out_dir`; returns the bundle's path."""
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        name = f"blackbox-{_safe(self.run_id)}-{_safe(self.node)}-{stamp}-{_safe(self.trigger)}.tar.gz"
+        final = os.path.join(out_dir, name)
+        n = 1
+        while os.path.exists(final):
+            n += 1
+            final = os.path.join(out_dir, name.replace(".tar.gz", f"-{n}.tar.gz"))
+        tmp = os.path.join(out_dir, f".{name}.{os.getpid()}.tmp")
+        manifest = json.dumps(self.manifest(extra), indent=2).encode()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
+                now = time.time()
+                dirs: set[str] = set()
+                _add(tar, MANIFEST_NAME, manifest, now)
+                for path, data in self.entries.items():
+                    parts = path.split("/")[:-1]
+                    for i in range(1, len(parts) + 1):
+                        d = "/".join(parts[:i])
+                        if d not in dirs:
+                            dirs.add(d)
+                            info = tarfile.TarInfo(d)
+                            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o700, int(now)
+                            tar.addfile(info)
+                    _add(tar, path, data, now)
+            os.replace(tmp, final)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return final
+
+
+def _add(tar: tarfile.TarFile, path: str, data: bytes, now: float) -> None:
+    info = tarfile.TarInfo(path)
+    info.size, info.mode, info.mtime = len(data), 0o600, int(now)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)[:64] or "unknown"

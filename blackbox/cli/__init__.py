@@ -1,0 +1,1 @@
+"""Thin click commands: parse, call one function of the core, render. Nothing imports this package."""

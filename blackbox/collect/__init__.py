@@ -1,0 +1,1 @@
+"""Collection: gathering a node's evidence into a bundle."""

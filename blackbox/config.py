@@ -1,0 +1,154 @@
+"""Configuration in one place: every option's name, default, parser and help, resolved as
+flag > BLACKBOX_* env var > TOML config file > default. Imports only the stdlib and blackbox.errors."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from .errors import BlackboxError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ENV_CONFIG = "BLACKBOX_CONFIG"
+AUTO = "auto"
+
+
+def _seconds(value: Any) -> float:
+    seconds = float(value)
+    if not seconds > 0 or seconds != seconds or seconds == float("inf"):
+        raise ValueError(value)
+    return seconds
+
+
+def _seconds_or_auto(value: Any) -> Union[float, str]:
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO
+    return _seconds(value)
+
+
+def _on_stall(value: Any) -> str:
+    text = str(value).strip().lower()
+    if text not in ("kill", "keep"):
+        raise ValueError(value)
+    return text
+
+
+def _path(value: Any) -> str:
+    text = str(value)
+    if not text:
+        raise ValueError(value)
+    return os.path.expanduser(text)
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # attribute and config-file key
+    parse: Callable[[Any], Any]
+    default: Any
+    expects: str  # for the error sentence: "a number of seconds"
+    help: str
+
+    @property
+    def env(self) -> str:
+        return "BLACKBOX_" + self.name.upper()
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+RUN_OPTIONS: tuple[Option, ...] = (
+    Option("run_dir", _path, None, "a directory path",
+           "Where the run's console log, events, heartbeats and bundles go [default: ./blackbox-runs/RUN_ID]."),
+    Option("stall_timeout", _seconds_or_auto, AUTO, "a number of seconds or `auto`",
+           "Seconds without progress before a rank counts as stalled; `auto` = max(60 s, 5 x slowest step) "
+           "once 5 steps are done."),
+    Option("startup_timeout", _seconds, 1800.0, "a number of seconds",
+           "Stall timeout before a rank's first step (with `auto`: before its 5th): start-up, data, compilation."),
+    Option("checkpoint_timeout", _seconds, 1800.0, "a number of seconds",
+           "Stall timeout while a rank is in the `checkpoint` phase."),
+    Option("eval_timeout", _seconds, 1800.0, "a number of seconds",
+           "Stall timeout while a rank is in the `eval` phase."),
+    Option("frozen_timeout", _seconds, 120.0, "a number of seconds",
+           "Seconds a live rank's liveness thread may stay silent (GIL held, process stopped) before it is "
+           "recorded as frozen."),
+    Option("on_stall", _on_stall, "kill", "`kill` or `keep`",
+           "After collecting a stall: `kill` ends the job so the scheduler can requeue it; `keep` leaves it "
+           "running for a human to attach."),
+    Option("poll_interval", _seconds, 1.0, "a number of seconds", "Seconds between two reads of the heartbeats."),
+    Option("kill_grace", _seconds, 30.0, "a number of seconds",
+           "Seconds between SIGTERM and SIGKILL when blackbox ends the job."),
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run_dir: Optional[str]
+    stall_timeout: Union[float, str]
+    startup_timeout: float
+    checkpoint_timeout: float
+    eval_timeout: float
+    frozen_timeout: float
+    on_stall: str
+    poll_interval: float
+    kill_grace: float
+    sources: Mapping[str, str]  # option name -> where its value came from (for the events log)
+
+
+def _read_config_file(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise BlackboxError(
+            f"The config file `{path}` does not exist.", hint=f"Check the path given to --config or {ENV_CONFIG}."
+        ) from None
+    except OSError as exc:
+        raise BlackboxError(f"The config file `{path}` cannot be read: {exc.strerror}.") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise BlackboxError(f"The config file `{path}` is not valid TOML: {exc}.") from None
+    section = data.get("run", {})
+    if not isinstance(section, dict):
+        raise BlackboxError(f"The config file `{path}` has a `run` entry that is not a table.")
+    known = {o.name for o in RUN_OPTIONS}
+    unknown = sorted(set(section) - known)
+    if unknown:
+        raise BlackboxError(
+            f"The config file `{path}` has unknown option(s) {', '.join(f'`{u}`' for u in unknown)} in [run].",
+            hint="Known options: " + ", ".join(sorted(known)) + ".",
+        )
+    return section
+
+
+def load_run_config(
+    flags: Mapping[str, Any], env: Mapping[str, str], config_path: Optional[str] = None
+) -> RunConfig:
+    """Resolve every run option: flag > env var > config file > default."""
+    path = config_path or env.get(ENV_CONFIG) or None
+    file_values = _read_config_file(path) if path else {}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for opt in RUN_OPTIONS:
+        if flags.get(opt.name) is not None:
+            raw, source, where = flags[opt.name], "flag", f"`{opt.flag}`"
+        elif env.get(opt.env):
+            raw, source, where = env[opt.env], "env", f"`{opt.env}`"
+        elif opt.name in file_values:
+            raw, source, where = file_values[opt.name], "file", f"`{opt.name}` in `{path}`"
+        else:
+            values[opt.name], sources[opt.name] = opt.default, "default"
+            continue
+        try:
+            values[opt.name] = opt.parse(raw)
+        except (ValueError, TypeError):
+            raise BlackboxError(f"{where} must be {opt.expects}, not `{raw}`.") from None
+        sources[opt.name] = source
+    return RunConfig(sources=sources, **values)

@@ -1,0 +1,519 @@
+"""The supervisor of `blackbox run`: a transparent parent that starts the launcher, forwards signals, passes
+the exit code through, watches heartbeats and acts on stalls. It never prints: it speaks through `say`.
+Imports the stdlib, psutil (through adapters) and blackbox's host side."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import secrets
+import select
+import shutil
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from typing import Callable, Optional
+
+from .. import __version__
+from .._recorder import protocol as P
+from .._recorder.heartbeat import HeartbeatState
+from ..adapters import gpu, host, procfs
+from ..collect.local import LocalCollector
+from ..config import RunConfig
+from ..errors import EXIT_CANT_CREATE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
+from ..events import EventLog
+from ..redact import redact_argv
+from .heartbeats import HeartbeatTable
+from .launch import ConsoleLog, Launched, resize_ptys, spawn
+from .rules import Detection, RankView, Rules
+
+INJECT_DIR = os.path.join(os.path.dirname(os.path.abspath(P.__file__)), "inject")
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_HANDLED = (*_FORWARDED, signal.SIGUSR1, signal.SIGCHLD, signal.SIGWINCH)
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def resolve_command(argv: list[str], env: Mapping[str, str]) -> str:
+    """The executable the job will run, or a BlackboxError that says why it cannot be run."""
+    if not argv:
+        raise BlackboxError(
+            "No command given: put the job's command line after `--`.",
+            hint="For example: blackbox run -- torchrun --nproc-per-node 8 train.py",
+        )
+    cmd = argv[0]
+    if os.sep in cmd:
+        if not os.path.exists(cmd):
+            raise BlackboxError(f"The command `{cmd}` does not exist.", exit_code=EXIT_NOT_FOUND)
+        if os.path.isdir(cmd) or not os.access(cmd, os.X_OK):
+            raise BlackboxError(
+                f"The command `{cmd}` is not executable.",
+                hint=f"chmod +x {cmd}, or run it through its interpreter (python {cmd}).",
+                exit_code=EXIT_NOT_EXECUTABLE,
+            )
+        return cmd
+    found = shutil.which(cmd, path=env.get("PATH", os.defpath))
+    if found is None:
+        raise BlackboxError(
+            f"The command `{cmd}` was not found on PATH.",
+            hint="Check the spelling, or activate the environment that provides it.",
+            exit_code=EXIT_NOT_FOUND,
+        )
+    return found
+
+
+def prepare_run_dir(path: str) -> str:
+    """Create the run directory, private (0700), and refuse one that already holds a run."""
+    path = os.path.abspath(path)
+    if os.path.exists(os.path.join(path, "events.jsonl")):
+        raise BlackboxError(
+            f"The run directory `{path}` already holds a run.",
+            hint="Give a new --run-dir, or leave it out to get a fresh one under ./blackbox-runs.",
+        )
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.chmod(path, 0o700)
+        for sub in ("ranks", "bundles"):
+            os.makedirs(os.path.join(path, sub), mode=0o700, exist_ok=True)
+        probe = os.path.join(path, ".write-test")
+        with open(probe, "w"):
+            pass
+        os.unlink(probe)
+    except OSError as exc:
+        raise BlackboxError(
+            f"Cannot use `{path}` as the run directory: {exc.strerror or exc}.",
+            hint="Pass --run-dir (or BLACKBOX_RUN_DIR) pointing at a writable directory.",
+            exit_code=EXIT_CANT_CREATE,
+        ) from None
+    return path
+
+
+def exit_code_of(status: int) -> int:
+    """The code a shell reports for a wait status: the exit code, or 128+N for a death by signal N."""
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def describe_status(status: int) -> str:
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        return f"died of signal {-code} ({_signame(-code)})"
+    return f"exited with code {code}"
+
+
+def _signame(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+class Supervisor:
+    def __init__(self, argv: list[str], cfg: RunConfig, env: Mapping[str, str], say: Callable[[str], None]):
+        self.argv = list(argv)
+        self.cfg = cfg
+        self.env = dict(env)
+        self._say = say
+        self.run_id = new_run_id()
+        self.node = host.hostname()
+        self.run_dir = os.path.abspath(cfg.run_dir or os.path.join("blackbox-runs", self.run_id))
+        self.events: Optional[EventLog] = None
+        self.console: Optional[ConsoleLog] = None
+        self.launched: Optional[Launched] = None
+        self.launcher_status: Optional[int] = None
+        self.reaped: dict[int, str] = {}  # pid -> how it ended, for job processes we reaped as subreaper
+        self.known: dict[tuple[int, int], HeartbeatState] = {}  # (rank, pid) -> last reading
+        self.stepped: set[tuple[int, int]] = set()
+        self.watching = True
+        self.ended_after_stall = False
+        self.terminating = False  # a termination signal was passed on, or blackbox is ending the job
+        self.ending_since: Optional[float] = None
+        self.kill_deadline: Optional[float] = None
+        self.sigints = 0
+        self.bundles: list[str] = []
+        self._pending: list[int] = []
+        self._rules = Rules(cfg)
+        self._table: Optional[HeartbeatTable] = None
+        self._collector: Optional[LocalCollector] = None
+        self._views: list[RankView] = []
+        self._said_once: set[str] = set()
+
+    # --- speaking -------------------------------------------------------------------------------------
+    def say(self, message: str) -> None:
+        with contextlib.suppress(Exception):
+            self._say(message)
+
+    def say_once(self, key: str, message: str) -> None:
+        if key not in self._said_once:
+            self._said_once.add(key)
+            self.say(message)
+
+    def event(self, name: str, **fields: object) -> None:
+        if self.events is not None:
+            self.events.write(name, **fields)
+
+    # --- the run --------------------------------------------------------------------------------------
+    def run(self) -> int:
+        exe = resolve_command(self.argv, self.env)
+        if not sys.platform.startswith("linux"):
+            self.say(f"cannot watch on {sys.platform} (blackbox reads /proc, which only Linux has); "
+                     "running the job unwatched")  # fmt: skip
+            return _run_plain(self.argv, exe)
+        self.run_dir = prepare_run_dir(self.run_dir)
+        self.events = EventLog(os.path.join(self.run_dir, "events.jsonl"))
+        self.console = ConsoleLog(
+            os.path.join(self.run_dir, "console.log"), lambda m: self.say_once("console", m)
+        )
+        self._table = HeartbeatTable(os.path.join(self.run_dir, "ranks"), self._heartbeat_error)
+        self._collector = LocalCollector(self.run_dir, self.run_id, self.node, self.argv, self.console)
+        facts = self._header()
+        self.event(
+            "start", run_id=self.run_id, node=self.node, pid=os.getpid(), command=redact_argv(self.argv),
+            cwd=os.getcwd(), blackbox_version=__version__, config={
+                k: getattr(self.cfg, k) for k in self.cfg.sources}, config_sources=dict(self.cfg.sources),
+            **facts,
+        )  # fmt: skip
+        _become_subreaper()
+        rfd, wfd = os.pipe()
+        os.set_blocking(wfd, False)
+        old_wakeup = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
+        old_handlers = {s: signal.signal(s, self._on_signal) for s in _HANDLED}
+        try:
+            try:
+                self.launched = spawn(self.argv, self._job_env(), self.console, [])
+            except OSError as exc:
+                code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
+                self.event("end", exit_code=code, error=str(exc))
+                raise BlackboxError(f"The command `{self.argv[0]}` could not be started: {exc.strerror}.",
+                                    exit_code=code) from None  # fmt: skip
+            self.event("launched", pid=self.launched.pid, executable=exe)
+            self._loop(rfd)
+            return self._finish()
+        finally:
+            if self.launched is not None:
+                self.launched.restore_terminal()
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
+            signal.set_wakeup_fd(old_wakeup)
+            os.close(rfd)
+            os.close(wfd)
+            if self._table is not None:
+                self._table.close()
+            if self.console is not None:
+                self.console.close()
+            if self.events is not None:
+                self.events.close()
+
+    def _job_env(self) -> dict[str, str]:
+        env = dict(self.env)
+        env.pop(P.ENV_RECORDER, None)  # blackbox run inside a rank: the job's ranks are ranks of their own
+        pythonpath = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = INJECT_DIR + (os.pathsep + pythonpath if pythonpath else "")
+        env[P.ENV_RUN_DIR] = self.run_dir
+        env["BLACKBOX_RUN_ID"] = self.run_id
+        return env
+
+    def _header(self) -> dict[str, object]:
+        """console.log's header: which host, which IP, which GPU and how hot, which code. Git and GPU
+        probes run in parallel and are bounded, so a slow filesystem never delays the job by much."""
+        results: dict[str, object] = {}
+
+        def probe(name: str, fn: Callable[[], object]) -> None:
+            with contextlib.suppress(Exception):
+                results[name] = fn()
+
+        threads = [
+            threading.Thread(target=probe, args=("git", lambda: host.git_state(os.getcwd(), 2.0)), daemon=True),
+            threading.Thread(target=probe, args=("gpus", lambda: gpu.query_gpus(2.0)), daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(3.0)
+        git = results.get("git")
+        gpus, gpu_how = results.get("gpus", ([], "GPU probe timed out"))  # type: ignore[misc]
+        ips = host.ip_addresses()
+        torch_version = host.package_version("torch")
+        lines = [
+            f"blackbox {__version__} run {self.run_id}",
+            f"host: {self.node} ({', '.join(ips) or 'no non-loopback address'})",
+            f"command: {' '.join(redact_argv(self.argv))}",
+            f"cwd: {os.getcwd()}",
+            f"git: {git.describe() if isinstance(git, host.GitState) else 'unknown (probe timed out)'}",
+            f"torch: {torch_version or 'not installed'} (blackbox's environment)",
+            f"started: {datetime.now(timezone.utc).isoformat(timespec='seconds')}",
+            "gpus: " + (" | ".join(g.describe() for g in gpus) if gpus else gpu_how),
+            f"run dir: {self.run_dir}",
+        ]
+        assert self.console is not None
+        self.console.write(("".join(f"# {line}\n" for line in lines) + "# ---\n").encode())
+        return {
+            "ips": ips,
+            "git": git.__dict__ if isinstance(git, host.GitState) else None,
+            "torch_version": torch_version,
+            "gpus": [g.__dict__ for g in gpus],
+        }
+
+    # --- signals ----------------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._pending.append(signum)
+
+    def _handle_signals(self) -> None:
+        while self._pending:
+            sig = self._pending.pop(0)
+            if sig == signal.SIGCHLD:
+                continue
+            if sig == signal.SIGWINCH:
+                if self.launched is not None:
+                    resize_ptys(self.launched)
+                continue
+            if sig == signal.SIGUSR1:  # "collect now": never passed on (torchrun dies of it)
+                self.event("signal", signal="SIGUSR1", action="collect")
+                self._collect("manual", None)
+                continue
+            if sig == signal.SIGINT:
+                self.sigints += 1
+                if self.sigints == 2:
+                    self.event("signal", signal="SIGINT", action="end job")
+                    self._end_job("a second SIGINT")
+                    continue
+                if self.sigints >= 3:
+                    self.event("signal", signal="SIGINT", action="kill job")
+                    self.say("third SIGINT: killing every job process now (SIGKILL)")
+                    self._kill_all(signal.SIGKILL)
+                    continue
+            self._forward(sig)
+
+    def _forward(self, sig: int) -> None:
+        assert self.launched is not None
+        if not self.terminating:
+            # The launcher will now tear the ranks down: keep what they were doing first (a job that hung
+            # until the scheduler's time limit is a stall nobody saw).
+            self.terminating = True
+            self._collect("signal", None)
+        if self.launcher_status is None:
+            with contextlib.suppress(OSError):
+                os.kill(self.launched.pid, sig)
+            self.event("signal", signal=_signame(sig), action=f"forwarded to the launcher (pid {self.launched.pid})")
+
+    # --- the loop ------------------------------------------------------------------------------------
+    def _loop(self, wakeup_fd: int) -> None:
+        next_poll = time.monotonic() + min(self.cfg.poll_interval, 0.5)
+        while True:
+            self._reap()
+            if self.launcher_status is not None:
+                return
+            try:
+                self._handle_signals()
+            except Exception as exc:
+                self._internal_error("signals", exc)
+            now = time.monotonic()
+            if now >= next_poll:
+                self._poll_guarded()
+                next_poll = time.monotonic() + self.cfg.poll_interval
+            if self.kill_deadline is not None and now >= self.kill_deadline:
+                self.kill_deadline = None
+                self.say(f"the job did not end within {self.cfg.kill_grace:g} s of SIGTERM: killing it (SIGKILL)")
+                self.event("kill", reason="grace period over")
+                self._kill_all(signal.SIGKILL)
+            deadline = next_poll if self.kill_deadline is None else min(next_poll, self.kill_deadline)
+            timeout = max(0.0, deadline - time.monotonic())
+            with contextlib.suppress(InterruptedError):
+                ready, _, _ = select.select([wakeup_fd], [], [], timeout)
+                if ready:
+                    with contextlib.suppress(BlockingIOError, InterruptedError):
+                        os.read(wakeup_fd, 512)
+
+    def _reap(self) -> None:
+        """Collect the exit of the launcher and of any orphaned job process that was handed to us."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
+            if pid == 0:
+                return
+            if self.launched is not None and pid == self.launched.pid:
+                self.launcher_status = status
+                self.launched.popen.returncode = os.waitstatus_to_exitcode(status)
+            else:
+                self.reaped[pid] = describe_status(status)
+
+    def _poll_guarded(self) -> None:
+        if not self.watching:
+            return
+        try:
+            self._poll()
+        except Exception as exc:
+            self.watching = False
+            self._internal_error("watch", exc)
+
+    def _internal_error(self, where: str, exc: BaseException) -> None:
+        self.event("error", where=where, error=repr(exc), traceback=traceback.format_exc())
+        self.say_once(
+            f"internal:{where}",
+            f"internal error while {'watching' if where == 'watch' else 'handling ' + where}: {exc!r}; "
+            "the job goes on" + (" unwatched" if where == "watch" else "") + " (details in events.jsonl)",
+        )
+
+    def _heartbeat_error(self, path: str, message: str) -> None:
+        self.event("heartbeat_error", path=path, error=message)
+
+    def read_views(self) -> list[RankView]:
+        assert self._table is not None
+        views = []
+        for hb in self._table.read():
+            key = (hb.rank, hb.pid)
+            if key not in self.known:
+                self.event("rank_start", rank=hb.rank, pid=hb.pid, local_rank=hb.local_rank,
+                           world_size=hb.world_size, mode=hb.mode)  # fmt: skip
+            self.known[key] = hb
+            if hb.step >= 1 and key not in self.stepped:
+                self.stepped.add(key)
+                self.event("first_step", rank=hb.rank, pid=hb.pid)
+            status = self.reaped.get(hb.pid)
+            if status is None and self.launched is not None and hb.pid == self.launched.pid:
+                status = None if self.launcher_status is None else describe_status(self.launcher_status)
+            alive = status is None and procfs.is_alive(hb.pid, hb.start_ticks)
+            views.append(RankView(hb, alive, status))
+        self._views = views
+        return views
+
+    def _poll(self) -> None:
+        now = time.monotonic()
+        for detection in self._rules.evaluate(self.read_views(), now):
+            self._act(detection)
+
+    def _act(self, d: Detection) -> None:
+        if d.rule == "rank_death" and self.terminating:  # the teardown we asked for: a record, no alarm
+            self.event(d.rule, ranks=list(d.ranks), expected=True)
+            return
+        self.event(d.rule, ranks=list(d.ranks), suspects=list(d.suspects), reason=d.reason,
+                   findings=[f.__dict__ for f in d.findings])  # fmt: skip
+        self.say(d.message())
+        for f in d.findings:
+            self.say(f"  {f.describe()}: idle {f.idle_s:.0f} s" if d.rule != "rank_death"
+                     else f"  {f.describe()}: {f.exit_status or f.state}")  # fmt: skip
+        self._collect(d.rule.replace("_", "-"), d)
+        if d.rule == "stall":
+            if self.cfg.on_stall == "kill":
+                self.ended_after_stall = True
+                self._end_job(f"stall, --on-stall kill; exit code will be {EXIT_STALL_ENDED}")
+            else:
+                pids = ", ".join(str(f.pid) for f in d.findings if f.rank in d.suspects)
+                self.say(f"leaving the job running (--on-stall keep); inspect it with: py-spy dump --pid {pids}")
+
+    def _collect(self, trigger: str, detection: Optional[Detection]) -> None:
+        assert self._collector is not None
+        try:
+            views = self._views if self.watching else []
+            if trigger == "manual" and self.watching:
+                views = self.read_views()
+            path = self._collector.collect(trigger, detection, views, self.events)
+        except Exception as exc:
+            self._internal_error("collect", exc)
+            return
+        self.bundles.append(path)
+        self.event("bundle", path=path, trigger=trigger)
+        self.say(f"evidence bundle: {path}")
+
+    # --- ending ------------------------------------------------------------------------------------
+    def _job_processes(self) -> list[tuple[int, int]]:
+        """(pid, start ticks) of every live process of the job: our descendants (orphans are handed
+        to us, a subreaper) and the ranks whose heartbeats we read. Nothing else is ever signalled."""
+        procs: dict[int, int] = {}
+        for pid in procfs.descendants(os.getpid()):
+            st = procfs.proc_stat(pid)
+            if st is not None:
+                procs[pid] = st.start_ticks
+        for (_, pid), hb in self.known.items():
+            if procfs.is_alive(pid, hb.start_ticks):
+                procs[pid] = hb.start_ticks
+        return sorted(procs.items())
+
+    def _end_job(self, reason: str) -> None:
+        if self.ending_since is not None:
+            return
+        assert self.launched is not None
+        self.ending_since = time.monotonic()
+        self.terminating = True
+        self.kill_deadline = self.ending_since + self.cfg.kill_grace
+        self.say(f"ending the job ({reason}): SIGTERM to the launcher (pid {self.launched.pid}), "
+                 f"SIGKILL to every job process after {self.cfg.kill_grace:g} s")  # fmt: skip
+        self.event("end_job", reason=reason)
+        if self.launcher_status is None:
+            with contextlib.suppress(OSError):
+                os.kill(self.launched.pid, signal.SIGTERM)
+
+    def _kill_all(self, sig: int) -> None:
+        for pid, ticks in self._job_processes():
+            procfs.signal_if_same(pid, ticks, sig)
+
+    def _end_survivors(self, why: str) -> None:
+        survivors = self._job_processes()
+        if not survivors:
+            return
+        self.say(f"{why}; ending {len(survivors)} job process(es) left behind: pids "
+                 + ", ".join(str(p) for p, _ in survivors))  # fmt: skip
+        self.event("end_survivors", reason=why, pids=[p for p, _ in survivors])
+        for pid, ticks in survivors:
+            procfs.signal_if_same(pid, ticks, signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.kill_grace
+        while time.monotonic() < deadline:
+            self._reap()
+            if not any(procfs.is_alive(p, t) for p, t in survivors):
+                return
+            time.sleep(0.05)
+        for pid, ticks in survivors:
+            procfs.signal_if_same(pid, ticks, signal.SIGKILL)
+        self._reap()
+
+    def _finish(self) -> int:
+        assert self.launched is not None and self.launcher_status is not None
+        status = self.launcher_status
+        code = exit_code_of(status)
+        died_of_signal = os.waitstatus_to_exitcode(status) < 0
+        if died_of_signal and self.ending_since is None:
+            self._end_survivors(f"the launcher (pid {self.launched.pid}) {describe_status(status)}")
+        elif self.ending_since is not None:
+            self._end_survivors("the job is being ended")
+        if self.watching:
+            with contextlib.suppress(Exception):
+                self._poll_guarded()  # deaths at the very end still get their record
+        if code != 0 and not self.bundles and self.watching:
+            self._collect("exit", None)
+        self.launched.join_output(2.0)
+        final = EXIT_STALL_ENDED if self.ended_after_stall else code
+        self.event("end", launcher_status=describe_status(status), job_exit_code=code, exit_code=final,
+                   bundles=self.bundles)  # fmt: skip
+        return final
+
+
+def _become_subreaper() -> None:
+    """Orphaned ranks (the launcher died) are handed to us instead of init, so we can find and end them."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _run_plain(argv: list[str], exe: str) -> int:
+    import subprocess
+
+    proc = subprocess.Popen([exe, *argv[1:]])
+    while True:
+        try:
+            proc.wait()
+            break
+        except KeyboardInterrupt:
+            continue
+    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
