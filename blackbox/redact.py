@@ -35,7 +35,7 @@ _SECRET_VALUES = [
 _KEYED_VALUE = re.compile(
     r"(?i)(\bbearer\s+|\bbasic\s+|"
     r"(?:--?|\b)[a-z0-9_\-]*(?:token|secret|passw(?:or)?d|api[_-]?key|access[_-]?key|credential|auth)"
-    r"[a-z0-9_\-]*[\"']?\s*[=:]\s*[\"']?|"
+    r"[a-z0-9_\-]*[\"']?\s*[=:]\s*[\"']?(?:(?:bearer|basic|token)\s+)?|"
     r"--[a-z0-9_\-]*(?:token|secret|passw(?:or)?d|api[_-]?key|access[_-]?key|credential)[a-z0-9_\-]*\s+)"
     r"([^\s\"',;]+)"
 )

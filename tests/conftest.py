@@ -1,0 +1,112 @@
+"""Shared fixtures: the test process is a child subreaper, so every process a test starts (and every
+orphan of it) ends up as our descendant and is killed and reaped after the test, whatever happened."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+BIN = Path(sys.executable).parent
+BLACKBOX = [sys.executable, "-m", "blackbox"]
+TORCHRUN = str(BIN / "torchrun")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:
+        has_cuda = False
+    if not has_cuda:
+        skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+def _reap_descendants() -> None:
+    me = psutil.Process()
+    procs = me.children(recursive=True)
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(procs, timeout=5)
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+
+
+@pytest.fixture(autouse=True)
+def reap_everything() -> Iterator[None]:
+    yield
+    _reap_descendants()
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> object:
+    """Poll a condition (a file appearing, a process state) until it holds; never a bare sleep."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOX_")}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("PYTHONPATH", None)
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def start_blackbox(args: list[str], cwd: Path, **extra_env: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [*BLACKBOX, *args], cwd=cwd, env=job_env(**extra_env), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def run_blackbox(args: list[str], cwd: Path, timeout: float = 120, **extra_env: str) -> subprocess.CompletedProcess[bytes]:
+    proc = start_blackbox(args, cwd, **extra_env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def bundles(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "bundles").glob("*.tar.gz"))
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return tmp_path / "run"
+
+
+def send(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, sig)

@@ -1,0 +1,143 @@
+"""The injected recorder in fresh interpreters: stdlib-only, activates where it should and only there,
+chains the user's sitecustomize, and never hurts the job."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from blackbox._recorder import protocol as P
+from blackbox._recorder.heartbeat import HeartbeatState, decode
+from blackbox.supervisor.supervisor import INJECT_DIR
+from tests.conftest import job_env
+
+HEAVY = ("torch", "click", "rich", "psutil", "numpy")
+REPORT_MODULES = (
+    "import sys, json; print(json.dumps(sorted(m for m in %r if m in sys.modules)))" % (HEAVY,)
+)
+
+
+def py(code: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+
+
+def rank_env(record_dir: Path, **extra: str) -> dict[str, str]:
+    return job_env(PYTHONPATH=INJECT_DIR, BLACKBOX_RECORD_DIR=str(record_dir), **extra)
+
+
+def read_hb(record_dir: Path, rank: int = 0) -> HeartbeatState:
+    with open(record_dir / "ranks" / str(rank) / "heartbeat", "rb") as f:
+        return decode(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+
+
+def test_inject_dir_holds_only_sitecustomize() -> None:
+    names = {n for n in os.listdir(INJECT_DIR) if n != "__pycache__"}
+    assert names == {"sitecustomize.py"}
+
+
+def test_sitecustomize_env_names_match_the_protocol() -> None:
+    text = Path(INJECT_DIR, "sitecustomize.py").read_text()
+    assert f'_RUN_DIR = "{P.ENV_RUN_DIR}"' in text
+    assert f'_RECORDER = "{P.ENV_RECORDER}"' in text
+    assert f'_DISABLE = "{P.ENV_DISABLE}"' in text
+    assert f'"{P.MODE_RANK}"' in text and f'"{P.MODE_SINGLE}"' in text
+
+
+def test_importing_blackbox_is_light(tmp_path: Path) -> None:
+    out = py("import blackbox; blackbox.step(); " + REPORT_MODULES, job_env())
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == []
+
+
+def test_active_recorder_imports_nothing_heavy(tmp_path: Path) -> None:
+    # GIVEN a process that looks like rank 0 of a job under blackbox
+    out = py(REPORT_MODULES, rank_env(tmp_path, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2"))
+    # THEN it recorded, and no heavy module was imported on its behalf
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == []
+    hb = read_hb(tmp_path)
+    assert (hb.rank, hb.world_size, hb.mode, hb.state) == (0, 2, "rank", "exited")
+
+
+def test_single_process_is_rank_zero_and_counts_optimizer_steps(tmp_path: Path) -> None:
+    code = (
+        "import torch\n"
+        "m = torch.nn.Linear(2, 1); o = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for _ in range(3):\n"
+        "    m(torch.ones(1, 2)).sum().backward(); o.step()\n"
+    )
+    out = py(code, rank_env(tmp_path))
+    assert out.returncode == 0, out.stderr
+    hb = read_hb(tmp_path)
+    assert (hb.rank, hb.mode, hb.step) == (0, "single", 3)
+    assert not (tmp_path / "ranks" / "0" / "recorder.log").exists()
+
+
+def test_public_api_inside_and_outside(tmp_path: Path) -> None:
+    code = (
+        "import blackbox\n"
+        "blackbox.step(); blackbox.step()\n"
+        "with blackbox.phase('eval'):\n"
+        "    blackbox.annotate(shard='s3://bucket/part-7', epoch=2)\n"
+        "    blackbox.log_metrics(2, loss=0.5)\n"
+    )
+    out = py(code, job_env())  # outside blackbox run: every call is a no-op
+    assert out.returncode == 0 and out.stderr == ""
+    out = py(code, rank_env(tmp_path))
+    assert out.returncode == 0, out.stderr
+    hb = read_hb(tmp_path)
+    assert hb.step == 2 and hb.phase == "compute"
+    rank_dir = tmp_path / "ranks" / "0"
+    assert json.loads((rank_dir / "annotations.json").read_text()) == {"shard": "s3://bucket/part-7", "epoch": 2}
+    assert json.loads((rank_dir / "metrics.json").read_text())[0]["loss"] == 0.5
+
+
+def test_children_of_a_rank_do_not_record(tmp_path: Path) -> None:
+    code = (
+        "import subprocess, sys\n"
+        "subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], check=True)\n"
+    )
+    out = py(code, rank_env(tmp_path, RANK="1", LOCAL_RANK="1"))
+    assert out.returncode == 0, out.stderr
+    assert [p.name for p in (tmp_path / "ranks").iterdir()] == ["1"]
+    assert read_hb(tmp_path, 1).pid != int(out.stdout)
+
+
+def test_launchers_do_not_record(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--help"], env=rank_env(tmp_path),
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert not (tmp_path / "ranks").exists()
+
+
+def test_chains_the_users_sitecustomize(tmp_path: Path) -> None:
+    # GIVEN a user sitecustomize on the job's own PYTHONPATH, which ours shadows
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = 'yes'\n")
+    env = rank_env(tmp_path / "rec", RANK="0", LOCAL_RANK="0")
+    env["PYTHONPATH"] = INJECT_DIR + os.pathsep + str(user)
+    # WHEN a rank starts
+    out = py("import os, sitecustomize; print(os.environ.get('USER_SITE_RAN'), sitecustomize.__file__)", env)
+    # THEN both ran, and `sitecustomize` is the user's module
+    assert out.returncode == 0, out.stderr
+    ran, path = out.stdout.split()
+    assert ran == "yes" and path == str(user / "sitecustomize.py")
+    assert (tmp_path / "rec" / "ranks" / "0" / "heartbeat").exists()
+
+
+def test_a_recorder_that_cannot_start_leaves_the_job_alone(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    out = py("print('job output')", rank_env(blocker / "run", RANK="0", LOCAL_RANK="0"))
+    assert (out.returncode, out.stdout, out.stderr) == (0, "job output\n", "")
+
+
+def test_disable_switch(tmp_path: Path) -> None:
+    out = py("pass", rank_env(tmp_path, RANK="0", LOCAL_RANK="0", BLACKBOX_DISABLE="1"))
+    assert out.returncode == 0 and not (tmp_path / "ranks").exists()

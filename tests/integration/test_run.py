@@ -1,0 +1,241 @@
+"""`blackbox run` end to end with real processes: transparency, exit codes, signals, activation in ranks
+only, stall detection and bad input."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from blackbox._recorder.heartbeat import decode
+from blackbox.adapters.procfs import is_alive
+from blackbox.events import read_events
+from tests.conftest import PROGRAMS, TORCHRUN, bundles, job_env, run_blackbox, send, start_blackbox, wait_for
+
+GLOO_JOB = str(PROGRAMS / "gloo_job.py")
+
+
+def events(run_dir: Path, name: str | None = None) -> list[dict[str, object]]:
+    return [e for e in read_events(str(run_dir / "events.jsonl")) if name is None or e["event"] == name]
+
+
+def heartbeat_pids(run_dir: Path) -> dict[int, int]:
+    out = {}
+    for hb_path in (run_dir / "ranks").glob("*/heartbeat"):
+        with open(hb_path, "rb") as f:
+            hb = decode(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+        out[hb.rank] = hb.pid
+    return out
+
+
+# --- transparency -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("code", [0, 1, 7])
+def test_exit_code_passes_through(tmp_path: Path, run_dir: Path, code: int) -> None:
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--", sys.executable, "-c", f"raise SystemExit({code})"],
+                       tmp_path)  # fmt: skip
+    assert res.returncode == code, res.stderr
+    assert events(run_dir, "end")[0]["exit_code"] == code
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_death_by_signal_is_128_plus_n(tmp_path: Path, run_dir: Path, sig: int) -> None:
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--", sys.executable, "-c",
+                        f"import os; os.kill(os.getpid(), {int(sig)})"], tmp_path)  # fmt: skip
+    assert res.returncode == 128 + sig
+    # a failed job leaves a bundle and says where
+    assert len(bundles(run_dir)) == 1 and b"evidence bundle:" in res.stderr
+
+
+def test_output_unchanged_byte_for_byte(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN a job's output when run directly
+    direct = subprocess.run([sys.executable, str(PROGRAMS / "printer.py")], capture_output=True, env=job_env())
+    # WHEN it runs under blackbox
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--", sys.executable, str(PROGRAMS / "printer.py")],
+                       tmp_path)  # fmt: skip
+    # THEN stdout and stderr are the same bytes, blackbox adds nothing, and console.log has it all
+    assert res.returncode == 0
+    assert res.stdout == direct.stdout and res.stderr == direct.stderr
+    console = (run_dir / "console.log").read_bytes()
+    header, _, body = console.partition(b"# ---\n")
+    assert b"# host: " in header and b"# command: " in header and b"# git: " in header and b"# gpus: " in header
+    assert sorted(body) == sorted(direct.stdout + direct.stderr)
+    assert bundles(run_dir) == []
+    assert oct(run_dir.stat().st_mode & 0o777) == "0o700"
+    assert oct((run_dir / "console.log").stat().st_mode & 0o777) == "0o600"
+
+
+# --- torchrun ---------------------------------------------------------------------------------------------
+def gloo_cmd(tmp_path: Path, *args: str) -> list[str]:
+    markers = tmp_path / "markers"
+    markers.mkdir(exist_ok=True)
+    return [TORCHRUN, "--nproc-per-node", "2", "--standalone", GLOO_JOB, "--marker-dir", str(markers),
+            *args]  # fmt: skip
+
+
+def test_sigterm_is_forwarded_to_torchrun(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN a 2-rank job that is stepping
+    proc = start_blackbox(["run", "--run-dir", str(run_dir), "--",
+                           *gloo_cmd(tmp_path, "--steps", "100000", "--step-sleep", "0.02")], tmp_path)  # fmt: skip
+    wait_for(lambda: (tmp_path / "markers" / "rank1.step3").exists(), 60, "rank 1 to step")
+    ranks = heartbeat_pids(run_dir)
+    # WHEN blackbox gets SIGTERM
+    send(proc, signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    # THEN torchrun got it, tore the ranks down, and its own exit code came back
+    assert proc.returncode not in (0, 86), err
+    forwarded = events(run_dir, "signal")
+    assert forwarded and forwarded[0]["signal"] == "SIGTERM" and "forwarded" in str(forwarded[0]["action"])
+    assert not any(is_alive(pid) for pid in ranks.values())
+    assert b"got signal: 15" in err  # torchrun's own words: it received the signal
+    assert len(bundles(run_dir)) == 1  # the ranks' state before the teardown
+
+
+def test_sigusr1_collects_and_the_job_goes_on(tmp_path: Path, run_dir: Path) -> None:
+    proc = start_blackbox(["run", "--run-dir", str(run_dir), "--",
+                           *gloo_cmd(tmp_path, "--steps", "150", "--step-sleep", "0.05")], tmp_path)  # fmt: skip
+    wait_for(lambda: (tmp_path / "markers" / "rank0.step2").exists(), 60, "rank 0 to step")
+    send(proc, signal.SIGUSR1)
+    wait_for(lambda: bundles(run_dir), 30, "the manual bundle")
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err  # torchrun never saw SIGUSR1, which would have killed it
+    assert (tmp_path / "markers" / "rank1.step150").exists()
+    (bundle,) = bundles(run_dir)
+    assert bundle.name.endswith("-manual.tar.gz")
+    with tarfile.open(bundle) as tar:
+        names = tar.getnames()
+    assert names[0] == "manifest.json" and "ranks/0/heartbeat.json" in names and "ranks/1/heartbeat.json" in names
+
+
+def test_launcher_killed_orphans_are_ended(tmp_path: Path, run_dir: Path) -> None:
+    proc = start_blackbox(["run", "--run-dir", str(run_dir), "--kill-grace", "5", "--",
+                           *gloo_cmd(tmp_path, "--steps", "100000", "--step-sleep", "0.02")], tmp_path)  # fmt: skip
+    wait_for(lambda: (tmp_path / "markers" / "rank1.step2").exists(), 60, "rank 1 to step")
+    ranks = heartbeat_pids(run_dir)
+    launcher = int(events(run_dir, "launched")[0]["pid"])  # type: ignore[call-overload]
+    os.kill(launcher, signal.SIGKILL)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGKILL
+    assert b"died of signal 9 (SIGKILL)" in err and b"left behind" in err
+    assert not any(is_alive(pid) for pid in ranks.values())
+
+
+def test_second_sigint_escalates(tmp_path: Path, run_dir: Path) -> None:
+    ready = tmp_path / "ready"
+    proc = start_blackbox(["run", "--run-dir", str(run_dir), "--kill-grace", "5", "--",
+                           sys.executable, str(PROGRAMS / "ignore_sigint.py"), str(ready)], tmp_path)  # fmt: skip
+    wait_for(ready.exists, 30, "the job to start")
+    send(proc, signal.SIGINT)  # passed on, and ignored by the job
+    wait_for(lambda: events(run_dir, "signal"), 10, "the first SIGINT to be forwarded")
+    assert proc.poll() is None
+    send(proc, signal.SIGINT)  # escalates: blackbox ends the job
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert b"ending the job (a second SIGINT)" in err
+
+
+def test_recorder_in_ranks_only(tmp_path: Path, run_dir: Path) -> None:
+    reports = tmp_path / "reports"
+    reports.mkdir()
+    for context in ("fork", "spawn"):
+        rd = run_dir.with_name(f"run-{context}")
+        res = run_blackbox(["run", "--run-dir", str(rd), "--", TORCHRUN, "--nproc-per-node", "2", "--standalone",
+                            str(PROGRAMS / "loader_job.py"), str(reports), context], tmp_path)  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        found = [json.loads(p.read_text()) for p in reports.glob("*.json")]
+        ranks = {r["pid"] for r in found if r["kind"] == "rank"}
+        workers = {r["pid"] for r in found if r["kind"] == "worker"}
+        assert len(ranks) == 2 and len(workers) >= 2
+        assert all(r["active"] for r in found if r["kind"] == "rank")
+        assert not any(r["active"] for r in found if r["kind"] == "worker"), context
+        # exactly the two ranks have heartbeats: not the agent, not the loader workers
+        assert set(heartbeat_pids(rd).values()) == ranks
+        launcher = int(events(rd, "launched")[0]["pid"])  # type: ignore[call-overload]
+        assert launcher not in ranks
+        for p in reports.glob("*.json"):
+            p.unlink()
+
+
+# --- stalls ---------------------------------------------------------------------------------------------
+def test_stall_is_caught_blamed_and_ended(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN a 2-rank job whose rank 1 stops stepping at step 4 while rank 0 waits in all_reduce
+    timeout, poll = 3.0, 0.5
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--stall-timeout", str(timeout), "--poll-interval",
+                        str(poll), "--kill-grace", "5", "--",
+                        *gloo_cmd(tmp_path, "--steps", "100000", "--misbehave-rank", "1", "--at-step", "4")],
+                       tmp_path)  # fmt: skip
+    # THEN blackbox ended the job with its own code, named rank 1 alone, and bundled the evidence
+    assert res.returncode == 86, res.stderr
+    (stall,) = events(run_dir, "stall")
+    assert stall["suspects"] == [1] and stall["ranks"] == [0, 1]
+    idle = {f["rank"]: f["idle_s"] for f in stall["findings"]}  # type: ignore[union-attr, index]
+    assert idle[1] <= timeout + 2 * poll
+    err = res.stderr.decode()
+    assert "stall: rank 1 made no progress" in err and "rank 0 waits in all_reduce" in err
+    assert "evidence bundle:" in err and "exit code will be 86" in err
+    (bundle,) = bundles(run_dir)
+    with tarfile.open(bundle) as tar:
+        detection = json.load(tar.extractfile("detection.json"))  # type: ignore[arg-type]
+        assert detection["suspects"] == [1]
+        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+    assert manifest["schema_version"] == 1 and manifest["trigger"] == "stall"
+    assert {f["path"] for f in manifest["files"]} >= {"ranks/0/heartbeat.json", "ranks/1/heartbeat.json",
+                                                      "console-tail.log", "events.jsonl"}  # fmt: skip
+    assert not any(is_alive(pid) for pid in heartbeat_pids(run_dir).values())
+
+
+def test_on_stall_keep_leaves_the_job_running(tmp_path: Path, run_dir: Path) -> None:
+    proc = start_blackbox(["run", "--run-dir", str(run_dir), "--stall-timeout", "2", "--poll-interval", "0.5",
+                           "--on-stall", "keep", "--",
+                           *gloo_cmd(tmp_path, "--steps", "100000", "--misbehave-rank", "1", "--at-step", "3")],
+                          tmp_path)  # fmt: skip
+    wait_for(lambda: events(run_dir, "stall"), 60, "the stall to be detected")
+    wait_for(lambda: bundles(run_dir), 10, "the stall bundle")
+    time.sleep(1.5)  # three polls: long enough for a kill to have been sent, were one coming
+    assert proc.poll() is None
+    assert all(is_alive(pid) for pid in heartbeat_pids(run_dir).values())
+    send(proc, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert b"leaving the job running (--on-stall keep)" in err
+    assert len(events(run_dir, "stall")) == 1
+
+
+# --- bad input ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "code", "sentence"),
+    [
+        (["run"], 2, "No command given"),
+        (["run", "--"], 2, "No command given"),
+        (["run", "--", "no-such-command-xyz"], 127, "The command `no-such-command-xyz` was not found on PATH."),
+        (["run", "--", "/no/such/file"], 127, "does not exist"),
+        (["run", "--stall-timeout", "soon", "--", "true"], 2, "`--stall-timeout` must be a number"),
+        (["run", "--config", "/no/such.toml", "--", "true"], 2, "does not exist"),
+    ],
+)
+def test_bad_input_is_one_sentence(tmp_path: Path, args: list[str], code: int, sentence: str) -> None:
+    res = run_blackbox(args, tmp_path)
+    err = res.stderr.decode()
+    assert res.returncode == code
+    assert sentence in err and "Traceback" not in err
+    assert err.startswith("blackbox: error: ")
+
+
+def test_unwritable_run_dir(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    res = run_blackbox(["run", "--run-dir", str(blocker / "run"), "--", "true"], tmp_path)
+    err = res.stderr.decode()
+    assert res.returncode == 73 and "Cannot use" in err and "Traceback" not in err
+
+
+def test_run_dir_with_a_run_in_it_is_refused(tmp_path: Path, run_dir: Path) -> None:
+    assert run_blackbox(["run", "--run-dir", str(run_dir), "--", "true"], tmp_path).returncode == 0
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--", "true"], tmp_path)
+    assert res.returncode == 2 and b"already holds a run" in res.stderr

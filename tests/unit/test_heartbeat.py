@@ -1,0 +1,94 @@
+"""The heartbeat layout: what the rank writes is what the supervisor reads, consistently, and a file from a
+newer layout is refused by name."""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from pathlib import Path
+
+import pytest
+
+from blackbox._recorder import protocol as P
+from blackbox._recorder.heartbeat import HeartbeatFormatError, HeartbeatWriter, decode
+
+
+def make_writer(tmp_path: Path) -> HeartbeatWriter:
+    return HeartbeatWriter(
+        str(tmp_path / "heartbeat"), pid=1234, start_ticks=99, rank=3, local_rank=1, world_size=8, mode="rank"
+    )
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    # GIVEN a heartbeat written through every writer entry point
+    hb = make_writer(tmp_path)
+    hb.progress(7, 100.5, 0.25, 0.75)
+    hb.collective(P.PHASE_COLLECTIVE, 101.0, P.COLLECTIVE_OPS.index("all_reduce"), 42)
+    hb.state(P.STATE_RUNNING)
+    hb.liveness(5, 102.0)
+    hb.data(1.5, 10)
+    # WHEN the supervisor maps and decodes the file
+    with open(tmp_path / "heartbeat", "rb") as f:
+        state = decode(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+    # THEN every field reads back
+    assert (state.pid, state.start_ticks, state.rank, state.local_rank, state.world_size) == (1234, 99, 3, 1, 8)
+    assert (state.step, state.last_progress, state.last_step_dt, state.slowest_step_dt) == (7, 100.5, 0.25, 0.75)
+    assert (state.phase, state.phase_start, state.collective, state.collective_seq) == (
+        "collective", 101.0, "all_reduce", 42)  # fmt: skip
+    assert (state.state, state.liveness, state.liveness_time) == ("running", 5, 102.0)
+    assert (state.data_wait_total, state.batches, state.mode) == (1.5, 10, "rank")
+
+
+def test_custom_phase_name(tmp_path: Path) -> None:
+    hb = make_writer(tmp_path)
+    hb.phase(P.PHASE_CUSTOM, 5.0, "warmup-ü".encode())
+    assert decode(hb.mm).phase == "warmup-ü"
+
+
+def test_file_appears_complete(tmp_path: Path) -> None:
+    # The writer builds the file under a temporary name: a reader never sees a half-made header.
+    make_writer(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["heartbeat"]
+
+
+def test_reads_are_consistent_under_concurrent_writes(tmp_path: Path) -> None:
+    # GIVEN a writer thread that keeps all progress fields derived from one counter
+    hb = make_writer(tmp_path)
+    stop = threading.Event()
+
+    def writer() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            hb.progress(n, float(n), float(2 * n), float(3 * n))
+
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        # WHEN the reader decodes many times while it writes
+        for _ in range(20000):
+            s = decode(hb.mm)
+            # THEN no reading mixes two updates
+            assert s.last_progress == s.step and s.last_step_dt == 2 * s.step and s.slowest_step_dt == 3 * s.step
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_newer_layout_is_refused(tmp_path: Path) -> None:
+    hb = make_writer(tmp_path)
+    P.HEADER.pack_into(hb.mm, 0, P.MAGIC, P.HEARTBEAT_VERSION + 1, P.HEARTBEAT_SIZE)
+    with pytest.raises(HeartbeatFormatError, match="newer"):
+        decode(hb.mm)
+
+
+def test_not_a_heartbeat(tmp_path: Path) -> None:
+    with pytest.raises(HeartbeatFormatError, match="not a blackbox heartbeat"):
+        decode(b"\0" * P.HEARTBEAT_SIZE)
+    with pytest.raises(HeartbeatFormatError, match="bytes"):
+        decode(b"short")
+
+
+def test_proc_stat_parser_handles_odd_names() -> None:
+    text = "42 (my (odd) name) S 7 1 1 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 12345 1000 10"
+    assert P.parse_proc_stat(text) == ("S", 7, 12345)
