@@ -7,7 +7,6 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from .errors import BlackboxError
@@ -109,7 +108,8 @@ def _read_config_file(path: str) -> dict[str, Any]:
             data = tomllib.load(f)
     except FileNotFoundError:
         raise BlackboxError(
-            f"The config file `{path}` does not exist.", hint=f"Check the path given to --config or {ENV_CONFIG}."
+            f"The config file `{path}` does not exist.",
+            hint=f"Check the path given to --config or {ENV_CONFIG}.",
         ) from None
     except OSError as exc:
         raise BlackboxError(f"The config file `{path}` cannot be read: {exc.strerror}.") from None
@@ -128,9 +128,7 @@ def _read_config_file(path: str) -> dict[str, Any]:
     return section
 
 
-def load_run_config(
-    flags: Mapping[str, Any], env: Mapping[str, str], config_path: Optional[str] = None
-) -> RunConfig:
+def load_run_config(flags: Mapping[str, Any], env: Mapping[str, str], config_path: Optional[str] = None) -> RunConfig:
     """Resolve every run option: flag > env var > config file > default."""
     path = config_path or env.get(ENV_CONFIG) or None
     file_values = _read_config_file(path) if path else {}

@@ -87,7 +87,9 @@ def start_blackbox(args: list[str], cwd: Path, **extra_env: str) -> subprocess.P
     )
 
 
-def run_blackbox(args: list[str], cwd: Path, timeout: float = 120, **extra_env: str) -> subprocess.CompletedProcess[bytes]:
+def run_blackbox(
+    args: list[str], cwd: Path, timeout: float = 120, **extra_env: str
+) -> subprocess.CompletedProcess[bytes]:
     proc = start_blackbox(args, cwd, **extra_env)
     try:
         out, err = proc.communicate(timeout=timeout)

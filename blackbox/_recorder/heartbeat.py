@@ -139,8 +139,7 @@ def decode(buf: Any, retries: int = 100) -> HeartbeatState:
         raise HeartbeatFormatError("not a blackbox heartbeat file (bad magic %r)" % (magic,))
     if version > P.HEARTBEAT_VERSION:
         raise HeartbeatFormatError(
-            "heartbeat layout version %d is newer than this blackbox understands (%d)"
-            % (version, P.HEARTBEAT_VERSION)
+            "heartbeat layout version %d is newer than this blackbox understands (%d)" % (version, P.HEARTBEAT_VERSION)
         )
     ident = P.IDENT.unpack_from(buf, P.OFF_IDENT)
     block: Optional[bytes] = None

@@ -240,7 +240,7 @@ def _watch_torch_import(callback: Callable[[Any], None]) -> None:
     if "torch" in sys.modules:
         callback(sys.modules["torch"])
         return
-    sys.meta_path.insert(0, _TorchImportWatcher(callback))  # type: ignore[arg-type]
+    sys.meta_path.insert(0, _TorchImportWatcher(callback))
 
 
 class _TorchImportWatcher:
@@ -251,7 +251,7 @@ class _TorchImportWatcher:
         if name != "torch":
             return None
         try:
-            sys.meta_path.remove(self)  # type: ignore[arg-type]
+            sys.meta_path.remove(self)
         except ValueError:
             return None
         for finder in sys.meta_path:

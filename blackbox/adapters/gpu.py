@@ -51,7 +51,7 @@ def query_gpus(timeout: float = 3.0) -> tuple[list[GpuReading], str]:
         return [], f"nvidia-smi failed: {exc}"
     if out.returncode != 0:
         return [], f"nvidia-smi failed: {out.stderr.strip() or out.stdout.strip()}"
-    readings = []
+    readings: list[GpuReading] = []
     for line in out.stdout.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) != 6:

@@ -50,9 +50,7 @@ class GitState:
 
 def _git(cwd: str, *args: str, timeout: float) -> Optional[str]:
     try:
-        out = subprocess.run(
-            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False
-        )
+        out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None

@@ -177,8 +177,7 @@ class Rules:
                 self._stall_reported[v.rank] = v.hb.last_progress
             suspects, reason = blame(stalled, views)
             findings = tuple(
-                self._finding(v, now, now - v.hb.last_progress, *stall_timeout(v.hb, self.cfg)[::-1])
-                for v in stalled
+                self._finding(v, now, now - v.hb.last_progress, *stall_timeout(v.hb, self.cfg)[::-1]) for v in stalled
             )
             out.append(Detection("stall", _ids(stalled), suspects, reason, findings))
         return out

@@ -169,9 +169,7 @@ class Supervisor:
             return _run_plain(self.argv, exe)
         self.run_dir = prepare_run_dir(self.run_dir)
         self.events = EventLog(os.path.join(self.run_dir, "events.jsonl"))
-        self.console = ConsoleLog(
-            os.path.join(self.run_dir, "console.log"), lambda m: self.say_once("console", m)
-        )
+        self.console = ConsoleLog(os.path.join(self.run_dir, "console.log"), lambda m: self.say_once("console", m))
         self._table = HeartbeatTable(os.path.join(self.run_dir, "ranks"), self._heartbeat_error)
         self._collector = LocalCollector(self.run_dir, self.run_id, self.node, self.argv, self.console)
         facts = self._header()
@@ -239,7 +237,11 @@ class Supervisor:
         for t in threads:
             t.join(3.0)
         git = results.get("git")
-        gpus, gpu_how = results.get("gpus", ([], "GPU probe timed out"))  # type: ignore[misc]
+        gpu_probe = results.get("gpus")
+        gpus: list[gpu.GpuReading] = []
+        gpu_how = "GPU probe timed out"
+        if isinstance(gpu_probe, tuple):
+            gpus, gpu_how = gpu_probe
         ips = host.ip_addresses()
         torch_version = host.package_version("torch")
         lines = [

@@ -16,9 +16,7 @@ from blackbox.supervisor.supervisor import INJECT_DIR
 from tests.conftest import job_env
 
 HEAVY = ("torch", "click", "rich", "psutil", "numpy")
-REPORT_MODULES = (
-    "import sys, json; print(json.dumps(sorted(m for m in %r if m in sys.modules)))" % (HEAVY,)
-)
+REPORT_MODULES = "import sys, json; print(json.dumps(sorted(m for m in %r if m in sys.modules)))" % (HEAVY,)
 
 
 def py(code: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -93,14 +91,16 @@ def test_public_api_inside_and_outside(tmp_path: Path) -> None:
     hb = read_hb(tmp_path)
     assert hb.step == 2 and hb.phase == "compute"
     rank_dir = tmp_path / "ranks" / "0"
-    assert json.loads((rank_dir / "annotations.json").read_text()) == {"shard": "s3://bucket/part-7", "epoch": 2}
+    assert json.loads((rank_dir / "annotations.json").read_text()) == {
+        "shard": "s3://bucket/part-7",
+        "epoch": 2,
+    }
     assert json.loads((rank_dir / "metrics.json").read_text())[0]["loss"] == 0.5
 
 
 def test_children_of_a_rank_do_not_record(tmp_path: Path) -> None:
     code = (
-        "import subprocess, sys\n"
-        "subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], check=True)\n"
+        "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], check=True)\n"
     )
     out = py(code, rank_env(tmp_path, RANK="1", LOCAL_RANK="1"))
     assert out.returncode == 0, out.stderr

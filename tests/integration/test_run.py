@@ -213,7 +213,11 @@ def test_on_stall_keep_leaves_the_job_running(tmp_path: Path, run_dir: Path) -> 
     [
         (["run"], 2, "No command given"),
         (["run", "--"], 2, "No command given"),
-        (["run", "--", "no-such-command-xyz"], 127, "The command `no-such-command-xyz` was not found on PATH."),
+        (
+            ["run", "--", "no-such-command-xyz"],
+            127,
+            "The command `no-such-command-xyz` was not found on PATH.",
+        ),
         (["run", "--", "/no/such/file"], 127, "does not exist"),
         (["run", "--stall-timeout", "soon", "--", "true"], 2, "`--stall-timeout` must be a number"),
         (["run", "--config", "/no/such.toml", "--", "true"], 2, "does not exist"),

@@ -45,7 +45,7 @@ def main() -> int:
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
-        if not (args.how == "no-collective"):
+        if args.how != "no-collective":
             for prm in model.parameters():
                 dist.all_reduce(prm.grad)
                 prm.grad /= dist.get_world_size()

@@ -38,7 +38,11 @@ def test_config_file_from_env(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("flags", "env", "needle"),
     [
-        ({"stall_timeout": "soon"}, {}, "`--stall-timeout` must be a number of seconds or `auto`, not `soon`."),
+        (
+            {"stall_timeout": "soon"},
+            {},
+            "`--stall-timeout` must be a number of seconds or `auto`, not `soon`.",
+        ),
         ({}, {"BLACKBOX_POLL_INTERVAL": "-1"}, "`BLACKBOX_POLL_INTERVAL` must be a number of seconds"),
         ({"on_stall": "maybe"}, {}, "`--on-stall` must be `kill` or `keep`, not `maybe`."),
     ],

@@ -31,8 +31,19 @@ def test_round_trip(tmp_path: Path) -> None:
     with open(tmp_path / "heartbeat", "rb") as f:
         state = decode(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
     # THEN every field reads back
-    assert (state.pid, state.start_ticks, state.rank, state.local_rank, state.world_size) == (1234, 99, 3, 1, 8)
-    assert (state.step, state.last_progress, state.last_step_dt, state.slowest_step_dt) == (7, 100.5, 0.25, 0.75)
+    assert (state.pid, state.start_ticks, state.rank, state.local_rank, state.world_size) == (
+        1234,
+        99,
+        3,
+        1,
+        8,
+    )
+    assert (state.step, state.last_progress, state.last_step_dt, state.slowest_step_dt) == (
+        7,
+        100.5,
+        0.25,
+        0.75,
+    )
     assert (state.phase, state.phase_start, state.collective, state.collective_seq) == (
         "collective", 101.0, "all_reduce", 42)  # fmt: skip
     assert (state.state, state.liveness, state.liveness_time) == ("running", 5, 102.0)

@@ -7,7 +7,7 @@ from typing import Any
 
 from blackbox._recorder.heartbeat import HeartbeatState
 from blackbox.config import load_run_config
-from blackbox.supervisor.rules import Rules, RankView, blame, stall_timeout
+from blackbox.supervisor.rules import RankView, Rules, blame, stall_timeout
 
 
 def hb(rank: int, **kw: Any) -> HeartbeatState:

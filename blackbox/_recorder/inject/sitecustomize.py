@@ -2,6 +2,8 @@
 sitecustomize this file shadows. Stdlib only; this folder is first on the job's PYTHONPATH, so nothing
 else may live in it. Env names mirror blackbox/_recorder/protocol.py (a test keeps them equal)."""
 
+from __future__ import annotations
+
 import os
 import sys
 
@@ -13,7 +15,7 @@ _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 _LAUNCHER_SCRIPTS = ("torchrun", "accelerate", "deepspeed", "composer")
 
 
-def _blackbox_is_launcher():
+def _blackbox_is_launcher() -> bool:
     argv = getattr(sys, "orig_argv", None)
     if argv is None:  # Python 3.9
         try:
@@ -29,7 +31,7 @@ def _blackbox_is_launcher():
     return False
 
 
-def _blackbox_mode(env):
+def _blackbox_mode(env: os._Environ[str]) -> str | None:
     """'rank', 'single' or None: whether this process records, decided from its environment alone."""
     if not env.get(_RUN_DIR) or env.get(_DISABLE) == "1":
         return None
@@ -44,7 +46,7 @@ def _blackbox_mode(env):
     return "single"
 
 
-def _blackbox_activate(mode, env):
+def _blackbox_activate(mode: str, env: os._Environ[str]) -> None:
     run_dir = env[_RUN_DIR]
     try:
         import importlib
@@ -56,6 +58,8 @@ def _blackbox_activate(mode, env):
             spec = importlib.util.spec_from_file_location(
                 name, os.path.join(pkg_dir, "__init__.py"), submodule_search_locations=[pkg_dir]
             )
+            if spec is None or spec.loader is None:
+                raise ImportError("cannot load the recorder from %s" % pkg_dir)
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
             spec.loader.exec_module(module)
@@ -74,7 +78,7 @@ def _blackbox_activate(mode, env):
             pass
 
 
-def _blackbox_chain():
+def _blackbox_chain() -> None:
     """Run the sitecustomize that this one shadows, as `sitecustomize`, exactly as site would have."""
     import importlib.machinery
     import importlib.util
@@ -90,7 +94,7 @@ def _blackbox_chain():
 
 
 _blackbox_env = os.environ
-_blackbox_m = None
+_blackbox_m: str | None = None
 try:
     _blackbox_m = _blackbox_mode(_blackbox_env)
 except Exception:
