@@ -16,9 +16,11 @@ MODE_SINGLE = "single"  # a single process without RANK, recorded as rank 0
 
 
 # --- heartbeat layout (version 1) -----------------------------------------------------------------
-# One page per rank, `ranks/<rank>/heartbeat`. The seqlocked block (progress, phase, collective, phase
-# name) is written by the rank's main thread between two bumps of SEQ (odd = writing); fields outside
-# it are single 8-byte stores with one writer each, so a reader never needs to retry for them.
+# One page per rank, `ranks/<rank>/heartbeat`, little-endian. After the header every field is one aligned
+# 8-byte word, stored with a single machine store (memoryview casts; `struct.pack_into` would first zero
+# the bytes it writes). Fields that change together form a group with a version word at both ends: the
+# writer stores start version, fields, end version in that order; the reader loads end, fields, start and
+# retries while they differ (0 is never a valid version). No lock, no syscall. Word indices below.
 HEARTBEAT_VERSION = 1
 HEARTBEAT_SIZE = 4096
 MAGIC = b"BBHB"
@@ -26,26 +28,19 @@ MAGIC = b"BBHB"
 HEADER = struct.Struct("<4sII")  # magic, version, size
 OFF_HEADER = 0
 IDENT = struct.Struct("<qQiiiidd")  # pid, proc start ticks, rank, local rank, world size, mode, wall0, mono0
-OFF_IDENT = 16
-SEQ = struct.Struct("<Q")
-OFF_SEQ = 64
-PROGRESS = struct.Struct("<qddd")  # step, last progress (mono), last step duration, slowest step duration
-OFF_PROGRESS = 72
-PHASE = struct.Struct("<Qd")  # phase code, phase start (mono)
-OFF_PHASE = 104
-COLLECTIVE = struct.Struct("<Qq")  # op code of the last Python-visible collective, its sequence number
-OFF_COLLECTIVE = 120
-PHASE_NAME = struct.Struct("<32s")  # utf-8 name of a user phase, NUL padded
-OFF_PHASE_NAME = 136
-SEQLOCK_END = 168  # the seqlocked block is [OFF_PROGRESS, SEQLOCK_END)
-WORD = struct.Struct("<Q")
-OFF_STATE = 168  # state code, written by the rank
-LIVENESS = struct.Struct("<Qd")  # counter, time (mono): bumped by the rank's daemon thread
-OFF_LIVENESS = 176
-OFF_DUMP_REQUEST = 192  # incremented by the supervisor to ask for a dump
-OFF_DUMP_ACK = 200  # set by the rank to the last request it served
-DATA = struct.Struct("<dQ")  # total seconds waited on data, batches delivered
-OFF_DATA = 208
+OFF_IDENT = 16  # written once, before the file is renamed into place
+# progress group: version, step, last progress (mono s), last step duration, slowest step duration, version
+W_PROGRESS = 8  # words 8..13
+W_STEP, W_LAST_PROGRESS, W_LAST_DT, W_SLOWEST_DT, W_PROGRESS_END = 9, 10, 11, 12, 13
+# phase group: version, phase code, phase start (mono s), last collective op, its sequence, name (4 words), version
+W_PHASE = 14  # words 14..23
+W_PHASE_CODE, W_PHASE_START, W_OP, W_OP_SEQ, W_PHASE_NAME, W_PHASE_END = 15, 16, 17, 18, 19, 23
+PHASE_NAME_BYTES = 32
+W_STATE = 24  # state code, written by the rank
+W_LIVENESS, W_LIVENESS_TIME = 25, 26  # counter and time (mono s): bumped by the rank's daemon thread
+W_DUMP_REQUEST = 27  # incremented by the supervisor to ask for a dump
+W_DUMP_ACK = 28  # set by the rank to the last request it served
+W_DATA_WAIT, W_BATCHES = 29, 30  # total seconds waited on data, batches delivered
 
 MODE_CODES = {MODE_RANK: 0, MODE_SINGLE: 1}
 

@@ -5,19 +5,20 @@ Stdlib only, Python >= 3.9; torch is touched only after the job itself imports i
 from __future__ import annotations
 
 import atexit
-import collections
-import json
 import os
 import sys
 import threading
 import time
-import traceback
-from typing import Any, Callable, Optional
 
 from . import protocol as P
 from .heartbeat import HeartbeatWriter
 
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs milliseconds at start-up
+if TYPE_CHECKING:  # annotations only
+    from typing import Any, Callable, Optional
+
 _monotonic = time.monotonic
+METRICS_KEPT = 256
 
 
 class Recorder:
@@ -46,9 +47,13 @@ class Recorder:
         self._primary_optimizer: Optional[int] = None
         # phases: the current one, restored on exit of a nested one
         self._phase: tuple[int, float, bytes] = (P.PHASE_STARTUP, self.hb.mono0, b"")
+        self._collective_op = 0  # the last collective entered, kept in every phase write
         self._collective_seq = 0
+        self._last_dt = 0.0
+        self._data_wait = 0.0
+        self._batches = 0
         # metrics and annotations, written to files by the liveness thread, never on the step path
-        self._metrics: collections.deque[dict[str, Any]] = collections.deque(maxlen=256)
+        self._metrics: list[dict[str, Any]] = []  # the most recent METRICS_KEPT entries
         self._annotations: dict[str, Any] = {}
         self._dirty = False
         self._lock = threading.Lock()
@@ -103,6 +108,8 @@ class Recorder:
             return
         self._failed.add(hook)
         try:
+            import traceback
+
             with open(os.path.join(self.rank_dir, "recorder.log"), "a") as f:
                 f.write(
                     "%s blackbox recorder: hook %r failed and is switched off: %s\n%s\n"
@@ -132,12 +139,13 @@ class Recorder:
         self.step_count = n
         if n > 1 and dt > self._slowest:  # the first step includes start-up: not a step time
             self._slowest = dt
+        self._last_dt = dt
         self.hb.progress(n, now, dt, self._slowest)
         if n == 1:
             self.hb.state(P.STATE_RUNNING)
             if self._phase[0] == P.PHASE_STARTUP:
                 self._phase = (P.PHASE_COMPUTE, now, b"")
-                self.hb.phase(P.PHASE_COMPUTE, now)
+                self.hb.phase(P.PHASE_COMPUTE, now, self._collective_op, self._collective_seq)
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
@@ -156,7 +164,7 @@ class Recorder:
         previous = self._phase
         now = _monotonic()
         self._phase = (code, now, name)
-        self.hb.phase(code, now, name)
+        self.hb.phase(code, now, self._collective_op, self._collective_seq, name)
         return previous
 
     def exit_phase(self, previous: tuple[int, float, bytes]) -> None:
@@ -165,14 +173,24 @@ class Recorder:
             code = P.PHASE_COMPUTE
         now = _monotonic()
         self._phase = (code, now, previous[2])
-        self.hb.phase(code, now, previous[2])
+        self.hb.phase(code, now, self._collective_op, self._collective_seq, previous[2])
+
+    def batch_delivered(self, previous: tuple[int, float, bytes], started: float) -> None:
+        """A DataLoader batch arrived: the rank is making progress even where no optimizer steps (eval)."""
+        now = _monotonic()
+        self._data_wait += now - started
+        self._batches += 1
+        self.hb.data(self._data_wait, self._batches)
+        self.hb.progress(self.step_count, now, self._last_dt, self._slowest)
+        self.exit_phase(previous)
 
     def enter_collective(self, op: int) -> tuple[int, float, bytes]:
         previous = self._phase
         now = _monotonic()
+        self._collective_op = op
         self._collective_seq += 1
         self._phase = (P.PHASE_COLLECTIVE, now, b"")
-        self.hb.collective(P.PHASE_COLLECTIVE, now, op, self._collective_seq)
+        self.hb.phase(P.PHASE_COLLECTIVE, now, op, self._collective_seq)
         return previous
 
     # --- annotations and metrics (kept in memory, written by the liveness thread) ------------------
@@ -186,6 +204,8 @@ class Recorder:
         entry.update({str(k): _jsonable(v) for k, v in metrics.items()})
         with self._lock:
             self._metrics.append(entry)
+            if len(self._metrics) > METRICS_KEPT:
+                del self._metrics[0]
             self._dirty = True
 
     def _flush(self) -> None:
@@ -223,6 +243,8 @@ class Recorder:
     def _on_torch_imported(self, torch: Any) -> None:
         self._guard("optimizer_step", self._install_optimizer_hook, torch)
         self._guard("collectives", _wrap_collectives, self, torch)
+        self._guard("data", _wrap_dataloader, self)
+        self._guard("checkpoint", _wrap_checkpoint, self, torch)
 
     def _install_optimizer_hook(self, torch: Any) -> None:
         import importlib
@@ -318,6 +340,76 @@ def _wrap_collectives(rec: Recorder, torch: Any) -> None:
         setattr(dist, name, wrap(fn, op))
 
 
+def _phase_wrapper(rec: Recorder, hook: str, code: int, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` with the rank's phase set to `code` while it runs; the job's own errors pass through untouched."""
+    import functools
+
+    @functools.wraps(fn)
+    def in_phase(*args: Any, **kwargs: Any) -> Any:
+        if not rec.enabled or hook in rec._failed:
+            return fn(*args, **kwargs)
+        try:
+            previous = rec.enter_phase(code)
+        except Exception as exc:
+            rec.fail(hook, exc)
+            return fn(*args, **kwargs)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            try:
+                rec.exit_phase(previous)
+            except Exception as exc:
+                rec.fail(hook, exc)
+
+    in_phase.__blackbox_wrapped__ = True  # type: ignore[attr-defined]
+    return in_phase
+
+
+def _wrap_checkpoint(rec: Recorder, torch: Any) -> None:
+    for name in ("save", "load"):
+        fn = getattr(torch, name, None)
+        if fn is not None and not getattr(fn, "__blackbox_wrapped__", False):
+            setattr(torch, name, _phase_wrapper(rec, "checkpoint", P.PHASE_CHECKPOINT, fn))
+
+
+def _wrap_dataloader(rec: Recorder) -> None:
+    """Phase `data` while the job waits in DataLoader `__next__` (the iterator class, not the user's loader)."""
+    import functools
+    import importlib
+
+    cls = importlib.import_module("torch.utils.data.dataloader")._BaseDataLoaderIter
+    original = cls.__next__
+    if getattr(original, "__blackbox_wrapped__", False):
+        return
+
+    @functools.wraps(original)
+    def __next__(self: Any) -> Any:
+        if not rec.enabled or "data" in rec._failed:
+            return original(self)
+        try:
+            previous = rec.enter_phase(P.PHASE_DATA)
+            started = _monotonic()
+        except Exception as exc:
+            rec.fail("data", exc)
+            return original(self)
+        try:
+            batch = original(self)
+        except BaseException:
+            try:
+                rec.exit_phase(previous)
+            except Exception as exc:
+                rec.fail("data", exc)
+            raise
+        try:
+            rec.batch_delivered(previous, started)
+        except Exception as exc:
+            rec.fail("data", exc)
+        return batch
+
+    __next__.__blackbox_wrapped__ = True  # type: ignore[attr-defined]
+    cls.__next__ = __next__
+
+
 # --- helpers ----------------------------------------------------------------------------------------
 def _own_start_ticks() -> int:
     try:
@@ -351,6 +443,8 @@ def _jsonable(value: Any) -> Any:
 
 
 def _write_json_atomic(path: str, data: Any) -> None:
+    import json
+
     tmp = "%s.%d.tmp" % (path, os.getpid())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:

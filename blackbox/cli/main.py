@@ -25,9 +25,11 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from .report import report
     from .run import run
 
     cli.add_command(run)
+    cli.add_command(report)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -7,10 +7,10 @@ import os
 import time
 from typing import Any, Optional, Protocol
 
-from .._recorder.heartbeat import HeartbeatState
 from ..adapters import host
 from ..bundle.writer import BundleWriter
 from ..events import EventLog
+from ..heartbeat import HeartbeatState
 from ..redact import redact_argv, redact_text
 from ..supervisor.rules import Detection, RankView
 

@@ -7,7 +7,7 @@ import mmap
 import os
 from typing import Callable
 
-from .._recorder.heartbeat import HeartbeatFormatError, HeartbeatState, decode
+from ..heartbeat import HeartbeatFormatError, HeartbeatState, decode
 
 
 class HeartbeatTable:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .._recorder.heartbeat import HeartbeatState
 from ..config import AUTO, RunConfig
+from ..heartbeat import HeartbeatState
 
 AUTO_FLOOR_S = 60.0  # `auto` never goes below this
 AUTO_FACTOR = 5.0  # ... and is this many times the slowest step seen

@@ -21,12 +21,12 @@ from typing import Callable, Optional
 
 from .. import __version__
 from .._recorder import protocol as P
-from .._recorder.heartbeat import HeartbeatState
 from ..adapters import gpu, host, procfs
 from ..collect.local import LocalCollector
 from ..config import RunConfig
 from ..errors import EXIT_CANT_CREATE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
 from ..events import EventLog
+from ..heartbeat import HeartbeatState
 from ..redact import redact_argv
 from .heartbeats import HeartbeatTable
 from .launch import ConsoleLog, Launched, resize_ptys, spawn

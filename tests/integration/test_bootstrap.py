@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from blackbox._recorder import protocol as P
-from blackbox._recorder.heartbeat import HeartbeatState, decode
+from blackbox.heartbeat import HeartbeatState, decode
 from blackbox.supervisor.supervisor import INJECT_DIR
 from tests.conftest import job_env
 
@@ -141,3 +141,51 @@ def test_a_recorder_that_cannot_start_leaves_the_job_alone(tmp_path: Path) -> No
 def test_disable_switch(tmp_path: Path) -> None:
     out = py("pass", rank_env(tmp_path, RANK="0", LOCAL_RANK="0", BLACKBOX_DISABLE="1"))
     assert out.returncode == 0 and not (tmp_path / "ranks").exists()
+
+
+def test_rank_side_parses_as_python_3_9() -> None:
+    import ast
+
+    rank_side = Path(INJECT_DIR).parent
+    for path in [*rank_side.glob("*.py"), *rank_side.glob("inject/*.py")]:
+        ast.parse(path.read_text(), str(path), feature_version=(3, 9))
+
+
+PHASE_PROBE = """
+import mmap, os, sys
+from blackbox.heartbeat import decode
+
+def phase():
+    path = os.path.join(os.environ["BLACKBOX_RECORD_DIR"], "ranks", "0", "heartbeat")
+    with open(path, "rb") as f:
+        return decode(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)).phase
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+class D(Dataset):
+    def __len__(self): return 4
+    def __getitem__(self, i):
+        print("in __getitem__:", phase())
+        return torch.zeros(2)
+
+class Sink:
+    def write(self, b):
+        print("in torch.save:", phase()); sys.stdout.flush(); return len(b)
+    def flush(self): pass
+
+for _ in DataLoader(D(), batch_size=4):
+    print("after __next__:", phase())
+torch.save({"w": torch.ones(2)}, Sink())
+"""
+
+
+def test_data_and_checkpoint_phases_without_code_change(tmp_path: Path) -> None:
+    out = py(PHASE_PROBE, rank_env(tmp_path))
+    assert out.returncode == 0, out.stderr
+    lines = set(out.stdout.splitlines())
+    assert "in __getitem__: data" in lines
+    assert "after __next__: startup" in lines  # back to the phase it came from
+    assert "in torch.save: checkpoint" in lines
+    hb = read_hb(tmp_path)
+    assert hb.batches == 1 and hb.data_wait_total > 0

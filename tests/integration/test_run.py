@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from blackbox._recorder.heartbeat import decode
 from blackbox.adapters.procfs import is_alive
 from blackbox.events import read_events
+from blackbox.heartbeat import decode
 from tests.conftest import PROGRAMS, TORCHRUN, bundles, job_env, run_blackbox, send, start_blackbox, wait_for
 
 GLOO_JOB = str(PROGRAMS / "gloo_job.py")

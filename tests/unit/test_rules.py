@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from blackbox._recorder.heartbeat import HeartbeatState
 from blackbox.config import load_run_config
+from blackbox.heartbeat import HeartbeatState
 from blackbox.supervisor.rules import RankView, Rules, blame, stall_timeout
 
 

@@ -2,8 +2,6 @@
 sitecustomize this file shadows. Stdlib only; this folder is first on the job's PYTHONPATH, so nothing
 else may live in it. Env names mirror blackbox/_recorder/protocol.py (a test keeps them equal)."""
 
-from __future__ import annotations
-
 import os
 import sys
 
@@ -31,7 +29,7 @@ def _blackbox_is_launcher() -> bool:
     return False
 
 
-def _blackbox_mode(env: os._Environ[str]) -> str | None:
+def _blackbox_mode(env: "os._Environ[str]") -> "str | None":
     """'rank', 'single' or None: whether this process records, decided from its environment alone."""
     if not env.get(_RUN_DIR) or env.get(_DISABLE) == "1":
         return None
@@ -46,30 +44,41 @@ def _blackbox_mode(env: os._Environ[str]) -> str | None:
     return "single"
 
 
-def _blackbox_activate(mode: str, env: os._Environ[str]) -> None:
+def _blackbox_load(name: str, path: str, package_dir: "str | None" = None) -> object:
+    """Import a module from a file under `name`, with the frozen bootstrap only (importlib.util costs ms)."""
+    from importlib._bootstrap import module_from_spec
+    from importlib._bootstrap_external import spec_from_file_location
+
+    locations = [package_dir] if package_dir is not None else None
+    spec = spec_from_file_location(name, path, submodule_search_locations=locations)
+    if spec is None or spec.loader is None:
+        raise ImportError("cannot load %s" % path)
+    module = module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _blackbox_activate(mode: str, env: "os._Environ[str]") -> None:
     run_dir = env[_RUN_DIR]
     try:
-        import importlib
-        import importlib.util
-
         pkg_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         name = "_blackbox_recorder"
         if name not in sys.modules:
-            spec = importlib.util.spec_from_file_location(
-                name, os.path.join(pkg_dir, "__init__.py"), submodule_search_locations=[pkg_dir]
-            )
-            if spec is None or spec.loader is None:
-                raise ImportError("cannot load the recorder from %s" % pkg_dir)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-        recorder = importlib.import_module(name + ".recorder")
+            _blackbox_load(name, os.path.join(pkg_dir, "__init__.py"), pkg_dir)
+        recorder = sys.modules.get(name + ".recorder") or _blackbox_load(
+            name + ".recorder", os.path.join(pkg_dir, "recorder.py")
+        )
         if mode == "rank":
             rank, local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
             world_size = int(env.get("WORLD_SIZE", "0") or 0)
         else:
             rank, local_rank, world_size = 0, 0, 1
-        recorder.activate(run_dir, rank, local_rank, world_size, mode)
+        recorder.activate(run_dir, rank, local_rank, world_size, mode)  # type: ignore[attr-defined]
     except Exception as exc:  # the job must start whatever happens here
         try:
             with open(os.path.join(run_dir, "bootstrap-errors.log"), "a") as f:
@@ -80,21 +89,21 @@ def _blackbox_activate(mode: str, env: os._Environ[str]) -> None:
 
 def _blackbox_chain() -> None:
     """Run the sitecustomize that this one shadows, as `sitecustomize`, exactly as site would have."""
-    import importlib.machinery
-    import importlib.util
+    from importlib._bootstrap import module_from_spec
+    from importlib._bootstrap_external import PathFinder
 
     here = os.path.dirname(os.path.abspath(__file__))
     path = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    spec = PathFinder.find_spec("sitecustomize", path)
     if spec is None or spec.loader is None:
         return
-    module = importlib.util.module_from_spec(spec)
+    module = module_from_spec(spec)
     sys.modules["sitecustomize"] = module
     spec.loader.exec_module(module)
 
 
 _blackbox_env = os.environ
-_blackbox_m: str | None = None
+_blackbox_m: "str | None" = None
 try:
     _blackbox_m = _blackbox_mode(_blackbox_env)
 except Exception:

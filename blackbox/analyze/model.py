@@ -1,0 +1,59 @@
+"""The report model every renderer takes: plain dataclasses, versioned for `--format json`.
+Imports the stdlib only."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+REPORT_SCHEMA_VERSION = 1
+
+
+@dataclass
+class Verdict:
+    category: str  # DESIGN.md §5: hang.collective, hang.compute, ..., crash.signal, ok
+    phase: Optional[str]
+    suspect_ranks: list[int]
+    confidence: str  # high | medium | low
+    summary: str
+
+
+@dataclass
+class RankRow:
+    rank: int
+    node: str
+    pid: int
+    state: str
+    step: int
+    phase: str
+    top_frame: Optional[str]  # needs stacks (py-spy / faulthandler): None until they are collected
+    idle_s: Optional[float] = None
+    alive: Optional[bool] = None
+    collective: Optional[str] = None
+
+
+@dataclass
+class Finding:
+    kind: str  # observed | inferred
+    text: str
+    source: Optional[str] = None  # the bundle file it was read from (observed) or why it is believed (inferred)
+
+
+@dataclass
+class Report:
+    run_id: str
+    node: str
+    trigger: str
+    bundle: str
+    verdict: Verdict
+    ranks: list[RankRow]
+    findings: list[Finding]
+    next_actions: list[str]
+    console_tail: list[str] = field(default_factory=list)
+    stack_groups: list[Any] = field(default_factory=list)
+    similar_incidents: list[Any] = field(default_factory=list)
+    schema_version: int = REPORT_SCHEMA_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        return {"schema_version": data.pop("schema_version"), **data}

@@ -1,0 +1,42 @@
+"""`blackbox report PATH`: read a bundle (untrusted), analyze it, render it."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import click
+
+from ..errors import EXIT_CANT_CREATE, BlackboxError
+
+
+@click.command()
+@click.argument("path")
+@click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default="terminal", show_default=True,
+              help="How to render the report.")  # fmt: skip
+@click.option("--out", "out_path", default=None, metavar="FILE", help="Write the report to FILE instead of stdout.")
+def report(path: str, fmt: str, out_path: Optional[str]) -> int:
+    """Say what happened in a bundle: category, suspect ranks, phase, evidence, next steps.
+
+    PATH is a bundle (.tar.gz), an extracted bundle directory, or a run directory (its newest bundle).
+
+        blackbox report blackbox-runs/20261129-120000-ab12cd
+    """
+    from ..analyze.verdict import analyze
+    from ..bundle.reader import read_bundle
+    from ..render.json_render import render_json
+    from ..render.terminal import render_terminal
+
+    model = analyze(read_bundle(path))
+    render = render_json if fmt == "json" else render_terminal
+    if out_path is None:
+        render(model, sys.stdout)
+        return 0
+    try:
+        with open(out_path, "w", encoding="utf-8") as out:
+            render(model, out)
+    except OSError as exc:
+        raise BlackboxError(
+            f"Cannot write the report to `{out_path}`: {exc.strerror}.", exit_code=EXIT_CANT_CREATE
+        ) from None
+    return 0

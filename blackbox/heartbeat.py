@@ -1,0 +1,121 @@
+"""Decoding a rank's heartbeat file (layout in blackbox/_recorder/protocol.py) into one consistent
+HeartbeatState. Host side; imports the stdlib and the protocol."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ._recorder import protocol as P
+
+_MODES = {v: k for k, v in P.MODE_CODES.items()}
+
+
+_Words = tuple["memoryview[int]", "memoryview[float]"]  # a group's words as integers and as floats
+
+
+class HeartbeatFormatError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class HeartbeatState:
+    """One consistent reading. Times are CLOCK_MONOTONIC seconds of the rank's host (comparable with the
+    supervisor's `time.monotonic()`); `wall0`/`mono0` convert them to wall-clock time."""
+
+    version: int
+    pid: int
+    start_ticks: int
+    rank: int
+    local_rank: int
+    world_size: int
+    mode: str
+    wall0: float
+    mono0: float
+    step: int
+    last_progress: float
+    last_step_dt: float
+    slowest_step_dt: float
+    phase: str
+    phase_start: float
+    collective: str  # the last Python-visible collective the rank entered
+    collective_seq: int
+    state: str
+    liveness: int
+    liveness_time: float
+    dump_request: int
+    dump_ack: int
+    data_wait_total: float
+    batches: int
+
+    def wall(self, mono: float) -> float:
+        return self.wall0 + (mono - self.mono0)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _group(q: memoryview[int], first: int, last: int, patience_s: float) -> _Words | None:
+    """Copies of the words [first, last] once the version words at both ends agree (end loaded first).
+    A writer preempted mid-update makes readers wait; one killed mid-update never finishes: give up then."""
+    deadline = 0.0
+    while True:
+        v_end = q[last]
+        words = q[first : last + 1].tobytes()
+        v_start = q[first]
+        if v_start == v_end != 0:
+            raw = memoryview(words)
+            return raw.cast("Q"), raw.cast("d")
+        now = time.monotonic()
+        if not deadline:
+            deadline = now + patience_s
+        elif now > deadline:
+            return None
+        time.sleep(0)
+
+
+def decode(buf: Any, patience_s: float = 0.05) -> HeartbeatState:
+    """Read a heartbeat from a buffer (an mmap or bytes). Raises HeartbeatFormatError for a file that is
+    not a heartbeat or comes from a newer layout."""
+    if len(buf) < P.HEARTBEAT_SIZE:
+        raise HeartbeatFormatError("heartbeat file is %d bytes, expected %d" % (len(buf), P.HEARTBEAT_SIZE))
+    magic, version, _size = P.HEADER.unpack_from(buf, P.OFF_HEADER)
+    if magic != P.MAGIC:
+        raise HeartbeatFormatError(f"not a blackbox heartbeat file (bad magic {magic!r})")
+    if version > P.HEARTBEAT_VERSION:
+        raise HeartbeatFormatError(
+            f"heartbeat layout version {version} is newer than this blackbox understands ({P.HEARTBEAT_VERSION})"
+        )
+    pid, ticks, rank, local_rank, world, mode, wall0, mono0 = P.IDENT.unpack_from(buf, P.OFF_IDENT)
+    view = memoryview(buf)[: P.HEARTBEAT_SIZE]
+    q, d = view.cast("Q"), view.cast("d")
+    # A writer killed mid-update never finishes it: then take the words as they are.
+    pq, pd = _group(q, P.W_PROGRESS, P.W_PROGRESS_END, patience_s) or (
+        q[P.W_PROGRESS : P.W_PROGRESS_END + 1],
+        d[P.W_PROGRESS : P.W_PROGRESS_END + 1],
+    )
+    hq, hd = _group(q, P.W_PHASE, P.W_PHASE_END, patience_s) or (
+        q[P.W_PHASE : P.W_PHASE_END + 1],
+        d[P.W_PHASE : P.W_PHASE_END + 1],
+    )
+    b = P.W_PHASE
+    code, op = hq[P.W_PHASE_CODE - b], hq[P.W_OP - b]
+    if code == P.PHASE_CUSTOM:
+        raw_name = hq[P.W_PHASE_NAME - b : P.W_PHASE_END - b].tobytes()
+        phase = raw_name.rstrip(b"\0").decode("utf-8", "replace") or "custom"
+    else:
+        phase = P.PHASE_NAMES.get(code, "unknown")
+    state_code = q[P.W_STATE]
+    a = P.W_PROGRESS
+    return HeartbeatState(
+        version=version, pid=pid, start_ticks=ticks, rank=rank, local_rank=local_rank, world_size=world,
+        mode=_MODES.get(mode, "unknown"), wall0=wall0, mono0=mono0, step=pq[P.W_STEP - a],
+        last_progress=pd[P.W_LAST_PROGRESS - a], last_step_dt=pd[P.W_LAST_DT - a],
+        slowest_step_dt=pd[P.W_SLOWEST_DT - a], phase=phase, phase_start=hd[P.W_PHASE_START - b],
+        collective=P.COLLECTIVE_OPS[op] if 0 <= op < len(P.COLLECTIVE_OPS) else "unknown",
+        collective_seq=hq[P.W_OP_SEQ - b],
+        state=P.STATE_NAMES[state_code] if 0 <= state_code < len(P.STATE_NAMES) else "unknown",
+        liveness=q[P.W_LIVENESS], liveness_time=d[P.W_LIVENESS_TIME], dump_request=q[P.W_DUMP_REQUEST],
+        dump_ack=q[P.W_DUMP_ACK], data_wait_total=d[P.W_DATA_WAIT], batches=q[P.W_BATCHES],
+    )  # fmt: skip

@@ -1,0 +1,1 @@
+"""Renderers: each takes the report model and a sink. No analysis here."""

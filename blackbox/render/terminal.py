@@ -1,0 +1,51 @@
+"""The terminal report: the verdict on one screen first, details below. Uses rich; respects NO_COLOR and
+a non-terminal sink. Imports rich and the report model."""
+
+from __future__ import annotations
+
+from typing import TextIO
+
+from rich.console import Console
+from rich.table import Table
+
+from ..analyze.model import Report
+
+_STYLE = {"hang": "bold yellow", "crash": "bold red", "ok": "bold green"}
+
+
+def render_terminal(report: Report, out: TextIO) -> None:
+    console = Console(file=out, highlight=False, soft_wrap=False)
+    v = report.verdict
+    style = _STYLE.get(v.category.split(".")[0], "bold")
+    suspects = ", ".join(map(str, v.suspect_ranks)) or "none named"
+    console.print(f"[{style}]{v.category}[/]  suspect rank(s): [bold]{suspects}[/]  phase: {v.phase or '?'}  "
+                  f"confidence: {v.confidence}")  # fmt: skip
+    console.print(v.summary, markup=False)
+    observed = [f for f in report.findings if f.kind == "observed"]
+    for f in observed[:3]:
+        console.print(f"  observed: {f.text}", markup=False)
+    if report.next_actions:
+        console.print(f"[bold]next:[/] {report.next_actions[0]}")
+    console.print()
+
+    table = Table(title=f"ranks (run {report.run_id}, node {report.node}, trigger {report.trigger})")
+    for col in ("rank", "pid", "state", "step", "phase", "idle s", "alive"):
+        table.add_column(col, justify="right" if col in ("rank", "pid", "step", "idle s") else "left")
+    for r in report.ranks:
+        phase = f"{r.phase} ({r.collective})" if r.collective else r.phase
+        mark = "[bold]" if r.rank in v.suspect_ranks else ""
+        table.add_row(f"{mark}{r.rank}", str(r.pid), r.state, str(r.step), phase,
+                      "" if r.idle_s is None else f"{r.idle_s:.0f}", "yes" if r.alive else "no")  # fmt: skip
+    console.print(table)
+    console.print("[bold]evidence[/]")
+    for f in report.findings:
+        console.print(f"  [{f.kind}] {f.text}" + (f"  ({f.source})" if f.source else ""), markup=False)
+    if len(report.next_actions) > 1:
+        console.print("[bold]next actions[/]")
+        for i, action in enumerate(report.next_actions, 1):
+            console.print(f"  {i}. {action}", markup=False)
+    if report.console_tail:
+        console.print("[bold]console tail[/]")
+        for line in report.console_tail:
+            console.print(f"  | {line}", markup=False)
+    console.print(f"bundle: {report.bundle}", markup=False)

@@ -1,0 +1,166 @@
+"""Benchmark: what the rank recorder costs the job. Run with the project's venv (`make bench`).
+
+1. ns per heartbeat update (the step hook's stores) against an empty loop, in one process;
+2. the step time of a small 2-rank gloo training loop (MLP, DataLoader, all_reduce: every phase hook on)
+   under `blackbox run` against plain `torchrun`, the two interleaved in one run;
+3. interpreter start-up: plain, with the recorder on PYTHONPATH but inactive, and active.
+Prints a Markdown table; the README quotes it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+BIN = Path(sys.executable).parent
+
+TRAIN = r"""
+import os, sys, time, torch, torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+steps = int(sys.argv[1])
+data = TensorDataset(torch.randn(steps * 8, 32), torch.randn(steps * 8, 1))
+loader = DataLoader(data, batch_size=8)
+for i, (x, y) in enumerate(loader):
+    if i == 50:
+        dist.barrier(); t0 = time.perf_counter()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    opt.step()
+dist.barrier()
+if dist.get_rank() == 0:
+    print("STEPTIME %.9f" % ((time.perf_counter() - t0) / (steps - 50)), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def bench_update(n: int) -> dict[str, float]:
+    from blackbox._recorder.heartbeat import HeartbeatWriter
+    from blackbox._recorder.recorder import Recorder
+
+    with tempfile.TemporaryDirectory() as d:
+        hb = HeartbeatWriter(f"{d}/hb", pid=1, start_ticks=0, rank=0, local_rank=0, world_size=1, mode="rank")
+        rec = Recorder(d, 0, 0, 1, "rank")
+
+        class Empty:
+            def progress(self, step: int, now: float, dt: float, slowest: float) -> None:
+                pass
+
+            def step(self) -> None:
+                pass
+
+        def loop(obj: object, method: str) -> float:
+            fn = getattr(obj, method)
+            t = time.perf_counter_ns()
+            if method == "progress":
+                for i in range(n):
+                    fn(i, 1.0, 0.1, 0.2)
+            else:
+                for _ in range(n):
+                    fn()
+            return (time.perf_counter_ns() - t) / n
+
+        best: dict[str, float] = {}
+        for _ in range(5):
+            for name, obj, method in (("empty progress", Empty(), "progress"), ("heartbeat progress", hb, "progress"),
+                                      ("empty step", Empty(), "step"), ("recorder step", rec, "step")):  # fmt: skip
+                best[name] = min(best.get(name, float("inf")), loop(obj, method))
+        return {
+            "heartbeat update (stores only)": best["heartbeat progress"] - best["empty progress"],
+            "recorder.step() (clock + stores)": best["recorder step"] - best["empty step"],
+        }
+
+
+def bench_steps(steps: int, rounds: int) -> tuple[float, float]:
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
+    with tempfile.TemporaryDirectory() as d:
+        script = Path(d, "train.py")
+        script.write_text(TRAIN)
+        torchrun = ["torchrun", "--standalone", "--nproc-per-node", "2", str(script), str(steps)]
+        plain: list[float] = []
+        watched: list[float] = []
+        for r in range(rounds):
+            for mode in ("plain", "blackbox"):
+                cmd = torchrun if mode == "plain" else ["blackbox", "run", "--run-dir", f"{d}/run{r}", "--", *torchrun]
+                out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+                value = float(next(line.split()[1] for line in out.splitlines() if line.startswith("STEPTIME")))
+                (plain if mode == "plain" else watched).append(value)
+        return statistics.median(plain), statistics.median(watched)
+
+
+def bench_startup(runs: int) -> dict[str, float]:
+    """The job's interpreter is the base Python (no dev-install hooks), with bytecode compiled as a pip
+    install leaves it."""
+    import compileall
+
+    from blackbox.supervisor.supervisor import INJECT_DIR
+
+    compileall.compile_dir(str(Path(INJECT_DIR).parent), quiet=1)
+    python = getattr(sys, "_base_executable", sys.executable)
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "RANK", "LOCAL_RANK"))}
+    base.pop("PYTHONPATH", None)
+    with tempfile.TemporaryDirectory() as d:
+        variants = {
+            "plain interpreter": base,
+            "recorder inactive (on PYTHONPATH, not under blackbox)": {**base, "PYTHONPATH": INJECT_DIR},
+            "recorder inactive (under blackbox, not a rank)": {
+                **base, "PYTHONPATH": INJECT_DIR, "BLACKBOX_RECORD_DIR": d, "BLACKBOX_RECORDER": "1:rank",
+                "RANK": "0", "LOCAL_RANK": "0"},
+            "recorder active (a rank)": {**base, "PYTHONPATH": INJECT_DIR, "BLACKBOX_RECORD_DIR": d, "RANK": "0",
+                                         "LOCAL_RANK": "0"},
+        }  # fmt: skip
+        samples: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(runs):
+            for name, env in variants.items():
+                t = time.perf_counter()
+                subprocess.run([python, "-c", "pass"], env=env, check=True)
+                samples[name].append(time.perf_counter() - t)
+                for p in Path(d).glob("ranks/*/*"):
+                    p.unlink()
+        return {k: min(v) * 1000 for k, v in samples.items()}  # the least disturbed run of each
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--updates", type=int, default=1_000_000)
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--startup-runs", type=int, default=40)
+    ap.add_argument("--skip-steps", action="store_true", help="leave out the (minutes long) step-time part")
+    args = ap.parse_args()
+
+    print(f"# blackbox overhead benchmark ({os.cpu_count()} CPUs, Python {sys.version.split()[0]})\n")
+    print("| what | measured | target |\n| --- | --- | --- |")
+    for name, ns in bench_update(args.updates).items():
+        print(f"| {name} | {ns:.0f} ns | ≤ 500 ns |")
+    startup = bench_startup(args.startup_runs)
+    plain_start = startup.pop("plain interpreter")
+    print(f"| interpreter start, plain (fastest of {args.startup_runs}) | {plain_start:.1f} ms | |")
+    for name, ms in startup.items():
+        target = "≤ +15 ms" if "active (a rank)" in name else "≤ +3 ms"
+        print(f"| interpreter start, {name} | {ms:.1f} ms (+{ms - plain_start:.1f} ms) | {target} |")
+    if args.skip_steps:
+        return 0
+    plain, watched = bench_steps(args.steps, args.rounds)
+    ratio = watched / plain
+    print(f"| step time, 2-rank gloo MLP ({args.steps} steps, median of {args.rounds}), plain torchrun "
+          f"| {plain * 1e6:.0f} µs | |")  # fmt: skip
+    print(f"| step time, same job under `blackbox run` | {watched * 1e6:.0f} µs (ratio {ratio:.3f}) | ≤ 1.01 |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+"""`make demo`: run the demo job under `blackbox run`, let blackbox catch the hang, then report the bundle.
+Run from the repository root inside the project's virtual environment."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def main() -> int:
+    run_dir = ROOT / "blackbox-runs" / ("demo-" + datetime.now().strftime("%Y%m%d-%H%M%S"))
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
+    cmd = ["blackbox", "run", "--run-dir", str(run_dir), "--stall-timeout", "10", "--kill-grace", "10", "--",
+           "torchrun", "--standalone", "--nproc-per-node", "2", str(ROOT / "scripts" / "demo_train.py")]  # fmt: skip
+    print("$ " + " ".join([*cmd[:7], "--", "torchrun --standalone --nproc-per-node 2 scripts/demo_train.py"]))
+    print("(rank 1 will block reading a dataset shard at step 8; blackbox should notice within ~10 s)\n", flush=True)
+    code = subprocess.call(cmd, env=env, cwd=ROOT)
+    print(f"\nblackbox run exited with {code} (86 = blackbox ended the job after a stall)\n", flush=True)
+    print(f"$ blackbox report {run_dir.relative_to(ROOT)}\n", flush=True)
+    report = subprocess.call(["blackbox", "report", str(run_dir)], env=env, cwd=ROOT)
+    return 0 if code == 86 and report == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
