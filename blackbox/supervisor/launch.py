@@ -1,6 +1,6 @@
 """Starting the launcher transparently: its own process group, the terminal handed to it when we have one,
 stdout/stderr teed through a pty (where ours is a terminal) or a pipe, to ours and to console.log.
-Imports the stdlib only."""
+Imports the stdlib and blackbox.redact."""
 
 from __future__ import annotations
 
@@ -15,29 +15,54 @@ import threading
 from collections.abc import Mapping
 from typing import Callable, Optional
 
+from ..redact import redact_text
+
 Sink = Callable[[bytes], None]
 
 
 class ConsoleLog:
-    """console.log: the job's output as the terminal saw it, after a header. A write failure (disk full)
-    stops the log, never the job."""
+    """console.log: the job's output as the terminal saw it, after a header, with secrets redacted line by
+    line (a token never straddles two writes). A write failure (disk full) stops the log, never the job."""
+
+    MAX_PENDING = 64 * 1024  # a "line" longer than this is redacted and written in pieces
 
     def __init__(self, path: str, on_error: Callable[[str], None]) -> None:
         self.path = path
         self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._lock = threading.Lock()
         self._on_error = on_error
+        self._pending: dict[int, bytes] = {}  # per stream: the bytes after its last newline
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes, stream: int = 0) -> None:
         with self._lock:
             if self._fd is None:
                 return
-            try:
-                _write_all(self._fd, data)
-            except OSError as exc:
-                os.close(self._fd)
-                self._fd = None
-                self._on_error(f"console.log is no longer written: {exc.strerror}")
+            buf = self._pending.pop(stream, b"") + data
+            cut = buf.rfind(b"\n") + 1
+            if not cut and len(buf) > self.MAX_PENDING:
+                cut = len(buf)
+            if cut < len(buf):
+                self._pending[stream] = buf[cut:]
+            if cut:
+                self._write(buf[:cut])
+
+    def _write(self, data: bytes) -> None:
+        assert self._fd is not None
+        try:
+            _write_all(
+                self._fd, redact_text(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+            )
+        except OSError as exc:
+            os.close(self._fd)
+            self._fd = None
+            self._on_error(f"console.log is no longer written: {exc.strerror}")
+
+    def flush_pending(self) -> None:
+        with self._lock:
+            for stream in sorted(self._pending):
+                if self._fd is not None:
+                    self._write(self._pending[stream])
+            self._pending.clear()
 
     def tail(self, limit: int) -> bytes:
         try:
@@ -50,6 +75,7 @@ class ConsoleLog:
             return b""
 
     def close(self) -> None:
+        self.flush_pending()
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)
@@ -88,7 +114,7 @@ class _Tee(threading.Thread):
                     break
                 except OSError:
                     dst_ok = False
-            self.console.write(data)
+            self.console.write(data, self.dst)
             for watch in self.watchers:
                 with contextlib.suppress(Exception):
                     watch(data)

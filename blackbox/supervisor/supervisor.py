@@ -489,12 +489,14 @@ class Supervisor:
             self._end_survivors(f"the launcher (pid {self.launched.pid}) {describe_status(status)}")
         elif self.ending_since is not None:
             self._end_survivors("the job is being ended")
+        self.launched.join_output(2.0)  # the last words of the job reach console.log before any bundle
+        if self.console is not None:
+            self.console.flush_pending()
         if self.watching:
             with contextlib.suppress(Exception):
                 self._poll_guarded()  # deaths at the very end still get their record
         if code != 0 and not self.bundles and self.watching:
             self._collect("exit", None)
-        self.launched.join_output(2.0)
         final = EXIT_STALL_ENDED if self.ended_after_stall else code
         self.event("end", launcher_status=describe_status(status), job_exit_code=code, exit_code=final,
                    bundles=self.bundles)  # fmt: skip

@@ -243,3 +243,20 @@ def test_run_dir_with_a_run_in_it_is_refused(tmp_path: Path, run_dir: Path) -> N
     assert run_blackbox(["run", "--run-dir", str(run_dir), "--", "true"], tmp_path).returncode == 0
     res = run_blackbox(["run", "--run-dir", str(run_dir), "--", "true"], tmp_path)
     assert res.returncode == 2 and b"already holds a run" in res.stderr
+
+
+def test_secrets_printed_by_the_job_stay_off_disk(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN a job that prints a token and fails (so a bundle is written too)
+    token = "hf_" + "Q" * 34
+    code = f"import sys; print('logging in with {token}'); sys.stdout.flush(); sys.exit(3)"
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--", sys.executable, "-c", code, "--api-key=sk-x"], tmp_path)
+    # THEN the terminal sees what the job printed, but nothing blackbox wrote holds the secrets
+    assert res.returncode == 3 and token.encode() in res.stdout
+    assert token.encode() not in (run_dir / "console.log").read_bytes()
+    assert b"sk-x" not in (run_dir / "console.log").read_bytes()
+    assert b"<redacted>" in (run_dir / "console.log").read_bytes()
+    (bundle,) = bundles(run_dir)
+    with tarfile.open(bundle) as tar:
+        for member in tar.getmembers():
+            data = tar.extractfile(member).read() if member.isfile() else b""  # type: ignore[union-attr]
+            assert token.encode() not in data and b"sk-x" not in data, member.name
