@@ -133,6 +133,38 @@ def bench_startup(runs: int) -> dict[str, float]:
         return {k: min(v) * 1000 for k, v in samples.items()}  # the least disturbed run of each
 
 
+def bench_sitecustomize(runs: int) -> dict[str, float]:
+    """The cost of the `sitecustomize` import alone (µs, `-X importtime`, median): far less noisy than whole
+    interpreter start-up. "plain" is the interpreter's own sitecustomize, which ours runs in turn."""
+    import compileall
+
+    from blackbox.supervisor.supervisor import INJECT_DIR
+
+    compileall.compile_dir(str(Path(INJECT_DIR).parent), quiet=1)
+    python = getattr(sys, "_base_executable", sys.executable)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "RANK", "LOCAL_RANK"))}
+    base.pop("PYTHONPATH", None)
+    with tempfile.TemporaryDirectory() as d:
+        variants = {
+            "plain": base,
+            "inactive, not under blackbox": {**base, "PYTHONPATH": INJECT_DIR},
+            "inactive, a rank's child": {**base, "PYTHONPATH": INJECT_DIR, "BLACKBOX_RECORD_DIR": d,
+                                         "BLACKBOX_RECORDER": "1:rank", "RANK": "0", "LOCAL_RANK": "0"},
+            "active": {**base, "PYTHONPATH": INJECT_DIR, "BLACKBOX_RECORD_DIR": d, "RANK": "0", "LOCAL_RANK": "0"},
+        }  # fmt: skip
+        samples: dict[str, list[float]] = {k: [] for k in variants}
+        for _ in range(runs):
+            for name, env in variants.items():
+                err = subprocess.run([python, "-X", "importtime", "-c", "pass"], env=env, check=True,
+                                     capture_output=True, text=True).stderr  # fmt: skip
+                cumulative = [int(line.split("|")[1]) for line in err.splitlines()
+                              if line.split("|")[-1].rstrip() == "   sitecustomize"]  # fmt: skip
+                samples[name].append(float(cumulative[-1]) if cumulative else 0.0)
+                for p in Path(d).glob("ranks/*/*"):
+                    p.unlink()
+        return {k: statistics.median(v) for k, v in samples.items()}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--updates", type=int, default=1_000_000)
@@ -146,6 +178,13 @@ def main() -> int:
     print("| what | measured | target |\n| --- | --- | --- |")
     for name, ns in bench_update(args.updates).items():
         print(f"| {name} | {ns:.0f} ns | {'≤ 500 ns' if 'stores only' in name else ''} |")
+    site = bench_sitecustomize(args.startup_runs)
+    plain_site = site.pop("plain")
+    print(f"| `sitecustomize` import, the interpreter's own (median of {args.startup_runs}) | {plain_site:.0f} µs | |")
+    for name, us in site.items():
+        target = "≤ +15 ms" if name == "active" else "≤ +3 ms"
+        print(f"| `sitecustomize` import, blackbox's, recorder {name} | {us:.0f} µs ({us - plain_site:+.0f} µs) "
+              f"| {target} |")  # fmt: skip
     startup = bench_startup(args.startup_runs)
     plain_start = startup.pop("plain interpreter")
     print(f"| interpreter start, plain (fastest of {args.startup_runs}) | {plain_start:.1f} ms | |")

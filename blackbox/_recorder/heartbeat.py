@@ -75,6 +75,15 @@ class HeartbeatWriter:
         self._q[P.W_LIVENESS] = counter
         self._d[P.W_LIVENESS_TIME] = now
 
+    def dump_request(self) -> int:
+        return int(self._q[P.W_DUMP_REQUEST])
+
+    def dump_ack(self) -> int:
+        return int(self._q[P.W_DUMP_ACK])
+
+    def ack_dump(self, request: int) -> None:
+        self._q[P.W_DUMP_ACK] = request
+
     def data(self, waited_total: float, batches: int) -> None:
         self._d[P.W_DATA_WAIT] = waited_total
         self._q[P.W_BATCHES] = batches

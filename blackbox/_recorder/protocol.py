@@ -10,6 +10,8 @@ ENV_RUN_DIR = "BLACKBOX_RECORD_DIR"  # set by the supervisor for the job: the ru
 ENV_RECORDER = "BLACKBOX_RECORDER"  # set by an active recorder for its children: "<pid>:<mode>"
 ENV_LIVENESS_INTERVAL = "BLACKBOX_LIVENESS_INTERVAL"  # seconds between liveness bumps (default 0.5)
 ENV_DISABLE = "BLACKBOX_DISABLE"  # "1": never activate (an escape hatch for users)
+ENV_CUDA_MEMORY_HISTORY = "BLACKBOX_CUDA_MEMORY_HISTORY"  # entries of CUDA memory history to keep (unset: off)
+FR_PREFIX = "fr_trace_"  # flight-recorder dumps: <run dir>/flight_recorder/<FR_PREFIX><rank>, as torch's analyzer reads
 
 MODE_RANK = "rank"  # RANK and LOCAL_RANK were in the environment
 MODE_SINGLE = "single"  # a single process without RANK, recorded as rank 0

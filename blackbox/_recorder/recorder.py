@@ -12,6 +12,7 @@ import time
 
 from . import protocol as P
 from .heartbeat import HeartbeatWriter
+from .lastwords import LastWords, python_stacks, thread_names, write_json
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs milliseconds at start-up
 if TYPE_CHECKING:  # annotations only
@@ -59,14 +60,30 @@ class Recorder:
         self._lock = threading.Lock()
         self._liveness_interval = _float_env(P.ENV_LIVENESS_INTERVAL, 0.5)
         self._stop = threading.Event()
+        # what a dump or a last-words record says besides the stacks
+        self._group_seq: dict[int, int] = {}  # per process group (id of the group object; 0 = default)
+        self._last_batch: Any = None  # (path, shape, dtype) of the last batch's tensors, stringified late
+        self._last_wait = 0.0
+        self._loader: Any = None  # weak reference to the DataLoader iterator in use
+        self._loader_written: Any = None
+        self.seeds: dict[str, Any] = {}
+        self.torch: Any = None
+        self._threads_written: dict[str, str] = {}
+        self._versions_written = False
+        self.lastwords = LastWords(self)
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
         os.environ[P.ENV_RECORDER] = "%d:%s" % (self.pid, self.mode)
-        self._guard("exit", lambda: atexit.register(self._on_exit))
-        self._guard("excepthook", self._install_excepthook)
-        self._guard("fork", lambda: os.register_at_fork(after_in_child=self._after_fork))
-        self._guard("torch", _watch_torch_import, self._on_torch_imported)
+        self.guard("exit", lambda: atexit.register(self._on_exit))
+        self.lastwords.install()
+        self.guard("fork", lambda: os.register_at_fork(after_in_child=self._after_fork))
+        self.guard("imports", _watch_imports, {
+            "torch": self._on_torch_imported,
+            "numpy.random": lambda m: self.guard("seeds", self._wrap_seed, m, "numpy.random.seed"),
+            "random": lambda m: self.guard("seeds", self._wrap_seed, m, "random.seed"),
+            "torch.distributed.checkpoint": lambda m: self.guard("checkpoint", _wrap_dcp, self, m),
+        })  # fmt: skip
         t = threading.Thread(target=self._liveness_loop, name="blackbox-liveness", daemon=True)
         t.start()
 
@@ -81,21 +98,25 @@ class Recorder:
             self._flush()
             self.hb.state(P.STATE_EXITED)
 
-    def _install_excepthook(self) -> None:
-        previous = sys.excepthook
+    def mark_exception(self) -> None:
+        if self.enabled:
+            self.hb.state(P.STATE_EXCEPTION)
 
-        def excepthook(tp: Any, value: Any, tb: Any) -> None:
-            try:
-                if self.enabled:
-                    self.hb.state(P.STATE_EXCEPTION)
-            except Exception:  # never let the recorder change what the job prints
-                pass
-            previous(tp, value, tb)
-
-        sys.excepthook = excepthook
+    def context(self) -> dict[str, Any]:
+        """What every record carries besides its own subject: where the rank was and with what data."""
+        code, started, name = self._phase
+        return {
+            "step": self.step_count,
+            "phase": name.decode("utf-8", "replace") if code == P.PHASE_CUSTOM else P.PHASE_NAMES.get(code, "?"),
+            "phase_for_s": round(_monotonic() - started, 3),
+            "last_collective": P.COLLECTIVE_OPS[self._collective_op],
+            "last_batch": describe_batch(self._last_batch),
+            "last_data_wait_s": round(self._last_wait, 6),
+            "seeds": dict(self.seeds),
+        }
 
     # --- guarded hooks ----------------------------------------------------------------------------
-    def _guard(self, hook: str, fn: Callable[..., Any], *args: Any) -> Any:
+    def guard(self, hook: str, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return fn(*args)
         except Exception as exc:
@@ -175,20 +196,29 @@ class Recorder:
         self._phase = (code, now, previous[2])
         self.hb.phase(code, now, self._collective_op, self._collective_seq, previous[2])
 
-    def batch_delivered(self, previous: tuple[int, float, bytes], started: float) -> None:
+    def batch_delivered(self, previous: tuple[int, float, bytes], started: float, batch: Any, it: Any) -> None:
         """A DataLoader batch arrived: the rank is making progress even where no optimizer steps (eval)."""
         now = _monotonic()
-        self._data_wait += now - started
+        self._last_wait = now - started
+        self._data_wait += self._last_wait
         self._batches += 1
+        self._last_batch = batch_shapes(batch)
+        loader = self._loader
+        if loader is None or loader() is not it:
+            import weakref
+
+            self._loader = weakref.ref(it)
         self.hb.data(self._data_wait, self._batches)
         self.hb.progress(self.step_count, now, self._last_dt, self._slowest)
         self.exit_phase(previous)
 
-    def enter_collective(self, op: int) -> tuple[int, float, bytes]:
+    def enter_collective(self, op: int, group: Any) -> tuple[int, float, bytes]:
         previous = self._phase
         now = _monotonic()
         self._collective_op = op
-        self._collective_seq += 1
+        key = 0 if group is None else id(group)
+        self._collective_seq = self._group_seq.get(key, 0) + 1
+        self._group_seq[key] = self._collective_seq
         self._phase = (P.PHASE_COLLECTIVE, now, b"")
         self.hb.phase(P.PHASE_COLLECTIVE, now, op, self._collective_seq)
         return previous
@@ -234,17 +264,150 @@ class Recorder:
                         self._flush()
                     except Exception as exc:
                         self.fail("flush", exc)
+                self.guard("dump", self._serve_dump_request)
+                if counter % 4 == 1:  # every few ticks: facts the collector wants before anything happens
+                    self.guard("state_files", self._write_state_files)
             except Exception as exc:
                 self.fail("liveness", exc)
                 return
             self._stop.wait(self._liveness_interval)
 
+    # --- dumps and state files (daemon thread only) -------------------------------------------------
+    def _serve_dump_request(self) -> None:
+        """The supervisor asks by bumping the heartbeat's dump-request word (no signal needed while the GIL
+        is free): write the Python-side dump, the flight-recorder trace and the memory snapshot."""
+        request = self.hb.dump_request()
+        if request <= self.hb.dump_ack():
+            return
+        self.write_dump(request)
+        self.hb.ack_dump(request)
+        self.lastwords.rotate_stack_file()
+
+    def write_dump(self, request: int) -> str:
+        path = os.path.join(self.rank_dir, "pydump-%d.json" % request)
+        record: dict[str, Any] = {
+            "request": request, "time": time.time(), "rank": self.rank, "pid": self.pid,
+            "threads": python_stacks(), "context": self.context(), "dataloader": self.loader_state(),
+            "metrics": list(self._metrics)[-32:], "annotations": dict(self._annotations),
+        }  # fmt: skip
+        torch = self.torch
+        if torch is not None:
+            record["initial_seed"] = _call(torch, "initial_seed")
+            record["flight_recorder"] = self.guard("flight_recorder", self._dump_flight_recorder, torch, request)
+            record["memory_snapshot"] = self.guard("memory_snapshot", self._dump_memory_snapshot, torch, request)
+        write_json(path, record)
+        return path
+
+    def _dump_flight_recorder(self, torch: Any, request: int) -> Optional[dict[str, Any]]:
+        dist = getattr(torch, "distributed", None)
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        c10d = getattr(torch._C, "_distributed_c10d", None)
+        dump = getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace", None)
+        if dump is None:
+            return {"error": "this torch has no flight-recorder dump API"}
+        fr_dir = os.path.join(os.path.dirname(os.path.dirname(self.rank_dir)), "flight_recorder")
+        os.makedirs(fr_dir, mode=0o700, exist_ok=True)
+        path = os.path.join(fr_dir, "%s%d" % (P.FR_PREFIX, self.rank))  # the analyzer's <prefix><rank> names
+        data = dump()
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+        out: dict[str, Any] = {"pickle": path, "bytes": len(data)}
+        dump_json = getattr(c10d, "_dump_fr_trace_json", None)
+        if dump_json is not None:
+            json_path = os.path.join(self.rank_dir, "fr_trace.json")
+            fd = os.open(json_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(dump_json())
+            out["json"] = json_path
+        return out
+
+    def _dump_memory_snapshot(self, torch: Any, request: int) -> Optional[str]:
+        cuda: Any = getattr(torch, "cuda", None)
+        dump = getattr(getattr(cuda, "memory", None), "_dump_snapshot", None)
+        if dump is None or not cuda.is_initialized():
+            return None
+        path = os.path.join(self.rank_dir, "memory-snapshot-%d.pickle" % request)
+        dump(path)
+        return os.path.basename(path)
+
+    def loader_state(self) -> Optional[dict[str, Any]]:
+        it = self._loader() if self._loader is not None else None
+        if it is None:
+            return None
+        workers = getattr(it, "_workers", None) or []
+        state: dict[str, Any] = {
+            "iterator": type(it).__name__,
+            "dataset": type(getattr(it, "_dataset", None)).__name__,
+            "num_workers": getattr(it, "_num_workers", 0),
+            "worker_pids": [w.pid for w in workers if getattr(w, "pid", None)],
+            "prefetch_factor": getattr(it, "_prefetch_factor", None),
+            "tasks_outstanding": getattr(it, "_tasks_outstanding", None),
+            "timeout": getattr(it, "_timeout", None),
+            "persistent_workers": getattr(it, "_persistent_workers", None),
+            "batches_delivered": self._batches,
+            "data_wait_total_s": round(self._data_wait, 6),
+            "last_data_wait_s": round(self._last_wait, 6),
+        }
+        queue = getattr(it, "_data_queue", None)
+        try:
+            state["queue_depth"] = queue.qsize() if queue is not None else None
+        except (NotImplementedError, OSError):
+            state["queue_depth"] = None
+        return state
+
+    def _write_state_files(self) -> None:
+        names = thread_names()
+        if names != self._threads_written:
+            write_json(os.path.join(self.rank_dir, "threads.json"), names)
+            self._threads_written = names
+        loader = self.loader_state()
+        key = loader and (loader["iterator"], tuple(loader["worker_pids"]))
+        if loader is not None and key != self._loader_written:
+            write_json(os.path.join(self.rank_dir, "loader.json"), loader)
+            self._loader_written = key
+        if self.torch is not None and not self._versions_written:
+            self._versions_written = True
+            write_json(os.path.join(self.rank_dir, "versions.json"), _versions(self.torch))
+
     # --- torch ------------------------------------------------------------------------------------
     def _on_torch_imported(self, torch: Any) -> None:
-        self._guard("optimizer_step", self._install_optimizer_hook, torch)
-        self._guard("collectives", _wrap_collectives, self, torch)
-        self._guard("data", _wrap_dataloader, self)
-        self._guard("checkpoint", _wrap_checkpoint, self, torch)
+        self.torch = torch
+        self.guard("optimizer_step", self._install_optimizer_hook, torch)
+        self.guard("collectives", _wrap_collectives, self, torch)
+        self.guard("data", _wrap_dataloader, self)
+        self.guard("checkpoint", _wrap_checkpoint, self, torch)
+        self.guard("oom", self.lastwords.watch_oom, torch)
+        self.guard("seeds", self._wrap_seed, torch, "torch.manual_seed", "manual_seed")
+        cuda = getattr(torch, "cuda", None)
+        for name in ("manual_seed", "manual_seed_all"):
+            self.guard("seeds", self._wrap_seed, cuda, "torch.cuda." + name, name)
+        history = os.environ.get(P.ENV_CUDA_MEMORY_HISTORY)
+        if history:
+            self.guard("memory_history", _record_memory_history_at_cuda_init, torch, int(history))
+
+    def _wrap_seed(self, module: Any, label: str, attr: str = "seed") -> None:
+        """Record the seed values the job sets; the call itself is unchanged."""
+        import functools
+
+        fn = getattr(module, attr, None) if module is not None else None
+        if fn is None or getattr(fn, "__blackbox_wrapped__", False):
+            return
+        seeds = self.seeds
+
+        @functools.wraps(fn)
+        def seeded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                value = args[0] if args else kwargs.get("seed", kwargs.get("a"))
+                seeds[label] = value if isinstance(value, (int, float, str, type(None))) else repr(value)[:100]
+            except Exception:
+                pass
+            return fn(*args, **kwargs)
+
+        seeded.__blackbox_wrapped__ = True  # type: ignore[attr-defined]
+        setattr(module, attr, seeded)
 
     def _install_optimizer_hook(self, torch: Any) -> None:
         import importlib
@@ -257,26 +420,35 @@ class Recorder:
 
 
 # --- torch integration ------------------------------------------------------------------------------
-def _watch_torch_import(callback: Callable[[Any], None]) -> None:
-    """Call `callback(torch)` right after the job imports torch; never import it ourselves."""
-    if "torch" in sys.modules:
-        callback(sys.modules["torch"])
-        return
-    sys.meta_path.insert(0, _TorchImportWatcher(callback))
+def _watch_imports(callbacks: dict[str, Callable[[Any], None]]) -> None:
+    """Call each callback with its module right after the job imports it; never import anything ourselves.
+    (Modules already imported are handled at once.)"""
+    pending = {}
+    for name, callback in callbacks.items():
+        if name in sys.modules:
+            callback(sys.modules[name])
+        else:
+            pending[name] = callback
+    if pending:
+        sys.meta_path.insert(0, _ImportWatcher(pending))
 
 
-class _TorchImportWatcher:
-    def __init__(self, callback: Callable[[Any], None]) -> None:
-        self.callback = callback
+class _ImportWatcher:
+    def __init__(self, pending: dict[str, Callable[[Any], None]]) -> None:
+        self.pending = pending
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != "torch":
+        if name not in self.pending:
             return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            return None
+        callback = self.pending.pop(name)
+        if not self.pending:
+            try:
+                sys.meta_path.remove(self)
+            except ValueError:
+                pass
         for finder in sys.meta_path:
+            if finder is self:
+                continue
             find = getattr(finder, "find_spec", None)
             spec = find(name, path, target) if find is not None else None
             if spec is not None:
@@ -287,14 +459,13 @@ class _TorchImportWatcher:
         exec_module = getattr(loader, "exec_module", None)
         if exec_module is None:
             return spec
-        callback = self.callback
 
         def exec_and_notify(module: Any) -> None:
             exec_module(module)
             try:
                 callback(module)
             except Exception:
-                pass  # the callback guards its own hooks; nothing may reach the job's import
+                pass  # the callbacks guard their own hooks; nothing may reach the job's import
 
         try:
             loader.exec_module = exec_and_notify
@@ -313,12 +484,22 @@ def _wrap_collectives(rec: Recorder, torch: Any) -> None:
     is_compiling: Callable[[], bool] = getattr(compiler, "is_compiling", None) or (lambda: False)
 
     def wrap(fn: Callable[..., Any], op: int) -> Callable[..., Any]:
+        try:  # where the `group` argument sits, for the per-group sequence number
+            group_at = fn.__code__.co_varnames[: fn.__code__.co_argcount].index("group")
+        except (AttributeError, ValueError):
+            group_at = -1
+
         @functools.wraps(fn)
         def collective(*args: Any, **kwargs: Any) -> Any:
             if not rec.enabled or "collectives" in rec._failed or is_compiling():
                 return fn(*args, **kwargs)
             try:
-                previous = rec.enter_collective(op)
+                group = (
+                    kwargs.get("group")
+                    if "group" in kwargs
+                    else (args[group_at] if 0 <= group_at < len(args) else None)
+                )
+                previous = rec.enter_collective(op, group)
             except Exception as exc:
                 rec.fail("collectives", exc)
                 return fn(*args, **kwargs)
@@ -372,6 +553,81 @@ def _wrap_checkpoint(rec: Recorder, torch: Any) -> None:
             setattr(torch, name, _phase_wrapper(rec, "checkpoint", P.PHASE_CHECKPOINT, fn))
 
 
+def _wrap_dcp(rec: Recorder, dcp: Any) -> None:
+    """torch.distributed.checkpoint: its save and load entry points run in the `checkpoint` phase."""
+    for name in ("save", "load", "async_save", "save_state_dict", "load_state_dict"):
+        fn = getattr(dcp, name, None)
+        if fn is not None and not getattr(fn, "__blackbox_wrapped__", False):
+            setattr(dcp, name, _phase_wrapper(rec, "checkpoint", P.PHASE_CHECKPOINT, fn))
+
+
+def _record_memory_history_at_cuda_init(torch: Any, max_entries: int) -> None:
+    """Start CUDA memory history once CUDA is initialised (never initialise it ourselves)."""
+    record = getattr(getattr(torch.cuda, "memory", None), "_record_memory_history", None)
+    lazy_call = getattr(torch.cuda, "_lazy_call", None)
+    if record is None or lazy_call is None:
+        raise RuntimeError("this torch cannot record CUDA memory history")
+
+    def start() -> None:
+        try:
+            record(max_entries=max_entries)
+        except TypeError:  # older signature
+            record(True, max_entries=max_entries)
+
+    lazy_call(start)
+
+
+def _call(obj: Any, name: str) -> Any:
+    try:
+        return getattr(obj, name)()
+    except Exception as exc:
+        return "unavailable: %r" % (exc,)
+
+
+def _versions(torch: Any) -> dict[str, Any]:
+    """The job's own environment, read inside the rank (it may differ from blackbox's)."""
+    out: dict[str, Any] = {"python": sys.version.split()[0], "torch": getattr(torch, "__version__", None)}
+    version = getattr(torch, "version", None)
+    out["cuda"] = getattr(version, "cuda", None)
+    out["hip"] = getattr(version, "hip", None)
+    try:
+        if torch.cuda.is_available():
+            nccl = torch.cuda.nccl.version()
+            out["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl
+    except Exception as exc:
+        out["nccl"] = "unavailable: %r" % (exc,)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        out["numpy"] = getattr(numpy, "__version__", None)
+    return out
+
+
+MAX_BATCH_TENSORS = 32
+
+
+def batch_shapes(batch: Any) -> list[tuple[str, Any, Any]]:
+    """(path, shape, dtype) of the tensors in a batch: tuples, lists and dicts, two levels deep, bounded.
+    Shapes and dtypes are kept as objects: turning them into text is left to a dump."""
+    out: list[tuple[str, Any, Any]] = []
+    stack: list[tuple[str, Any, int]] = [("batch", batch, 0)]
+    while stack and len(out) < MAX_BATCH_TENSORS:
+        path, obj, depth = stack.pop()
+        shape = getattr(obj, "shape", None)
+        if shape is not None and hasattr(obj, "dtype"):
+            out.append((path, shape, obj.dtype))
+        elif depth < 3 and isinstance(obj, (tuple, list)):
+            stack.extend(("%s[%d]" % (path, i), v, depth + 1) for i, v in reversed(list(enumerate(obj[:16]))))
+        elif depth < 3 and isinstance(obj, dict):
+            stack.extend(("%s[%r]" % (path, k), v, depth + 1) for k, v in reversed(list(obj.items())[:16]))
+    return out
+
+
+def describe_batch(shapes: Any) -> Optional[list[dict[str, Any]]]:
+    if not shapes:
+        return None
+    return [{"path": p, "shape": list(shape), "dtype": str(dtype).replace("torch.", "")} for p, shape, dtype in shapes]
+
+
 def _wrap_dataloader(rec: Recorder) -> None:
     """Phase `data` while the job waits in DataLoader `__next__` (the iterator class, not the user's loader)."""
     import functools
@@ -401,7 +657,7 @@ def _wrap_dataloader(rec: Recorder) -> None:
                 rec.fail("data", exc)
             raise
         try:
-            rec.batch_delivered(previous, started)
+            rec.batch_delivered(previous, started, batch, self)
         except Exception as exc:
             rec.fail("data", exc)
         return batch
