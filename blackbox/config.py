@@ -40,6 +40,13 @@ def _on_stall(value: Any) -> str:
     return text
 
 
+def _count(value: Any) -> int:
+    number = int(value)
+    if number < 0 or number != float(value):
+        raise ValueError(value)
+    return number
+
+
 def _path(value: Any) -> str:
     text = str(value)
     if not text:
@@ -85,6 +92,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("poll_interval", _seconds, 1.0, "a number of seconds", "Seconds between two reads of the heartbeats."),
     Option("kill_grace", _seconds, 30.0, "a number of seconds",
            "Seconds between SIGTERM and SIGKILL when blackbox ends the job."),
+    Option("dump_timeout", _seconds, 5.0, "a number of seconds",
+           "Seconds a collection waits for the ranks' own dumps (stacks, flight recorder, memory snapshot)."),
+    Option("cuda_memory_history", _count, 0, "a whole number of entries",
+           "Record this many CUDA allocation events per rank once CUDA is initialised, for memory snapshots "
+           "(0: off; it costs GPU-side time)."),
 )  # fmt: skip
 
 
@@ -99,6 +111,8 @@ class RunConfig:
     on_stall: str
     poll_interval: float
     kill_grace: float
+    dump_timeout: float
+    cuda_memory_history: int
     sources: Mapping[str, str]  # option name -> where its value came from (for the events log)
 
 

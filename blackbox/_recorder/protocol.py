@@ -11,6 +11,8 @@ ENV_RECORDER = "BLACKBOX_RECORDER"  # set by an active recorder for its children
 ENV_LIVENESS_INTERVAL = "BLACKBOX_LIVENESS_INTERVAL"  # seconds between liveness bumps (default 0.5)
 ENV_DISABLE = "BLACKBOX_DISABLE"  # "1": never activate (an escape hatch for users)
 ENV_CUDA_MEMORY_HISTORY = "BLACKBOX_CUDA_MEMORY_HISTORY"  # entries of CUDA memory history to keep (unset: off)
+ENV_FR_DIR = "BLACKBOX_FR_DIR"  # where flight-recorder dumps go; the recorder sets torch's own variables from it
+FR_ENTRIES = "2000"  # flight-recorder ring size when the user has not chosen one
 FR_PREFIX = "fr_trace_"  # flight-recorder dumps: <run dir>/flight_recorder/<FR_PREFIX><rank>, as torch's analyzer reads
 
 MODE_RANK = "rank"  # RANK and LOCAL_RANK were in the environment

@@ -306,7 +306,8 @@ class Recorder:
         dump = getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace", None)
         if dump is None:
             return {"error": "this torch has no flight-recorder dump API"}
-        fr_dir = os.path.join(os.path.dirname(os.path.dirname(self.rank_dir)), "flight_recorder")
+        fr_dir = os.environ.get(P.ENV_FR_DIR) or os.path.join(os.path.dirname(os.path.dirname(self.rank_dir)),
+                                                               "flight_recorder")  # fmt: skip
         os.makedirs(fr_dir, mode=0o700, exist_ok=True)
         path = os.path.join(fr_dir, "%s%d" % (P.FR_PREFIX, self.rank))  # the analyzer's <prefix><rank> names
         data = dump()
@@ -384,6 +385,7 @@ class Recorder:
         cuda = getattr(torch, "cuda", None)
         for name in ("manual_seed", "manual_seed_all"):
             self.guard("seeds", self._wrap_seed, cuda, "torch.cuda." + name, name)
+        self.guard("flight_recorder", _flight_recorder_env, torch)
         history = os.environ.get(P.ENV_CUDA_MEMORY_HISTORY)
         if history:
             self.guard("memory_history", _record_memory_history_at_cuda_init, torch, int(history))
@@ -559,6 +561,33 @@ def _wrap_dcp(rec: Recorder, dcp: Any) -> None:
         fn = getattr(dcp, name, None)
         if fn is not None and not getattr(fn, "__blackbox_wrapped__", False):
             setattr(dcp, name, _phase_wrapper(rec, "checkpoint", P.PHASE_CHECKPOINT, fn))
+
+
+def _torch_version(torch: Any) -> tuple[int, int]:
+    try:
+        major, minor = str(torch.__version__).split(".")[:2]
+        return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+    except ValueError:
+        return (0, 0)
+
+
+def _flight_recorder_env(torch: Any) -> None:
+    """Turn the flight recorder on for this process under the names this torch reads (torch >= 2.7 reads
+    TORCH_FR_*, older ones TORCH_NCCL_*; setting the old ones on a new torch prints deprecation warnings).
+    Done at `import torch`, before any process group exists; a value the user set wins."""
+    fr_dir = os.environ.get(P.ENV_FR_DIR)
+    if not fr_dir:
+        return
+    names = {
+        "buffer": ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+        "file": ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
+    }
+    values = {"buffer": P.FR_ENTRIES, "file": os.path.join(fr_dir, P.FR_PREFIX)}
+    new = _torch_version(torch) >= (2, 7)
+    for key, (new_name, old_name) in names.items():
+        if os.environ.get(new_name) or os.environ.get(old_name):
+            continue
+        os.environ[new_name if new else old_name] = values[key]
 
 
 def _record_memory_history_at_cuda_init(torch: Any, max_entries: int) -> None:

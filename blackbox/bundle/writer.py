@@ -42,11 +42,16 @@ class BundleWriter:
     steps: list[Step] = field(default_factory=list)
     _total: int = 0
 
-    def add_bytes(self, path: str, data: bytes, *, keep: str = "tail") -> None:
-        """Add an entry, cut to the per-file cap (keeping the tail or the head) and the total cap."""
-        if len(data) > self.file_cap:
+    def add_bytes(self, path: str, data: bytes, *, keep: str = "tail", cap: Optional[int] = None) -> None:
+        """Add an entry, cut to its cap (keeping the tail or the head; `keep="whole"` drops an entry that
+        a cut would make useless, like a pickle) and to the total cap."""
+        cap = self.file_cap if cap is None else cap
+        if len(data) > cap:
             self.truncated[path] = len(data)
-            data = data[-self.file_cap :] if keep == "tail" else data[: self.file_cap]
+            if keep == "whole":
+                self.dropped.append(path)
+                return
+            data = data[-cap:] if keep == "tail" else data[:cap]
         if self._total + len(data) > self.total_cap:
             self.dropped.append(path)
             return
@@ -83,7 +88,7 @@ class BundleWriter:
                 "file_cap_bytes": self.file_cap,
                 "total_cap_bytes": self.total_cap,
                 "truncated": sorted(self.truncated),
-                "dropped_over_total_cap": self.dropped,
+                "dropped": self.dropped,
             },
         }
 

@@ -1,13 +1,17 @@
-"""The node-local collection `blackbox run` does on a trigger: heartbeats, the rank recorder's files, the
-console tail and the events, redacted and bounded, into one bundle. Imports the stdlib and blackbox."""
+"""The node-local collection `blackbox run` does on a trigger: ask every rank for its own dump, then bundle
+heartbeats, the rank recorder's files, flight-recorder traces, the console tail and the events, redacted and
+bounded. Imports the stdlib and blackbox."""
 
 from __future__ import annotations
 
+import glob
 import os
+import signal
 import time
 from typing import Any, Optional, Protocol
 
-from ..adapters import host
+from .._recorder import protocol as P
+from ..adapters import host, procfs
 from ..bundle.writer import BundleWriter
 from ..events import EventLog
 from ..heartbeat import HeartbeatState
@@ -16,7 +20,29 @@ from ..supervisor.rules import Detection, RankView
 
 CONSOLE_TAIL_BYTES = 256 * 1024
 RANK_FILE_CAP = 1024 * 1024
-RANK_FILES = ("recorder.log", "annotations.json", "metrics.json")
+BINARY_FILE_CAP = 64 * 1024 * 1024  # memory snapshots and flight-recorder pickles
+# What the rank recorder leaves in ranks/<rank>/ (its heartbeat is decoded separately).
+RANK_PATTERNS = (
+    "recorder.log", "recorder-events.jsonl", "annotations.json", "metrics.json", "threads.json", "loader.json",
+    "versions.json", "exceptions.jsonl", "oom.jsonl", "fatal.txt", "sigterm.txt", "stacks-*.txt", "pydump-*.json",
+    "fr_trace.json", "memory-snapshot-*.pickle", "error.json",
+)  # fmt: skip
+
+
+def _evidence_files(run_dir: str) -> list[tuple[str, str]]:
+    """(path on disk, path in the bundle) of every recorder file worth keeping; empty files are skipped."""
+    out = []
+    ranks_dir = os.path.join(run_dir, "ranks")
+    for rank in sorted(os.listdir(ranks_dir)) if os.path.isdir(ranks_dir) else []:
+        for pattern in RANK_PATTERNS:
+            for path in sorted(glob.glob(os.path.join(ranks_dir, glob.escape(rank), pattern))):
+                if os.path.isfile(path) and os.path.getsize(path) > 0:
+                    out.append((path, f"ranks/{rank}/{os.path.basename(path)}"))
+    fr_dir = os.path.join(run_dir, "flight_recorder")
+    for path in sorted(glob.glob(os.path.join(fr_dir, P.FR_PREFIX + "*"))):
+        if os.path.isfile(path) and not path.endswith(".tmp"):
+            out.append((path, f"flight_recorder/{os.path.basename(path)}"))
+    return out
 
 
 class _Console(Protocol):
@@ -39,20 +65,77 @@ def heartbeat_record(view: RankView, now: float) -> dict[str, Any]:
     return record
 
 
+class _Table(Protocol):
+    def request_dump(self, rank: int) -> int: ...
+
+    def read(self) -> list[HeartbeatState]: ...
+
+
 class LocalCollector:
-    def __init__(self, run_dir: str, run_id: str, node: str, argv: list[str], console: _Console) -> None:
+    def __init__(
+        self, run_dir: str, run_id: str, node: str, argv: list[str], console: _Console, table: _Table,
+        dump_timeout: float,
+    ) -> None:  # fmt: skip
         self.run_dir = run_dir
         self.run_id = run_id
         self.node = node
         self.argv = argv
         self.console = console
+        self.table = table
+        self.dump_timeout = dump_timeout
+
+    def request_dumps(self, views: list[RankView], job_ends: bool, w: BundleWriter) -> None:
+        """Ask every live rank for its own dump. SIGUSR1 (faulthandler, from C: it works while a rank holds
+        the GIL or is blocked in C) goes at once when the job is about to end anyway; otherwise only to the
+        ranks that did not answer the quiet way, and only to a process that has a handler for it."""
+        t = time.monotonic()
+        live = [v for v in views if v.alive]
+        asked: dict[int, int] = {}
+        notes: list[str] = []
+        for v in live:
+            try:
+                asked[v.rank] = self.table.request_dump(v.rank)
+            except OSError as exc:
+                notes.append(f"rank {v.rank}: dump request failed: {exc.strerror}")
+        signalled: list[int] = []
+
+        def signal_ranks(ranks: list[RankView]) -> None:
+            for v in ranks:
+                if not procfs.has_handler(v.hb.pid, signal.SIGUSR1):
+                    notes.append(f"rank {v.rank}: no SIGUSR1 handler, not signalled (it would die of it)")
+                elif procfs.signal_if_same(v.hb.pid, v.hb.start_ticks, signal.SIGUSR1):
+                    signalled.append(v.rank)
+
+        if job_ends:
+            signal_ranks(live)
+        deadline = t + self.dump_timeout
+        quiet_deadline = t + min(2.0, self.dump_timeout / 2)
+        pending = dict(asked)
+        while pending and time.monotonic() < deadline:
+            for hb in self.table.read():
+                if hb.rank in pending and hb.dump_ack >= pending[hb.rank]:
+                    del pending[hb.rank]
+            if not job_ends and not signalled and time.monotonic() > quiet_deadline and pending:
+                signal_ranks([v for v in live if v.rank in pending])
+                if not signalled:
+                    break  # nobody left to reach: do not wait out the rest
+            time.sleep(0.05)
+        if signalled:
+            time.sleep(0.2)  # faulthandler writes from the signal handler: a fraction of a millisecond
+        answered = sorted(set(asked) - set(pending))
+        detail = (f"{len(answered)}/{len(live)} rank(s) wrote their dump; SIGUSR1 to rank(s) "
+                  f"{signalled or 'none'}" + ("; " + "; ".join(notes) if notes else ""))  # fmt: skip
+        if pending:
+            detail += f"; no answer within {self.dump_timeout:g} s from rank(s) {sorted(pending)}"
+        w.step("rank dumps", "ok" if not pending else "partial", t, detail)
 
     def collect(
-        self, trigger: str, detection: Optional[Detection], views: list[RankView], events: Optional[EventLog]
-    ) -> str:
-        now = time.monotonic()
+        self, trigger: str, detection: Optional[Detection], views: list[RankView], events: Optional[EventLog],
+        job_ends: bool = False,
+    ) -> str:  # fmt: skip
         w = BundleWriter(self.run_id, self.node, trigger)
-
+        self.request_dumps(views, job_ends, w)
+        now = time.monotonic()
         t = time.monotonic()
         for view in views:
             w.add_json(f"ranks/{view.rank}/heartbeat.json", heartbeat_record(view, now))
@@ -60,19 +143,19 @@ class LocalCollector:
 
         t = time.monotonic()
         copied, failed = 0, []
-        ranks_dir = os.path.join(self.run_dir, "ranks")
-        for rank in sorted(os.listdir(ranks_dir)) if os.path.isdir(ranks_dir) else []:
-            for name in RANK_FILES:
-                path = os.path.join(ranks_dir, rank, name)
-                if not os.path.exists(path):
-                    continue
-                try:
-                    with open(path, "rb") as f:
-                        data = f.read(RANK_FILE_CAP + 1)
-                    w.add_bytes(f"ranks/{rank}/{name}", redact_text(data.decode("utf-8", "replace")).encode())
-                    copied += 1
-                except OSError as exc:
-                    failed.append(f"{rank}/{name}: {exc.strerror}")
+        for src, arc in _evidence_files(self.run_dir):
+            binary = src.endswith(".pickle") or os.path.basename(src).startswith(P.FR_PREFIX)
+            cap = BINARY_FILE_CAP if binary else RANK_FILE_CAP
+            try:
+                with open(src, "rb") as f:
+                    data = f.read(cap + 1)
+                if binary:  # pickles: kept whole or not at all, not redacted, never unpickled by blackbox
+                    w.add_bytes(arc, data, keep="whole", cap=cap)
+                else:
+                    w.add_bytes(arc, redact_text(data.decode("utf-8", "replace")).encode())
+                copied += 1
+            except OSError as exc:
+                failed.append(f"{arc}: {exc.strerror}")
         w.step("rank files", "failed" if failed else "ok", t, "; ".join(failed) or f"{copied} file(s)")
 
         t = time.monotonic()

@@ -7,6 +7,7 @@ import mmap
 import os
 from typing import Callable
 
+from .._recorder import protocol as P
 from ..heartbeat import HeartbeatFormatError, HeartbeatState, decode
 
 
@@ -42,6 +43,18 @@ class HeartbeatTable:
                     self._errors.add(key)
                     self.on_error(path, str(exc))
         return states
+
+    def request_dump(self, rank: int) -> int:
+        """Ask a rank for its own dump (its daemon thread watches this word); returns the request number."""
+        path = os.path.join(self.ranks_dir, str(rank), "heartbeat")
+        with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+            words = memoryview(mm).cast("Q")
+            try:
+                request = int(words[P.W_DUMP_REQUEST]) + 1
+                words[P.W_DUMP_REQUEST] = request  # the supervisor is this word's only writer
+            finally:
+                words.release()
+        return request
 
     def close(self) -> None:
         for _, mm in self._maps.values():

@@ -96,6 +96,22 @@ def prepare_run_dir(path: str) -> str:
     return path
 
 
+def flight_recorder_env(run_dir: str, env: Mapping[str, str]) -> dict[str, str]:
+    """What the job needs for flight-recorder dumps. The buffer size and dump file names differ between torch
+    releases (and the old ones print deprecation warnings on new ones), so the rank recorder sets those for
+    the torch it finds, from BLACKBOX_FR_DIR. Async error handling 3 keeps a process alive long enough to dump
+    on an NCCL timeout (torchrun's default, 1, tears it down first). Values the user set are kept."""
+    fr_dir = os.path.join(run_dir, "flight_recorder")
+    os.makedirs(fr_dir, mode=0o700, exist_ok=True)
+    wanted = {
+        P.ENV_FR_DIR: fr_dir,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": os.path.join(fr_dir, "pipe_"),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
+    }
+    return {name: env.get(name) or value for name, value in wanted.items()}
+
+
 def exit_code_of(status: int) -> int:
     """The code a shell reports for a wait status: the exit code, or 128+N for a death by signal N."""
     code = os.waitstatus_to_exitcode(status)
@@ -171,7 +187,8 @@ class Supervisor:
         self.events = EventLog(os.path.join(self.run_dir, "events.jsonl"))
         self.console = ConsoleLog(os.path.join(self.run_dir, "console.log"), lambda m: self.say_once("console", m))
         self._table = HeartbeatTable(os.path.join(self.run_dir, "ranks"), self._heartbeat_error)
-        self._collector = LocalCollector(self.run_dir, self.run_id, self.node, self.argv, self.console)
+        self._collector = LocalCollector(self.run_dir, self.run_id, self.node, self.argv, self.console, self._table,
+                                         self.cfg.dump_timeout)  # fmt: skip
         facts = self._header()
         self.event(
             "start", run_id=self.run_id, node=self.node, pid=os.getpid(), command=redact_argv(self.argv),
@@ -217,6 +234,9 @@ class Supervisor:
         env["PYTHONPATH"] = INJECT_DIR + (os.pathsep + pythonpath if pythonpath else "")
         env[P.ENV_RUN_DIR] = self.run_dir
         env["BLACKBOX_RUN_ID"] = self.run_id
+        if self.cfg.cuda_memory_history:
+            env[P.ENV_CUDA_MEMORY_HISTORY] = str(self.cfg.cuda_memory_history)
+        env.update(flight_recorder_env(self.run_dir, env))
         return env
 
     def _header(self) -> dict[str, object]:
@@ -300,7 +320,7 @@ class Supervisor:
             # The launcher will now tear the ranks down: keep what they were doing first (a job that hung
             # until the scheduler's time limit is a stall nobody saw).
             self.terminating = True
-            self._collect("signal", None)
+            self._collect("signal", None, job_ends=True)
         if self.launcher_status is None:
             with contextlib.suppress(OSError):
                 os.kill(self.launched.pid, sig)
@@ -406,7 +426,8 @@ class Supervisor:
         for f in d.findings:
             self.say(f"  {f.describe()}: idle {f.idle_s:.0f} s" if d.rule != "rank_death"
                      else f"  {f.describe()}: {f.exit_status or f.state}")  # fmt: skip
-        self._collect(d.rule.replace("_", "-"), d)
+        ending = d.rule == "stall" and self.cfg.on_stall == "kill"
+        self._collect(d.rule.replace("_", "-"), d, job_ends=ending)
         if d.rule == "stall":
             if self.cfg.on_stall == "kill":
                 self.ended_after_stall = True
@@ -415,13 +436,13 @@ class Supervisor:
                 pids = ", ".join(str(f.pid) for f in d.findings if f.rank in d.suspects)
                 self.say(f"leaving the job running (--on-stall keep); inspect it with: py-spy dump --pid {pids}")
 
-    def _collect(self, trigger: str, detection: Optional[Detection]) -> None:
+    def _collect(self, trigger: str, detection: Optional[Detection], job_ends: bool = False) -> None:
+        """Bundle this node's evidence. `job_ends`: the job is about to be ended anyway, so the ranks may be
+        signalled freely; otherwise the non-invasive ways go first (DESIGN.md §7)."""
         assert self._collector is not None
         try:
-            views = self._views if self.watching else []
-            if trigger == "manual" and self.watching:
-                views = self.read_views()
-            path = self._collector.collect(trigger, detection, views, self.events)
+            views = self.read_views() if self.watching else []
+            path = self._collector.collect(trigger, detection, views, self.events, job_ends=job_ends)
         except Exception as exc:
             self._internal_error("collect", exc)
             return

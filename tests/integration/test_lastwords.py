@@ -1,0 +1,181 @@
+"""What each rank leaves in ranks/<rank>/ on its own, whatever happens to it, with no change to the job:
+real torchrun, real gloo, real signals."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blackbox.adapters import flight_recorder as fr
+from blackbox.heartbeat import HeartbeatState, decode
+from tests.conftest import PROGRAMS, TORCHRUN, bundles, run_blackbox
+
+JOB = str(PROGRAMS / "lastwords_job.py")
+
+
+def run_scenario(
+    tmp_path: Path, scenario: str, rank: int, *extra: str
+) -> tuple[Path, subprocess.CompletedProcess[bytes]]:
+    run_dir = tmp_path / "run"
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--stall-timeout", "3", "--poll-interval", "0.5",
+                        "--kill-grace", "5", *extra, "--", TORCHRUN, "--standalone", "--nproc-per-node", "2", JOB,
+                        scenario, str(rank)], tmp_path, timeout=150)  # fmt: skip
+    return run_dir, res
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def latest_pydump(run_dir: Path, rank: int) -> dict[str, Any]:
+    dumps = sorted((run_dir / "ranks" / str(rank)).glob("pydump-*.json"))
+    assert dumps, f"rank {rank} wrote no dump"
+    return json.loads(dumps[-1].read_text())
+
+
+def read_heartbeat(run_dir: Path, rank: int) -> HeartbeatState:
+    with open(run_dir / "ranks" / str(rank) / "heartbeat", "rb") as f:
+        return decode(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+
+
+def main_thread(dump: dict[str, Any]) -> list[dict[str, Any]]:
+    return next(t["stack"] for t in dump["threads"] if t["name"] == "MainThread")
+
+
+def bundle_names(run_dir: Path) -> list[str]:
+    (bundle,) = bundles(run_dir)
+    with tarfile.open(bundle) as tar:
+        return tar.getnames()
+
+
+@pytest.mark.parametrize("scenario", ["data-hang", "data-hang-workers"])
+def test_data_hang(tmp_path: Path, scenario: str) -> None:
+    run_dir, res = run_scenario(tmp_path, scenario, 1)
+    assert res.returncode == 86, res.stderr
+    dump = latest_pydump(run_dir, 1)
+    assert dump["context"]["phase"] == "data" and dump["context"]["step"] == 3  # batch 4 never came
+    assert dump["context"]["last_batch"] == [
+        {"path": "batch[0]", "shape": [4, 8], "dtype": "float32"},
+        {"path": "batch[1]", "shape": [4, 1], "dtype": "float32"},
+    ]
+    assert dump["context"]["seeds"]["torch.manual_seed"] == 1235
+    loader = json.loads((run_dir / "ranks" / "1" / "loader.json").read_text())
+    if scenario == "data-hang":
+        assert main_thread(dump)[-1]["function"] == "__getitem__"
+        assert loader["worker_pids"] == []
+    else:  # the rank waits on its workers; their pids are recorded for the collector
+        assert len(loader["worker_pids"]) == 2 and dump["dataloader"]["num_workers"] == 2
+    assert latest_pydump(run_dir, 0)["context"]["phase"] == "collective"
+    names = bundle_names(run_dir)
+    assert {"ranks/1/pydump-1.json", "ranks/1/loader.json", "ranks/1/threads.json"} <= set(names)
+
+
+def test_checkpoint_hang(tmp_path: Path) -> None:
+    run_dir, res = run_scenario(tmp_path, "ckpt-hang", 0, "--checkpoint-timeout", "3")
+    assert res.returncode == 86, res.stderr
+    assert read_heartbeat(run_dir, 0).phase == "checkpoint"
+    # torch.save opens the file from C++ holding the GIL: only the C-level dump can see it
+    text = (run_dir / "ranks" / "0" / "stacks-0.txt").read_text()
+    assert "in save" in text and "lastwords_job.py" in text
+    assert "rank 0 made no progress" in res.stderr.decode()
+
+
+def test_gil_held_in_c_still_dumps_on_sigusr1(tmp_path: Path) -> None:
+    run_dir, res = run_scenario(tmp_path, "gil-hang", 1)
+    assert res.returncode == 86, res.stderr
+    text = (run_dir / "ranks" / "1" / "stacks-0.txt").read_text()
+    # faulthandler dumped from C while the rank's own Python thread could not run
+    assert "Current thread" in text and "lastwords_job.py" in text and "in main" in text
+    threads = json.loads((run_dir / "ranks" / "1" / "threads.json").read_text())
+    assert "MainThread" in threads.values()
+    assert any(tid in text for tid in threads)  # the map names the hex ids faulthandler prints
+    # the bundle shows it too: rank 1's liveness thread had stopped while its process lived
+    (bundle,) = bundles(run_dir)
+    with tarfile.open(bundle) as tar:
+        hb = {r: json.load(tar.extractfile(f"ranks/{r}/heartbeat.json")) for r in (0, 1)}  # type: ignore[arg-type]
+    assert hb[1]["alive"] and hb[1]["liveness_age_s"] > 2.5 > hb[0]["liveness_age_s"]
+
+
+def test_exception_and_the_survivors_sigterm_last_words(tmp_path: Path) -> None:
+    run_dir, res = run_scenario(tmp_path, "raise", 1)
+    assert res.returncode == 1
+    (record,) = jsonl(run_dir / "ranks" / "1" / "exceptions.jsonl")
+    assert record["type"] == "builtins.ValueError" and record["message"] == "bad sample at step 3"
+    assert record["step"] == 2 and record["thread"] == "MainThread"
+    assert record["traceback"][-1]["function"] == "main" and "raise ValueError" in record["traceback"][-1]["code"]
+    assert record["last_batch"][0]["shape"] == [4, 8]
+    assert b"ValueError: bad sample at step 3" in res.stderr  # the job's own output is unchanged
+    # torchrun tore rank 0 down with SIGTERM: its stacks were dumped from C first
+    assert "Current thread" in (run_dir / "ranks" / "0" / "sigterm.txt").read_text()
+
+
+def test_oom_record(tmp_path: Path) -> None:
+    run_dir, res = run_scenario(tmp_path, "oom", 0)
+    assert res.returncode == 1
+    (record,) = jsonl(run_dir / "ranks" / "0" / "oom.jsonl")
+    assert record["message"].startswith("CUDA out of memory. Tried to allocate 2.00 GiB")
+    assert record["phase"] == "compute" and record["step"] == 2
+    assert record["last_batch"] == [{"path": "batch[0]", "shape": [4, 8], "dtype": "float32"},
+                                    {"path": "batch[1]", "shape": [4, 1], "dtype": "float32"}]  # fmt: skip
+    assert record["memory_snapshot"] is None  # no CUDA here
+    assert record["stack"][-1]["function"] == "main"
+
+
+def test_segfault_leaves_a_native_dump(tmp_path: Path) -> None:
+    run_dir, res = run_scenario(tmp_path, "segv", 1)
+    assert res.returncode != 0
+    text = (run_dir / "ranks" / "1" / "fatal.txt").read_text()
+    assert "Segmentation fault" in text and "lastwords_job.py" in text
+
+
+def test_user_sigusr1_handler_is_kept_behind_faulthandler(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "blackbox", "run", "--run-dir", str(run_dir), "--",
+                             TORCHRUN, "--standalone", "--nproc-per-node", "2", JOB, "sigusr1-user", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        seen = b""
+        while seen.count(b"ready") < 2:
+            line = proc.stdout.readline()
+            assert line, seen
+            seen += line
+        events = jsonl(run_dir / "ranks" / "1" / "recorder-events.jsonl")
+        assert any("re-registered" in e["what"] and e["signal"] == "SIGUSR1" for e in events)
+        rank_pid = read_heartbeat(run_dir, 1).pid
+        os.kill(rank_pid, signal.SIGUSR1)
+        while b"user SIGUSR1 handler ran" not in seen:  # the job's handler still runs ...
+            line = proc.stdout.readline()
+            assert line, seen
+            seen += line
+        assert "Current thread" in (run_dir / "ranks" / "1" / "stacks-0.txt").read_text()  # ... after the dump
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+def test_flight_recorder_names_the_rank_that_skipped(tmp_path: Path) -> None:
+    # GIVEN a job where rank 1 skips an all_reduce and rank 0 waits in it: a stall, collected
+    run_dir, res = run_scenario(tmp_path, "skip-allreduce", 1)
+    assert res.returncode == 86, res.stderr
+    files = sorted((run_dir / "flight_recorder").glob("fr_trace_*"))
+    if not files:
+        pytest.skip("this torch has no flight-recorder dump for gloo")
+    # WHEN the dumps are read without unpickling code and normalised for torch's analyzer
+    dumps = {str(p): fr.load_dump(p.read_bytes()) for p in files}
+    statuses = [s for p, d in dumps.items() for s in fr.pg_status(fr.rank_of(p) or 0, d)]
+    assert next(iter(fr.missing_ranks(statuses).values()))[1] == [1]  # rank 1 never enqueued rank 0's all_reduce
+    fr.write_normalised(dumps, str(tmp_path / "fr"))
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(tmp_path / "fr")],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    # THEN PyTorch's own analyzer names the rank that never joined
+    assert "missing ranks: {1}" in out.stdout + out.stderr, out.stdout + out.stderr
