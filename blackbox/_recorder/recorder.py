@@ -371,7 +371,11 @@ class Recorder:
             self._loader_written = key
         if self.torch is not None and not self._versions_written:
             self._versions_written = True
-            write_json(os.path.join(self.rank_dir, "versions.json"), _versions(self.torch))
+            write_json(os.path.join(self.rank_dir, "rank.json"), {
+                "pid": self.pid, "rank": self.rank, "mode": self.mode, "versions": _versions(self.torch),
+                # torchelastic's own error file (written by its @record decorator): left as it is, collected
+                "torchelastic_error_file": os.environ.get("TORCHELASTIC_ERROR_FILE"),
+            })  # fmt: skip
 
     # --- torch ------------------------------------------------------------------------------------
     def _on_torch_imported(self, torch: Any) -> None:

@@ -5,6 +5,7 @@ bounded. Imports the stdlib and blackbox."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import signal
 import time
@@ -24,9 +25,18 @@ BINARY_FILE_CAP = 64 * 1024 * 1024  # memory snapshots and flight-recorder pickl
 # What the rank recorder leaves in ranks/<rank>/ (its heartbeat is decoded separately).
 RANK_PATTERNS = (
     "recorder.log", "recorder-events.jsonl", "annotations.json", "metrics.json", "threads.json", "loader.json",
-    "versions.json", "exceptions.jsonl", "oom.jsonl", "fatal.txt", "sigterm.txt", "stacks-*.txt", "pydump-*.json",
+    "rank.json", "exceptions.jsonl", "oom.jsonl", "fatal.txt", "sigterm.txt", "stacks-*.txt", "pydump-*.json",
     "fr_trace.json", "memory-snapshot-*.pickle", "error.json",
 )  # fmt: skip
+
+
+def _torchelastic_error_file(rank_json: str) -> Optional[str]:
+    try:
+        with open(rank_json) as f:
+            path = json.load(f).get("torchelastic_error_file")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return path if isinstance(path, str) and os.path.isfile(path) else None
 
 
 def _evidence_files(run_dir: str) -> list[tuple[str, str]]:
@@ -38,6 +48,9 @@ def _evidence_files(run_dir: str) -> list[tuple[str, str]]:
             for path in sorted(glob.glob(os.path.join(ranks_dir, glob.escape(rank), pattern))):
                 if os.path.isfile(path) and os.path.getsize(path) > 0:
                     out.append((path, f"ranks/{rank}/{os.path.basename(path)}"))
+        error_file = _torchelastic_error_file(os.path.join(ranks_dir, rank, "rank.json"))
+        if error_file:
+            out.append((error_file, f"ranks/{rank}/torchelastic-error.json"))
     fr_dir = os.path.join(run_dir, "flight_recorder")
     for path in sorted(glob.glob(os.path.join(fr_dir, P.FR_PREFIX + "*"))):
         if os.path.isfile(path) and not path.endswith(".tmp"):

@@ -189,3 +189,43 @@ def test_data_and_checkpoint_phases_without_code_change(tmp_path: Path) -> None:
     assert "in torch.save: checkpoint" in lines
     hb = read_hb(tmp_path)
     assert hb.batches == 1 and hb.data_wait_total > 0
+
+
+RECORDS_PROBE = """
+import random, threading, torch
+random.seed(7)
+torch.manual_seed(11)
+import numpy
+numpy.random.seed(13)
+import torch.distributed.checkpoint as dcp
+from blackbox.heartbeat import decode
+import mmap, os
+
+def phase():
+    path = os.path.join(os.environ["BLACKBOX_RECORD_DIR"], "ranks", "0", "heartbeat")
+    with open(path, "rb") as f:
+        return decode(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)).phase
+
+class Probe:
+    def __reduce__(self):
+        print("in dcp.save:", phase(), flush=True)
+        return (dict, ())
+
+dcp.save({"w": torch.ones(2), "probe": Probe()}, checkpoint_id=os.environ["CKPT"], no_dist=True)
+t = threading.Thread(target=lambda: 1 / 0, name="loader-thread")
+t.start(); t.join()
+"""
+
+
+def test_seeds_dcp_phase_and_thread_exceptions(tmp_path: Path) -> None:
+    out = py(RECORDS_PROBE, rank_env(tmp_path / "rec", CKPT=str(tmp_path / "ckpt")))
+    assert out.returncode == 0, out.stderr
+    assert "in dcp.save: checkpoint" in out.stdout
+    assert "ZeroDivisionError" in out.stderr  # the thread's traceback still printed as before
+    rank_dir = tmp_path / "rec" / "ranks" / "0"
+    (record,) = [json.loads(line) for line in (rank_dir / "exceptions.jsonl").read_text().splitlines()]
+    assert record["thread"] == "loader-thread" and record["type"] == "builtins.ZeroDivisionError"
+    # torch.manual_seed seeds the CUDA generators too, through torch.cuda.manual_seed_all
+    assert record["seeds"] == {"random.seed": 7, "torch.manual_seed": 11, "torch.cuda.manual_seed_all": 11,
+                               "numpy.random.seed": 13}  # fmt: skip
+    assert read_hb(tmp_path / "rec").state == "exited"  # a thread's exception does not end the rank

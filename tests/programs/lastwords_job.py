@@ -10,6 +10,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Dataset
 
 SCENARIO, RANK_AT, STEP_AT = sys.argv[1], int(sys.argv[2]), 3
@@ -31,6 +32,7 @@ class Data(Dataset):
         return torch.randn(8), torch.randn(1)
 
 
+@record
 def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -1,0 +1,29 @@
+"""GPU-only paths: a real CUDA out-of-memory error leaves its record and a memory snapshot recorded with
+CUDA memory history. Marked `gpu`: skipped where CUDA is absent, run where a GPU is lent."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROGRAMS, run_blackbox
+
+pytestmark = pytest.mark.gpu
+
+
+def test_cuda_oom_leaves_record_and_memory_snapshot(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--cuda-memory-history", "10000", "--",
+                        sys.executable, str(PROGRAMS / "cuda_oom.py")], tmp_path)  # fmt: skip
+    assert res.returncode == 1 and b"OutOfMemoryError" in res.stderr
+    rank_dir = run_dir / "ranks" / "0"
+    (record,) = [json.loads(line) for line in (rank_dir / "oom.jsonl").read_text().splitlines()]
+    assert "Tried to allocate" in record["message"]
+    assert record["last_batch"] == [{"path": "batch", "shape": [4, 3, 32, 32], "dtype": "float32"}]
+    snapshot = rank_dir / record["memory_snapshot"]
+    assert snapshot.stat().st_size > 0
+    versions = json.loads((rank_dir / "rank.json").read_text())["versions"]
+    assert versions["cuda"] and versions.get("nccl")
