@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ..adapters import stacks
 from ..bundle.reader import Bundle
 from .model import Finding, RankRow, Report, Verdict
 
@@ -19,6 +20,37 @@ _HANG_BY_PHASE = {
 CONSOLE_LINES = 15
 
 
+def _newest(bundle: Bundle, rank: int, prefix: str, suffix: str) -> Optional[str]:
+    """The bundle member ranks/<rank>/<prefix><n><suffix> with the highest n."""
+    best: tuple[int, str] | None = None
+    head = f"ranks/{rank}/{prefix}"
+    for name in bundle.files:
+        if name.startswith(head) and name.endswith(suffix) and name[len(head) : len(name) - len(suffix)].isdigit():
+            n = int(name[len(head) : len(name) - len(suffix)])
+            if best is None or n > best[0]:
+                best = (n, name)
+    return best[1] if best else None
+
+
+def main_stack(bundle: Bundle, rank: int) -> tuple[Optional[stacks.ThreadStack], Optional[str]]:
+    """The rank's main thread from its newest dump: the recorder's JSON dump, else faulthandler's."""
+    name = _newest(bundle, rank, "pydump-", ".json")
+    if name is not None:
+        thread = stacks.main_thread(stacks.from_pydump(bundle.json(name)))
+        if thread is not None:
+            return thread, name
+    names = bundle.json(f"ranks/{rank}/threads.json")
+    for candidate in (_newest(bundle, rank, "stacks-", ".txt"), f"ranks/{rank}/sigterm.txt"):
+        if candidate is None or candidate not in bundle.files:
+            continue
+        dumps = stacks.parse_faulthandler(bundle.text(candidate), names if isinstance(names, dict) else None)
+        if dumps:
+            thread = stacks.main_thread(dumps[-1])
+            if thread is not None:
+                return thread, candidate
+    return None, None
+
+
 def _rows(bundle: Bundle, node: str) -> list[RankRow]:
     rows = []
     for name in sorted(bundle.files):
@@ -31,7 +63,8 @@ def _rows(bundle: Bundle, node: str) -> list[RankRow]:
             rows.append(
                 RankRow(
                     rank=int(hb["rank"]), node=node, pid=int(hb["pid"]), state=str(hb.get("state", "unknown")),
-                    step=int(hb.get("step", 0)), phase=str(hb.get("phase", "unknown")), top_frame=None,
+                    step=int(hb.get("step", 0)), phase=str(hb.get("phase", "unknown")),
+                    top_frame=_top_frame(bundle, int(hb["rank"])),
                     idle_s=_float(hb.get("idle_s")), alive=bool(hb.get("alive")),
                     collective=str(hb.get("collective")) if hb.get("phase") == "collective" else None,
                 )
@@ -39,6 +72,12 @@ def _rows(bundle: Bundle, node: str) -> list[RankRow]:
         except (KeyError, TypeError, ValueError):
             continue
     return sorted(rows, key=lambda r: r.rank)
+
+
+def _top_frame(bundle: Bundle, rank: int) -> Optional[str]:
+    thread, _ = main_stack(bundle, rank)
+    frame = thread.top_user_frame() if thread is not None else None
+    return frame.describe() if frame is not None else None
 
 
 def _float(value: Any) -> Optional[float]:
@@ -71,6 +110,9 @@ def analyze(bundle: Bundle) -> Report:
         life = "" if row.alive else f", process gone ({row.state})"
         findings.append(Finding("observed", f"rank {row.rank} (pid {row.pid}) at step {row.step}, {where}{idle}{life}",
                                 f"ranks/{row.rank}/heartbeat.json"))  # fmt: skip
+        thread, source = main_stack(bundle, row.rank)
+        if thread is not None and row.top_frame:
+            findings.append(Finding("observed", f"rank {row.rank}'s main thread is in {row.top_frame}", source))
 
     phase = by_rank[suspects[0]].phase if suspects and suspects[0] in by_rank else None
     dead = [r for r in rows if not r.alive and r.state not in ("exited",)]
@@ -98,6 +140,9 @@ def analyze(bundle: Bundle) -> Report:
         summary = f"Collected on request ({trigger}); no rule had fired."
     if reason:
         findings.append(Finding("inferred", f"suspects: {reason}", "detection.json: the supervisor's blame rule"))
+    # the suspects' facts first: they are the ones a reader needs
+    findings.sort(key=lambda f: not any(f.text.startswith(f"rank {r} ") or f.text.startswith(f"rank {r}'")
+                                        for r in suspects))  # fmt: skip
     verdict = Verdict(category, phase, suspects, confidence, summary)
     tail = [line for line in bundle.text("console-tail.log").splitlines() if line.strip()][-CONSOLE_LINES:]
     return Report(

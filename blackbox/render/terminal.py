@@ -29,13 +29,14 @@ def render_terminal(report: Report, out: TextIO) -> None:
     console.print()
 
     table = Table(title=f"ranks (run {report.run_id}, node {report.node}, trigger {report.trigger})")
-    for col in ("rank", "pid", "state", "step", "phase", "idle s", "alive"):
+    for col in ("rank", "pid", "state", "step", "phase", "idle s", "alive", "where (main thread)"):
         table.add_column(col, justify="right" if col in ("rank", "pid", "step", "idle s") else "left")
     for r in report.ranks:
         phase = f"{r.phase} ({r.collective})" if r.collective else r.phase
         mark = "[bold]" if r.rank in v.suspect_ranks else ""
         table.add_row(f"{mark}{r.rank}", str(r.pid), r.state, str(r.step), phase,
-                      "" if r.idle_s is None else f"{r.idle_s:.0f}", "yes" if r.alive else "no")  # fmt: skip
+                      "" if r.idle_s is None else f"{r.idle_s:.0f}", "yes" if r.alive else "no",
+                      r.top_frame or "")  # fmt: skip
     console.print(table)
     console.print("[bold]evidence[/]")
     for f in report.findings:

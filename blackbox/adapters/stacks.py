@@ -1,0 +1,89 @@
+"""Stacks as the rank recorder leaves them: faulthandler's text dumps and the recorder's JSON dumps, read into
+one shape, and the frame that says where a thread is in the user's own code. Imports the stdlib only."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
+_FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
+# Frames of the interpreter, torch and blackbox itself: folded so that the user's frames stand out.
+LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/_recorder/", "<frozen ")
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: int
+    function: str
+
+    @property
+    def is_library(self) -> bool:
+        return any(m in self.file for m in LIBRARY_MARKERS)
+
+    def describe(self) -> str:
+        return f"{self.function} ({self.file.rsplit('/', 1)[-1]}:{self.line})"
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    ident: str
+    name: Optional[str]
+    current: bool  # the thread that handled the signal (faulthandler's "Current thread")
+    frames: tuple[Frame, ...]  # outermost first
+
+    def top_user_frame(self) -> Optional[Frame]:
+        user = [f for f in self.frames if not f.is_library] or list(self.frames)
+        return user[-1] if user else None
+
+
+def parse_faulthandler(text: str, names: Optional[dict[str, str]] = None) -> list[list[ThreadStack]]:
+    """Every dump in a faulthandler file (dumps are appended one after another), each a list of threads."""
+    names = names or {}
+    dumps: list[list[ThreadStack]] = []
+    current: Optional[tuple[str, bool, list[Frame]]] = None
+    threads: list[ThreadStack] = []
+
+    def close() -> None:
+        if current is not None:
+            ident, is_current, frames = current
+            threads.append(ThreadStack(ident, names.get(ident), is_current, tuple(reversed(frames))))
+
+    for line in text.splitlines():
+        m = _THREAD.match(line)
+        if m:
+            close()
+            ident = m.group(2)
+            if any(t.ident == ident for t in threads):  # the same thread again: a new dump began
+                dumps.append(threads)
+                threads = []
+            current = (ident, m.group(1) == "Current thread", [])
+            continue
+        f = _FRAME.match(line)
+        if f and current is not None:
+            current[2].append(Frame(f.group(1), int(f.group(2)), f.group(3)))
+    close()
+    if threads:
+        dumps.append(threads)
+    return dumps
+
+
+def from_pydump(dump: Any) -> list[ThreadStack]:
+    """The recorder's own dump (`pydump-<n>.json`), already parsed as JSON; bad entries are skipped."""
+    out = []
+    for t in dump.get("threads", []) if isinstance(dump, dict) else []:
+        try:
+            frames = tuple(Frame(str(f["file"]), int(f["line"]), str(f["function"])) for f in t["stack"])
+            out.append(ThreadStack(str(t["ident"]), str(t.get("name")), False, frames))
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
+
+
+def main_thread(threads: list[ThreadStack]) -> Optional[ThreadStack]:
+    for t in threads:
+        if t.name == "MainThread":
+            return t
+    return next((t for t in threads if t.current), None)
