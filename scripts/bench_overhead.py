@@ -83,6 +83,52 @@ def bench_update(n: int) -> dict[str, float]:
         }
 
 
+HOOK_COSTS = r"""
+import sys, time
+import torch
+rec = sys.modules["_blackbox_recorder.recorder"].ACTIVE
+batch = (torch.zeros(8, 32), torch.zeros(8, 1))
+
+class Iterator:
+    pass
+
+it = Iterator()
+
+def best_ns(fn, n):
+    best = float("inf")
+    for _ in range(7):
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            fn()
+        best = min(best, (time.perf_counter_ns() - t0) / n)
+    return best
+
+def collective():
+    rec.exit_phase(rec.enter_collective(1, None))
+
+def batch_hook():
+    rec.batch_delivered(rec.enter_phase(2), time.monotonic(), batch, it)
+
+print("COLLECTIVE %.1f" % best_ns(collective, 100000))
+print("STEP %.1f" % best_ns(rec.step, 100000))
+print("BATCH %.1f" % best_ns(batch_hook, 50000))
+"""
+
+
+def bench_hook_costs() -> dict[str, float]:
+    """The recorder's own work in one training step, measured in a rank with the recorder active: one
+    DataLoader batch (phase change, wait accounting, batch shapes), one optimizer step, and per collective
+    a phase change in and out. Whole-job timings on this machine are too noisy to show a few µs."""
+    from blackbox.supervisor.supervisor import INJECT_DIR
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "RANK", "LOCAL_RANK"))}
+    with tempfile.TemporaryDirectory() as d:
+        env = {**base, "PYTHONPATH": INJECT_DIR, "BLACKBOX_RECORD_DIR": d, "RANK": "0", "LOCAL_RANK": "0"}
+        out = subprocess.run([sys.executable, "-c", HOOK_COSTS], env=env, capture_output=True, text=True,
+                             check=True).stdout  # fmt: skip
+    return {line.split()[0]: float(line.split()[1]) for line in out.splitlines() if line[:1].isupper()}
+
+
 def bench_steps(steps: int, rounds: int) -> tuple[float, float]:
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
     with tempfile.TemporaryDirectory() as d:
@@ -92,7 +138,7 @@ def bench_steps(steps: int, rounds: int) -> tuple[float, float]:
         plain: list[float] = []
         watched: list[float] = []
         for r in range(rounds):
-            for mode in ("plain", "blackbox"):
+            for mode in ("plain", "blackbox") if r % 2 == 0 else ("blackbox", "plain"):
                 cmd = torchrun if mode == "plain" else ["blackbox", "run", "--run-dir", f"{d}/run{r}", "--", *torchrun]
                 out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
                 value = float(next(line.split()[1] for line in out.splitlines() if line.startswith("STEPTIME")))
@@ -133,6 +179,24 @@ def bench_startup(runs: int) -> dict[str, float]:
         return {k: min(v) * 1000 for k, v in samples.items()}  # the least disturbed run of each
 
 
+def _sitecustomize_us(importtime: str) -> float:
+    """Cumulative µs of the outermost `sitecustomize` import, plus the recorder modules it loads by path
+    (`-X importtime` lists those beside it, not under it)."""
+    rows = []
+    for line in importtime.splitlines():
+        parts = line.split("|")
+        if len(parts) == 3 and parts[0].startswith("import time:") and parts[1].strip().isdigit():
+            name = parts[2].rstrip()
+            rows.append((len(name) - len(name.lstrip()), name.strip(), int(parts[1])))
+    ours = [r for r in rows if r[1] == "sitecustomize"]
+    if not ours:
+        return 0.0
+    depth = min(r[0] for r in ours)
+    total = sum(r[2] for r in ours if r[0] == depth)
+    total += sum(r[2] for r in rows if r[1].startswith("_blackbox_recorder") and r[0] == depth)
+    return float(total)
+
+
 def bench_sitecustomize(runs: int) -> dict[str, float]:
     """The cost of the `sitecustomize` import alone (µs, `-X importtime`, median): far less noisy than whole
     interpreter start-up. "plain" is the interpreter's own sitecustomize, which ours runs in turn."""
@@ -157,9 +221,7 @@ def bench_sitecustomize(runs: int) -> dict[str, float]:
             for name, env in variants.items():
                 err = subprocess.run([python, "-X", "importtime", "-c", "pass"], env=env, check=True,
                                      capture_output=True, text=True).stderr  # fmt: skip
-                cumulative = [int(line.split("|")[1]) for line in err.splitlines()
-                              if line.split("|")[-1].rstrip() == "   sitecustomize"]  # fmt: skip
-                samples[name].append(float(cumulative[-1]) if cumulative else 0.0)
+                samples[name].append(_sitecustomize_us(err))
                 for p in Path(d).glob("ranks/*/*"):
                     p.unlink()
         return {k: statistics.median(v) for k, v in samples.items()}
@@ -169,7 +231,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--updates", type=int, default=1_000_000)
     ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--startup-runs", type=int, default=40)
     ap.add_argument("--skip-steps", action="store_true", help="leave out the (minutes long) step-time part")
     args = ap.parse_args()
@@ -191,6 +253,12 @@ def main() -> int:
     for name, ms in startup.items():
         target = "≤ +15 ms" if "active (a rank)" in name else "≤ +3 ms"
         print(f"| interpreter start, {name} | {ms:.1f} ms ({ms - plain_start:+.1f} ms) | {target} |")
+    costs = bench_hook_costs()
+    per_step = costs["BATCH"] + costs["STEP"] + 4 * costs["COLLECTIVE"]
+    print(f"| recorder work per collective call (phase in and out) | {costs['COLLECTIVE']:.0f} ns | |")
+    print(f"| recorder work per DataLoader batch (phase, wait, batch shapes) | {costs['BATCH']:.0f} ns | |")
+    print(f"| recorder work per training step (1 batch, 4 collectives, 1 optimizer step) | {per_step / 1000:.1f} µs "
+          "| |")  # fmt: skip
     if args.skip_steps:
         return 0
     plain, watched = bench_steps(args.steps, args.rounds)
@@ -198,6 +266,7 @@ def main() -> int:
     print(f"| step time, 2-rank gloo MLP ({args.steps} steps, median of {args.rounds}), plain torchrun "
           f"| {plain * 1e6:.0f} µs | |")  # fmt: skip
     print(f"| step time, same job under `blackbox run` | {watched * 1e6:.0f} µs (ratio {ratio:.3f}) | ≤ 1.01 |")
+    print(f"| recorder work per step as a share of that step | {per_step / 1e9 / plain * 100:.2f} % | ≤ 1 % |")
     return 0
 
 

@@ -638,20 +638,24 @@ def _versions(torch: Any) -> dict[str, Any]:
 MAX_BATCH_TENSORS = 32
 
 
-def batch_shapes(batch: Any) -> list[tuple[str, Any, Any]]:
-    """(path, shape, dtype) of the tensors in a batch: tuples, lists and dicts, two levels deep, bounded.
-    Shapes and dtypes are kept as objects: turning them into text is left to a dump."""
-    out: list[tuple[str, Any, Any]] = []
-    stack: list[tuple[str, Any, int]] = [("batch", batch, 0)]
-    while stack and len(out) < MAX_BATCH_TENSORS:
-        path, obj, depth = stack.pop()
-        shape = getattr(obj, "shape", None)
-        if shape is not None and hasattr(obj, "dtype"):
-            out.append((path, shape, obj.dtype))
-        elif depth < 3 and isinstance(obj, (tuple, list)):
-            stack.extend(("%s[%d]" % (path, i), v, depth + 1) for i, v in reversed(list(enumerate(obj[:16]))))
-        elif depth < 3 and isinstance(obj, dict):
-            stack.extend(("%s[%r]" % (path, k), v, depth + 1) for k, v in reversed(list(obj.items())[:16]))
+def batch_shapes(batch: Any, path: str = "batch", depth: int = 0, out: Optional[list[Any]] = None) -> list[Any]:
+    """(path, shape, dtype) of the tensors in a batch: tuples, lists and dicts, three levels deep, bounded.
+    Runs on every batch: shapes and dtypes are kept as objects, turned into text only by a dump."""
+    if out is None:
+        out = []
+    shape = getattr(batch, "shape", None)
+    if shape is not None and hasattr(batch, "dtype"):
+        out.append((path, shape, batch.dtype))
+    elif depth < 3 and isinstance(batch, (tuple, list)):
+        for i, item in enumerate(batch):
+            if len(out) >= MAX_BATCH_TENSORS or i >= 16:
+                break
+            batch_shapes(item, "%s[%d]" % (path, i), depth + 1, out)
+    elif depth < 3 and isinstance(batch, dict):
+        for i, (key, item) in enumerate(batch.items()):
+            if len(out) >= MAX_BATCH_TENSORS or i >= 16:
+                break
+            batch_shapes(item, "%s[%r]" % (path, key), depth + 1, out)
     return out
 
 
