@@ -146,16 +146,21 @@ def bench_steps(steps: int, rounds: int) -> tuple[float, float]:
         return statistics.median(plain), statistics.median(watched)
 
 
-def bench_startup(runs: int) -> dict[str, float]:
-    """The job's interpreter is the base Python (no dev-install hooks), with bytecode compiled as a pip
-    install leaves it."""
+def _job_interpreter() -> tuple[str, str]:
+    """The base Python (no dev-install hooks), with the recorder's bytecode compiled as a pip install leaves
+    it; and the inject directory."""
     import compileall
 
     from blackbox.supervisor.supervisor import INJECT_DIR
 
     compileall.compile_dir(str(Path(INJECT_DIR).parent), quiet=1)
-    python = getattr(sys, "_base_executable", sys.executable)
+    return getattr(sys, "_base_executable", sys.executable), INJECT_DIR
 
+
+def bench_startup(runs: int) -> dict[str, float]:
+    """The job's interpreter is the base Python (no dev-install hooks), with bytecode compiled as a pip
+    install leaves it."""
+    python, INJECT_DIR = _job_interpreter()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "RANK", "LOCAL_RANK"))}
     base.pop("PYTHONPATH", None)
     with tempfile.TemporaryDirectory() as d:
@@ -200,12 +205,7 @@ def _sitecustomize_us(importtime: str) -> float:
 def bench_sitecustomize(runs: int) -> dict[str, float]:
     """The cost of the `sitecustomize` import alone (µs, `-X importtime`, median): far less noisy than whole
     interpreter start-up. "plain" is the interpreter's own sitecustomize, which ours runs in turn."""
-    import compileall
-
-    from blackbox.supervisor.supervisor import INJECT_DIR
-
-    compileall.compile_dir(str(Path(INJECT_DIR).parent), quiet=1)
-    python = getattr(sys, "_base_executable", sys.executable)
+    python, INJECT_DIR = _job_interpreter()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "RANK", "LOCAL_RANK"))}
     base.pop("PYTHONPATH", None)
     with tempfile.TemporaryDirectory() as d:

@@ -481,7 +481,6 @@ class _ImportWatcher:
 
 
 def _wrap_collectives(rec: Recorder, torch: Any) -> None:
-    import functools
 
     dist = getattr(torch, "distributed", None)
     if dist is None or not dist.is_available():
@@ -495,30 +494,12 @@ def _wrap_collectives(rec: Recorder, torch: Any) -> None:
         except (AttributeError, ValueError):
             group_at = -1
 
-        @functools.wraps(fn)
-        def collective(*args: Any, **kwargs: Any) -> Any:
-            if not rec.enabled or "collectives" in rec._failed or is_compiling():
-                return fn(*args, **kwargs)
-            try:
-                group = (
-                    kwargs.get("group")
-                    if "group" in kwargs
-                    else (args[group_at] if 0 <= group_at < len(args) else None)
-                )
-                previous = rec.enter_collective(op, group)
-            except Exception as exc:
-                rec.fail("collectives", exc)
-                return fn(*args, **kwargs)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                try:
-                    rec.exit_phase(previous)
-                except Exception as exc:
-                    rec.fail("collectives", exc)
+        def enter(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, float, bytes]:
+            if "group" in kwargs:
+                return rec.enter_collective(op, kwargs["group"])
+            return rec.enter_collective(op, args[group_at] if 0 <= group_at < len(args) else None)
 
-        collective.__blackbox_wrapped__ = True  # type: ignore[attr-defined]
-        return collective
+        return _phase_wrapper(rec, "collectives", fn, enter, skip=is_compiling)
 
     for op, name in enumerate(P.COLLECTIVE_OPS):
         fn = getattr(dist, name, None) if op else None
@@ -527,16 +508,23 @@ def _wrap_collectives(rec: Recorder, torch: Any) -> None:
         setattr(dist, name, wrap(fn, op))
 
 
-def _phase_wrapper(rec: Recorder, hook: str, code: int, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn` with the rank's phase set to `code` while it runs; the job's own errors pass through untouched."""
+def _phase_wrapper(
+    rec: Recorder,
+    hook: str,
+    fn: Callable[..., Any],
+    enter: Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, float, bytes]],
+    skip: Optional[Callable[[], bool]] = None,
+) -> Callable[..., Any]:
+    """`fn` with the rank's phase set by `enter(args, kwargs)` while it runs and restored after; the job's
+    own errors pass through untouched, and a fault of ours switches `hook` off."""
     import functools
 
     @functools.wraps(fn)
     def in_phase(*args: Any, **kwargs: Any) -> Any:
-        if not rec.enabled or hook in rec._failed:
+        if not rec.enabled or hook in rec._failed or (skip is not None and skip()):
             return fn(*args, **kwargs)
         try:
-            previous = rec.enter_phase(code)
+            previous = enter(args, kwargs)
         except Exception as exc:
             rec.fail(hook, exc)
             return fn(*args, **kwargs)
@@ -552,11 +540,15 @@ def _phase_wrapper(rec: Recorder, hook: str, code: int, fn: Callable[..., Any]) 
     return in_phase
 
 
+def _enter(rec: Recorder, code: int) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, float, bytes]]:
+    return lambda args, kwargs: rec.enter_phase(code)
+
+
 def _wrap_checkpoint(rec: Recorder, torch: Any) -> None:
     for name in ("save", "load"):
         fn = getattr(torch, name, None)
         if fn is not None and not getattr(fn, "__blackbox_wrapped__", False):
-            setattr(torch, name, _phase_wrapper(rec, "checkpoint", P.PHASE_CHECKPOINT, fn))
+            setattr(torch, name, _phase_wrapper(rec, "checkpoint", fn, _enter(rec, P.PHASE_CHECKPOINT)))
 
 
 def _wrap_dcp(rec: Recorder, dcp: Any) -> None:
@@ -564,7 +556,7 @@ def _wrap_dcp(rec: Recorder, dcp: Any) -> None:
     for name in ("save", "load", "async_save", "save_state_dict", "load_state_dict"):
         fn = getattr(dcp, name, None)
         if fn is not None and not getattr(fn, "__blackbox_wrapped__", False):
-            setattr(dcp, name, _phase_wrapper(rec, "checkpoint", P.PHASE_CHECKPOINT, fn))
+            setattr(dcp, name, _phase_wrapper(rec, "checkpoint", fn, _enter(rec, P.PHASE_CHECKPOINT)))
 
 
 def _torch_version(torch: Any) -> tuple[int, int]:
