@@ -144,7 +144,9 @@ def analyze(bundle: Bundle) -> Report:
     findings.sort(key=lambda f: not any(f.text.startswith(f"rank {r} ") or f.text.startswith(f"rank {r}'")
                                         for r in suspects))  # fmt: skip
     verdict = Verdict(category, phase, suspects, confidence, summary)
-    tail = [line for line in bundle.text("console-tail.log").splitlines() if line.strip()][-CONSOLE_LINES:]
+    console = bundle.text("console-tail.log")
+    _, marker, body = console.partition("\n# ---\n")  # after console.log's header, when the tail still has it
+    tail = [line for line in (body if marker else console).splitlines() if line.strip()][-CONSOLE_LINES:]
     return Report(
         run_id=str(m.get("run_id", "unknown")), node=node, trigger=trigger, bundle=bundle.path, verdict=verdict,
         ranks=rows, findings=findings, next_actions=_next_actions(verdict, by_rank, node), console_tail=tail,
