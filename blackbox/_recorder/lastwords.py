@@ -121,7 +121,11 @@ class LastWords:
         watched = (signal.SIGUSR1, signal.SIGTERM)
 
         def watching_signal(signalnum: Any, handler: Any) -> Any:
-            if signalnum not in watched or not self.rec.hook_ok("signal_watch"):
+            if (
+                signalnum not in watched
+                or not self.rec.hook_ok("signal_watch")
+                or threading.current_thread() is not threading.main_thread()  # signal.signal will refuse it
+            ):
                 return original(signalnum, handler)
             try:
                 faulthandler.unregister(signalnum)

@@ -45,6 +45,7 @@ class Recorder:
         self._last_step_time = self.hb.mono0
         self._slowest = 0.0
         self._explicit_steps = False
+        self._raised = False  # an uncaught exception reached the main thread
         self._primary_optimizer: Optional[int] = None
         # phases: the current one, restored on exit of a nested one
         self._phase: tuple[int, float, bytes] = (P.PHASE_STARTUP, self.hb.mono0, b"")
@@ -96,10 +97,12 @@ class Recorder:
         if self.enabled and os.getpid() == self.pid:
             self._stop.set()
             self._flush()
-            self.hb.state(P.STATE_EXITED)
+            if not self._raised:  # exit handlers run after an uncaught exception too: keep what it was
+                self.hb.state(P.STATE_EXITED)
 
     def mark_exception(self) -> None:
         if self.enabled:
+            self._raised = True
             self.hb.state(P.STATE_EXCEPTION)
 
     def context(self) -> dict[str, Any]:

@@ -229,3 +229,25 @@ def test_seeds_dcp_phase_and_thread_exceptions(tmp_path: Path) -> None:
     assert record["seeds"] == {"random.seed": 7, "torch.manual_seed": 11, "torch.cuda.manual_seed_all": 11,
                                "numpy.random.seed": 13}  # fmt: skip
     assert read_hb(tmp_path / "rec").state == "exited"  # a thread's exception does not end the rank
+
+
+THREAD_SIGNAL_PROBE = """
+import os, signal, sys, threading
+errors = []
+def install():
+    try:
+        signal.signal(signal.SIGTERM, lambda *a: None)
+    except ValueError as exc:
+        errors.append(str(exc))
+t = threading.Thread(target=install)
+t.start(); t.join()
+print(errors[0]); sys.stdout.flush()
+os.kill(os.getpid(), signal.SIGTERM)
+"""
+
+
+def test_signal_from_a_thread_fails_as_before_and_sigterm_still_dumps(tmp_path: Path) -> None:
+    out = py(THREAD_SIGNAL_PROBE, rank_env(tmp_path, RANK="0", LOCAL_RANK="0"))
+    assert out.stdout.startswith("signal only works in main thread")  # the job's own error, unchanged
+    assert out.returncode == -15  # SIGTERM's default action still happens after the dump
+    assert "Current thread" in (tmp_path / "ranks" / "0" / "sigterm.txt").read_text()

@@ -114,13 +114,18 @@ def test_exception_and_the_survivors_sigterm_last_words(tmp_path: Path) -> None:
     assert record["traceback"][-1]["function"] == "main" and "raise ValueError" in record["traceback"][-1]["code"]
     assert record["last_batch"][0]["shape"] == [4, 8]
     assert b"ValueError: bad sample at step 3" in res.stderr  # the job's own output is unchanged
+    # the rank's heartbeat keeps saying how it ended (exit handlers run after an uncaught exception too)
+    assert read_heartbeat(run_dir, 1).state == "exception"
+    deaths = [e for e in jsonl(run_dir / "events.jsonl") if e["event"] == "rank_death"]
+    assert any(1 in e["ranks"] and "rank 1 raised an exception" in e["reason"] for e in deaths)
     # torchelastic's own error file is left as it was, and collected
     (bundle,) = bundles(run_dir)
     with tarfile.open(bundle) as tar:
         error = json.load(tar.extractfile("ranks/1/torchelastic-error.json"))  # type: ignore[arg-type]
     assert "bad sample at step 3" in json.dumps(error)
     # torchrun tore rank 0 down with SIGTERM: its stacks were dumped from C first
-    assert "Current thread" in (run_dir / "ranks" / "0" / "sigterm.txt").read_text()
+    text = (run_dir / "ranks" / "0" / "sigterm.txt").read_text()
+    assert "Current thread" in text and "in main" in text
 
 
 def test_oom_record(tmp_path: Path) -> None:

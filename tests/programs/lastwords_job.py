@@ -50,6 +50,8 @@ def main() -> None:
             ctypes.PyDLL(None).sleep(1000)  # a C call that keeps the GIL
         if mine and SCENARIO == "raise":
             raise ValueError(f"bad sample at step {step}")
+        if SCENARIO == "raise" and step == STEP_AT:  # the survivor is busy, not in a collective the dead peer
+            time.sleep(120)  # would break at once: torchrun's SIGTERM is what ends it
         if mine and SCENARIO == "oom":
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
                                          "of 79.10 GiB of which 1.06 GiB is free.")  # fmt: skip
