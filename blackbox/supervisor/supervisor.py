@@ -159,7 +159,6 @@ class Supervisor:
         self._rules = Rules(cfg)
         self._table: Optional[HeartbeatTable] = None
         self._collector: Optional[LocalCollector] = None
-        self._views: list[RankView] = []
         self._said_once: set[str] = set()
 
     # --- speaking -------------------------------------------------------------------------------------
@@ -408,7 +407,6 @@ class Supervisor:
                 status = None if self.launcher_status is None else describe_status(self.launcher_status)
             alive = status is None and procfs.is_alive(hb.pid, hb.start_ticks)
             views.append(RankView(hb, alive, status))
-        self._views = views
         return views
 
     def _poll(self) -> None:
