@@ -9,10 +9,11 @@ import json
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Optional, Protocol
 
 from .._recorder import protocol as P
-from ..adapters import host, procfs
+from ..adapters import host, procfs, pyspy
 from ..bundle.writer import BundleWriter
 from ..events import EventLog
 from ..heartbeat import HeartbeatState
@@ -28,6 +29,15 @@ RANK_PATTERNS = (
     "rank.json", "exceptions.jsonl", "oom.jsonl", "fatal.txt", "sigterm.txt", "stacks-*.txt", "pydump-*.json",
     "fr_trace.json", "memory-snapshot-*.pickle", "error.json",
 )  # fmt: skip
+
+
+def _loader_workers(loader_json: str) -> list[int]:
+    try:
+        with open(loader_json) as f:
+            pids = json.load(f).get("worker_pids", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [p for p in pids if isinstance(p, int) and p > 1]
 
 
 def _torchelastic_error_file(rank_json: str) -> Optional[str]:
@@ -142,11 +152,44 @@ class LocalCollector:
             detail += f"; no answer within {self.dump_timeout:g} s from rank(s) {sorted(pending)}"
         w.step("rank dumps", "ok" if not pending else "partial", t, detail)
 
+    def pyspy_stacks(self, views: list[RankView], w: BundleWriter) -> None:
+        """Stacks from outside, in parallel: every live rank and its DataLoader workers (from loader.json).
+        Nothing is signalled; a missing py-spy or a refused ptrace is one sentence in the manifest."""
+        t = time.monotonic()
+        targets: list[tuple[str, int]] = []
+        for v in views:
+            if not v.alive:
+                continue
+            targets.append((f"ranks/{v.rank}/py-spy.json", v.hb.pid))
+            for pid in _loader_workers(os.path.join(self.run_dir, "ranks", str(v.rank), "loader.json")):
+                if procfs.is_alive(pid):
+                    targets.append((f"ranks/{v.rank}/py-spy-worker-{pid}.json", pid))
+        if not targets:
+            return
+        exe, why = pyspy.find()
+        if exe is None:
+            w.step("py-spy", "failed", t, why)
+            return
+        with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
+            results = list(pool.map(lambda tg: pyspy.dump(tg[1], timeout=self.dump_timeout, exe=exe), targets))
+        errors: dict[str, list[int]] = {}  # one sentence per distinct failure, with the pids it hit
+        for (arc, pid), result in zip(targets, results):
+            if result.threads is not None:
+                w.add_json(arc, result.threads)
+            else:
+                errors.setdefault(result.error or "unknown error", []).append(pid)
+        failed = sum(len(p) for p in errors.values())
+        status = "ok" if not errors else ("failed" if failed == len(targets) else "partial")
+        detail = f"{len(targets) - failed}/{len(targets)} process(es) with {exe} ({why})"
+        detail += "".join(f"; pids {pids}: {error}" for error, pids in errors.items())
+        w.step("py-spy", status, t, detail)
+
     def collect(
         self, trigger: str, detection: Optional[Detection], views: list[RankView], events: Optional[EventLog],
         job_ends: bool = False,
     ) -> str:  # fmt: skip
         w = BundleWriter(self.run_id, self.node, trigger)
+        self.pyspy_stacks(views, w)  # first: from outside, before any signal changes what a rank does
         self.request_dumps(views, job_ends, w)
         now = time.monotonic()
         t = time.monotonic()

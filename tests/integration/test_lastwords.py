@@ -23,12 +23,12 @@ JOB = str(PROGRAMS / "lastwords_job.py")
 
 
 def run_scenario(
-    tmp_path: Path, scenario: str, rank: int, *extra: str
+    tmp_path: Path, scenario: str, rank: int, *extra: str, env: dict[str, str] | None = None
 ) -> tuple[Path, subprocess.CompletedProcess[bytes]]:
     run_dir = tmp_path / "run"
     res = run_blackbox(["run", "--run-dir", str(run_dir), "--stall-timeout", "3", "--poll-interval", "0.5",
                         "--kill-grace", "5", *extra, "--", TORCHRUN, "--standalone", "--nproc-per-node", "2", JOB,
-                        scenario, str(rank)], tmp_path, timeout=150)  # fmt: skip
+                        scenario, str(rank)], tmp_path, timeout=150, **(env or {}))  # fmt: skip
     return run_dir, res
 
 
@@ -77,6 +77,27 @@ def test_data_hang(tmp_path: Path, scenario: str) -> None:
     assert latest_pydump(run_dir, 0)["context"]["phase"] == "collective"
     names = bundle_names(run_dir)
     assert {"ranks/1/pydump-1.json", "ranks/1/loader.json", "ranks/1/threads.json"} <= set(names)
+    # py-spy took every rank's stacks from outside, and the stuck loader worker's too
+    assert {"ranks/0/py-spy.json", "ranks/1/py-spy.json"} <= set(names)
+    if scenario == "data-hang-workers":
+        (bundle,) = bundles(run_dir)
+        with tarfile.open(bundle) as tar:
+            workers = [json.load(tar.extractfile(n)) for n in names if n.startswith("ranks/1/py-spy-worker-")]  # type: ignore[arg-type]
+        assert len(workers) == 2
+        functions = {f["name"] for w in workers for t in w for f in t["frames"]}
+        assert any(name.endswith("__getitem__") for name in functions)  # the worker stuck reading the FIFO
+
+
+def test_without_py_spy_the_bundle_says_why(tmp_path: Path) -> None:
+    run_dir, res = run_scenario(tmp_path, "data-hang", 1, env={"BLACKBOX_PYSPY": "/nonexistent/py-spy"})
+    assert res.returncode == 86, res.stderr
+    (bundle,) = bundles(run_dir)
+    with tarfile.open(bundle) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+        names = tar.getnames()
+    step = next(s for s in manifest["steps"] if s["name"] == "py-spy")
+    assert step["status"] == "failed" and "BLACKBOX_PYSPY=/nonexistent/py-spy is not an executable" in step["detail"]
+    assert "ranks/1/pydump-1.json" in names and not any("py-spy" in n for n in names)  # everything else is there
 
 
 def test_checkpoint_hang(tmp_path: Path) -> None:

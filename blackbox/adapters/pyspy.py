@@ -1,0 +1,69 @@
+"""py-spy: stacks of a process taken from outside (no signal, no help from the target), as JSON.
+The one module that knows py-spy's command line, its JSON and its failure messages. Imports the stdlib only."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any, Optional
+
+PTRACE_HINT = (
+    "py-spy needs ptrace: run as the job's user with kernel.yama.ptrace_scope=0 "
+    "(sudo sysctl kernel.yama.ptrace_scope=0), or in a container add --cap-add SYS_PTRACE"
+)
+
+
+@dataclass(frozen=True)
+class PySpyResult:
+    pid: int
+    threads: Optional[list[dict[str, Any]]]  # py-spy's JSON: [{thread_id, thread_name, owns_gil, frames: [...]}]
+    error: Optional[str]  # one sentence, with the fix where there is one
+
+
+ENV_PYSPY = "BLACKBOX_PYSPY"  # the py-spy executable to use
+
+
+def find() -> tuple[Optional[str], str]:
+    """(executable, how it was found or why there is none): BLACKBOX_PYSPY, else PATH, else next to
+    blackbox's own interpreter (a pipx install keeps it there, off PATH)."""
+    given = os.environ.get(ENV_PYSPY)
+    if given:
+        if os.access(given, os.X_OK) and os.path.isfile(given):
+            return given, f"{ENV_PYSPY}={given}"
+        return None, f"{ENV_PYSPY}={given} is not an executable file"
+    on_path = shutil.which("py-spy")
+    if on_path:
+        return on_path, "PATH"
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if os.access(beside, os.X_OK):
+        return beside, "blackbox's environment"
+    return None, "py-spy is not installed: pip install py-spy (a dependency of torch-blackbox), or set " + ENV_PYSPY
+
+
+def dump(pid: int, *, native: bool = False, timeout: float = 10.0, exe: Optional[str] = None) -> PySpyResult:
+    if exe is None:
+        exe, why = find()
+        if exe is None:
+            return PySpyResult(pid, None, why)
+    cmd = [exe, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return PySpyResult(pid, None, f"py-spy did not finish within {timeout:g} s")
+    except OSError as exc:
+        return PySpyResult(pid, None, f"py-spy could not be run: {exc.strerror}")
+    if out.returncode != 0:
+        message = (out.stderr or out.stdout).strip().splitlines()
+        text = message[-1] if message else f"exit code {out.returncode}"
+        if "ermission" in text or "ptrace" in text.lower():
+            text = f"{text} ({PTRACE_HINT})"
+        return PySpyResult(pid, None, f"py-spy failed: {text}")
+    try:
+        threads = json.loads(out.stdout)
+    except ValueError:
+        return PySpyResult(pid, None, "py-spy printed something that is not JSON")
+    return PySpyResult(pid, threads if isinstance(threads, list) else None, None)
