@@ -306,7 +306,8 @@ class Recorder:
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return None
         c10d = getattr(torch._C, "_distributed_c10d", None)
-        dump = getattr(c10d, "_dump_nccl_trace", None) or getattr(c10d, "_dump_fr_trace", None)
+        # The unified recorder (every backend) where this torch has it, else the NCCL-only one of older releases.
+        dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
         if dump is None:
             return {"error": "this torch has no flight-recorder dump API"}
         fr_dir = os.environ.get(P.ENV_FR_DIR) or os.path.join(os.path.dirname(os.path.dirname(self.rank_dir)),
