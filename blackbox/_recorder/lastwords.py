@@ -13,7 +13,7 @@ import time
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Any, Callable, Optional
+    from typing import Any
 
     from .recorder import Recorder
 
@@ -58,7 +58,6 @@ class LastWords:
         self.dir = rec.rank_dir
         self._files: dict[str, Any] = {}  # kept open: faulthandler writes to their descriptors
         self.stack_dump_index = 0
-        self._signal_signal: Optional[Callable[..., Any]] = None
         self._oom_seen: set[int] = set()
 
     def _open(self, key: str, name: str) -> Any:
@@ -117,7 +116,6 @@ class LastWords:
         """`signal.signal(SIGUSR1 or SIGTERM, h)` by the job would silently replace faulthandler's handler:
         install h as asked, then put faulthandler back in front of it, chained, and record that."""
         original = signal.signal
-        self._signal_signal = original
         watched = (signal.SIGUSR1, signal.SIGTERM)
 
         def watching_signal(signalnum: Any, handler: Any) -> Any:

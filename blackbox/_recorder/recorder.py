@@ -191,18 +191,20 @@ class Recorder:
         self.hb.phase(code, now, self._collective_op, self._collective_seq, name)
         return previous
 
-    def exit_phase(self, previous: tuple[int, float, bytes]) -> None:
+    def exit_phase(self, previous: tuple[int, float, bytes], now: Optional[float] = None) -> None:
         code = previous[0]
         if code == P.PHASE_STARTUP and self.step_count:
             code = P.PHASE_COMPUTE
-        now = _monotonic()
+        if now is None:
+            now = _monotonic()
         self._phase = (code, now, previous[2])
         self.hb.phase(code, now, self._collective_op, self._collective_seq, previous[2])
 
-    def batch_delivered(self, previous: tuple[int, float, bytes], started: float, batch: Any, it: Any) -> None:
-        """A DataLoader batch arrived: the rank is making progress even where no optimizer steps (eval)."""
+    def batch_delivered(self, previous: tuple[int, float, bytes], batch: Any, it: Any) -> None:
+        """A DataLoader batch arrived: the rank is making progress even where no optimizer steps (eval).
+        The wait is timed from the start of the `data` phase the caller entered."""
         now = _monotonic()
-        self._last_wait = now - started
+        self._last_wait = now - self._phase[1]
         self._data_wait += self._last_wait
         self._batches += 1
         self._last_batch = batch_shapes(batch)
@@ -213,7 +215,7 @@ class Recorder:
             self._loader = weakref.ref(it)
         self.hb.data(self._data_wait, self._batches)
         self.hb.progress(self.step_count, now, self._last_dt, self._slowest)
-        self.exit_phase(previous)
+        self.exit_phase(previous, now)
 
     def enter_collective(self, op: int, group: Any) -> tuple[int, float, bytes]:
         previous = self._phase
@@ -249,9 +251,9 @@ class Recorder:
             annotations = dict(self._annotations)
             metrics = list(self._metrics)
         if annotations:
-            _write_json_atomic(os.path.join(self.rank_dir, "annotations.json"), annotations)
+            write_json(os.path.join(self.rank_dir, "annotations.json"), annotations)
         if metrics:
-            _write_json_atomic(os.path.join(self.rank_dir, "metrics.json"), metrics)
+            write_json(os.path.join(self.rank_dir, "metrics.json"), metrics)
 
     # --- the daemon thread --------------------------------------------------------------------------
     def _liveness_loop(self) -> None:
@@ -677,7 +679,6 @@ def _wrap_dataloader(rec: Recorder) -> None:
             return original(self)
         try:
             previous = rec.enter_phase(P.PHASE_DATA)
-            started = _monotonic()
         except Exception as exc:
             rec.fail("data", exc)
             return original(self)
@@ -690,7 +691,7 @@ def _wrap_dataloader(rec: Recorder) -> None:
                 rec.fail("data", exc)
             raise
         try:
-            rec.batch_delivered(previous, started, batch, self)
+            rec.batch_delivered(previous, batch, self)
         except Exception as exc:
             rec.fail("data", exc)
         return batch
@@ -729,16 +730,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in list(value.items())[:64]}
     return repr(value)[:200]
-
-
-def _write_json_atomic(path: str, data: Any) -> None:
-    import json
-
-    tmp = "%s.%d.tmp" % (path, os.getpid())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
 
 
 # --- activation ---------------------------------------------------------------------------------------

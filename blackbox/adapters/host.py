@@ -39,7 +39,6 @@ class GitState:
     commit: Optional[str]
     branch: Optional[str]
     dirty: Optional[bool]
-    diffstat: Optional[str] = None
 
     def describe(self) -> str:
         if self.commit is None:

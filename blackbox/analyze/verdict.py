@@ -101,7 +101,7 @@ def analyze(bundle: Bundle) -> Report:
     by_rank = {r.rank: r for r in rows}
     detection = bundle.json("detection.json")
     detection = detection if isinstance(detection, dict) else {}
-    suspects = [r for r in _int_list(detection.get("suspects")) if r in by_rank] or _int_list(detection.get("suspects"))
+    suspects = _int_list(detection.get("suspects"))
     reason = str(detection.get("reason", ""))
     findings: list[Finding] = []
     for row in rows:
