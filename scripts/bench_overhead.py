@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -107,7 +108,7 @@ def collective():
     rec.exit_phase(rec.enter_collective(1, None))
 
 def batch_hook():
-    rec.batch_delivered(rec.enter_phase(2), time.monotonic(), batch, it)
+    rec.batch_delivered(rec.enter_phase(2), batch, it)
 
 print("COLLECTIVE %.1f" % best_ns(collective, 100000))
 print("STEP %.1f" % best_ns(rec.step, 100000))
@@ -157,31 +158,35 @@ def _job_interpreter() -> tuple[str, str]:
     return getattr(sys, "_base_executable", sys.executable), INJECT_DIR
 
 
-def bench_startup(runs: int) -> dict[str, float]:
-    """The job's interpreter is the base Python (no dev-install hooks), with bytecode compiled as a pip
-    install leaves it."""
-    python, INJECT_DIR = _job_interpreter()
+def _interpreter_samples(runs: int, args: list[str], measure: Callable[[str, float], float]) -> dict[str, list[float]]:
+    """Run `python ARGS` in each recorder situation, interleaved, `runs` times; `measure(stderr, seconds)` turns
+    one run into a sample."""
+    python, inject_dir = _job_interpreter()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "RANK", "LOCAL_RANK"))}
     base.pop("PYTHONPATH", None)
     with tempfile.TemporaryDirectory() as d:
+        rank = {"PYTHONPATH": inject_dir, "BLACKBOX_RECORD_DIR": d, "RANK": "0", "LOCAL_RANK": "0"}
         variants = {
-            "plain interpreter": base,
-            "recorder inactive (on PYTHONPATH, not under blackbox)": {**base, "PYTHONPATH": INJECT_DIR},
-            "recorder inactive (under blackbox, not a rank)": {
-                **base, "PYTHONPATH": INJECT_DIR, "BLACKBOX_RECORD_DIR": d, "BLACKBOX_RECORDER": "1:rank",
-                "RANK": "0", "LOCAL_RANK": "0"},
-            "recorder active (a rank)": {**base, "PYTHONPATH": INJECT_DIR, "BLACKBOX_RECORD_DIR": d, "RANK": "0",
-                                         "LOCAL_RANK": "0"},
-        }  # fmt: skip
+            "plain": base,
+            "inactive, not under blackbox": {**base, "PYTHONPATH": inject_dir},
+            "inactive, a rank's child": {**base, **rank, "BLACKBOX_RECORDER": "1:rank"},
+            "active": {**base, **rank},
+        }
         samples: dict[str, list[float]] = {k: [] for k in variants}
         for _ in range(runs):
             for name, env in variants.items():
                 t = time.perf_counter()
-                subprocess.run([python, "-c", "pass"], env=env, check=True)
-                samples[name].append(time.perf_counter() - t)
+                err = subprocess.run([python, *args], env=env, check=True, capture_output=True, text=True).stderr
+                samples[name].append(measure(err, time.perf_counter() - t))
                 for p in Path(d).glob("ranks/*/*"):
                     p.unlink()
-        return {k: min(v) * 1000 for k, v in samples.items()}  # the least disturbed run of each
+        return samples
+
+
+def bench_startup(runs: int) -> dict[str, float]:
+    """Whole interpreter start-up (ms): the fastest run of each, the least disturbed."""
+    samples = _interpreter_samples(runs, ["-c", "pass"], lambda err, seconds: seconds * 1000)
+    return {k: min(v) for k, v in samples.items()}
 
 
 def _sitecustomize_us(importtime: str) -> float:
@@ -205,26 +210,8 @@ def _sitecustomize_us(importtime: str) -> float:
 def bench_sitecustomize(runs: int) -> dict[str, float]:
     """The cost of the `sitecustomize` import alone (µs, `-X importtime`, median): far less noisy than whole
     interpreter start-up. "plain" is the interpreter's own sitecustomize, which ours runs in turn."""
-    python, INJECT_DIR = _job_interpreter()
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "RANK", "LOCAL_RANK"))}
-    base.pop("PYTHONPATH", None)
-    with tempfile.TemporaryDirectory() as d:
-        variants = {
-            "plain": base,
-            "inactive, not under blackbox": {**base, "PYTHONPATH": INJECT_DIR},
-            "inactive, a rank's child": {**base, "PYTHONPATH": INJECT_DIR, "BLACKBOX_RECORD_DIR": d,
-                                         "BLACKBOX_RECORDER": "1:rank", "RANK": "0", "LOCAL_RANK": "0"},
-            "active": {**base, "PYTHONPATH": INJECT_DIR, "BLACKBOX_RECORD_DIR": d, "RANK": "0", "LOCAL_RANK": "0"},
-        }  # fmt: skip
-        samples: dict[str, list[float]] = {k: [] for k in variants}
-        for _ in range(runs):
-            for name, env in variants.items():
-                err = subprocess.run([python, "-X", "importtime", "-c", "pass"], env=env, check=True,
-                                     capture_output=True, text=True).stderr  # fmt: skip
-                samples[name].append(_sitecustomize_us(err))
-                for p in Path(d).glob("ranks/*/*"):
-                    p.unlink()
-        return {k: statistics.median(v) for k, v in samples.items()}
+    samples = _interpreter_samples(runs, ["-X", "importtime", "-c", "pass"], lambda err, _: _sitecustomize_us(err))
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def main() -> int:
@@ -248,11 +235,11 @@ def main() -> int:
         print(f"| `sitecustomize` import, blackbox's, recorder {name} | {us:.0f} µs ({us - plain_site:+.0f} µs) "
               f"| {target} |")  # fmt: skip
     startup = bench_startup(args.startup_runs)
-    plain_start = startup.pop("plain interpreter")
+    plain_start = startup.pop("plain")
     print(f"| interpreter start, plain (fastest of {args.startup_runs}) | {plain_start:.1f} ms | |")
     for name, ms in startup.items():
-        target = "≤ +15 ms" if "active (a rank)" in name else "≤ +3 ms"
-        print(f"| interpreter start, {name} | {ms:.1f} ms ({ms - plain_start:+.1f} ms) | {target} |")
+        target = "≤ +15 ms" if name == "active" else "≤ +3 ms"
+        print(f"| interpreter start, recorder {name} | {ms:.1f} ms ({ms - plain_start:+.1f} ms) | {target} |")
     costs = bench_hook_costs()
     per_step = costs["BATCH"] + costs["STEP"] + 4 * costs["COLLECTIVE"]
     print(f"| recorder work per collective call (phase in and out) | {costs['COLLECTIVE']:.0f} ns | |")
