@@ -47,6 +47,17 @@ def _count(value: Any) -> int:
     return number
 
 
+def _flag(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(value)
+
+
 def _path(value: Any) -> str:
     text = str(value)
     if not text:
@@ -94,6 +105,12 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "Seconds between SIGTERM and SIGKILL when blackbox ends the job."),
     Option("dump_timeout", _seconds, 5.0, "a number of seconds",
            "Seconds a collection waits for the ranks' own dumps (stacks, flight recorder, memory snapshot)."),
+    Option("collect_budget", _seconds, 60.0, "a number of seconds",
+           "Seconds one whole collection may take; what is not done by then is marked in the manifest and skipped."),
+    Option("pyspy_native", _flag, False, "`true` or `false`",
+           "Add native (C/C++) frames to the py-spy stacks (`py-spy dump --native`: about 1 s a process)."),
+    Option("pyspy_locals", _flag, False, "`true` or `false`",
+           "Add local variables to the py-spy stacks (values are redacted; they may still hold data)."),
     Option("cuda_memory_history", _count, 0, "a whole number of entries",
            "Record this many CUDA allocation events per rank once CUDA is initialised, for memory snapshots "
            "(0: off; it costs GPU-side time)."),
@@ -112,6 +129,9 @@ class RunConfig:
     poll_interval: float
     kill_grace: float
     dump_timeout: float
+    collect_budget: float
+    pyspy_native: bool
+    pyspy_locals: bool
     cuda_memory_history: int
     sources: Mapping[str, str]  # option name -> where its value came from (for the events log)
 

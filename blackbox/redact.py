@@ -54,6 +54,23 @@ def redact_text(text: str) -> str:
     return _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
 
 
+_CONFIG_LINE = re.compile(r"^(\s*[\"']?)([A-Za-z0-9_.\-]+)([\"']?\s*[:=]\s*)(\S.*?)(\s*,?\s*)$")
+
+
+def redact_config(text: str) -> str:
+    """A config file (YAML, TOML, INI, JSON, .env): values of credential-named keys replaced, then the
+    token formats and `key=value` secrets of free text."""
+    lines = []
+    for line in text.splitlines(keepends=True):
+        body = line.rstrip("\r\n")
+        m = _CONFIG_LINE.match(body)
+        if m and is_secret_name(m.group(2)) and m.group(4) not in ("{", "[", "|", ">"):
+            body = m.group(1) + m.group(2) + m.group(3) + REDACTED + m.group(5)
+            line = body + line[len(line.rstrip("\r\n")) :]
+        lines.append(line)
+    return redact_text("".join(lines))
+
+
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: (REDACTED if is_secret_name(k) and v else redact_text(v)) for k, v in env.items()}
 

@@ -7,6 +7,7 @@ import struct
 
 # --- environment -----------------------------------------------------------------------------------
 ENV_RUN_DIR = "BLACKBOX_RECORD_DIR"  # set by the supervisor for the job: the run directory (activates the recorder)
+ENV_RUN_ID = "BLACKBOX_RUN_ID"  # set by the supervisor for the job: its run id
 ENV_RECORDER = "BLACKBOX_RECORDER"  # set by an active recorder for its children: "<pid>:<mode>"
 ENV_LIVENESS_INTERVAL = "BLACKBOX_LIVENESS_INTERVAL"  # seconds between liveness bumps (default 0.5)
 ENV_DISABLE = "BLACKBOX_DISABLE"  # "1": never activate (an escape hatch for users)

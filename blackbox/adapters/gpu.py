@@ -1,14 +1,21 @@
-"""GPU facts through `nvidia-smi` (NVML comes with the GPU watch); "no GPU" where neither exists.
-May import the stdlib only."""
+"""GPU facts, the one module that talks to NVML (`nvidia-ml-py`, optional) or `nvidia-smi`; "no GPU" where
+neither exists, and a fake with scripted readings (BLACKBOX_FAKE_GPUS, for tests on machines without a GPU).
+May import the stdlib, and pynvml when it is installed."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
 
-_QUERY = "index,name,temperature.gpu,utilization.gpu,memory.used,memory.total"
+ENV_FAKE = "BLACKBOX_FAKE_GPUS"  # a JSON file: a list of readings (GpuReading fields), used instead of the GPU
+_QUERY = (
+    "index,name,temperature.gpu,utilization.gpu,memory.used,memory.total,power.draw,"
+    "ecc.errors.uncorrected.volatile.total"
+)
 
 
 @dataclass(frozen=True)
@@ -19,6 +26,8 @@ class GpuReading:
     utilization_pct: Optional[float]
     memory_used_mib: Optional[float]
     memory_total_mib: Optional[float]
+    power_w: Optional[float] = None
+    ecc_uncorrected: Optional[float] = None
 
     def describe(self) -> str:
         def num(v: Optional[float], unit: str) -> str:
@@ -29,6 +38,9 @@ class GpuReading:
             f"mem {num(self.memory_used_mib, '')}/{num(self.memory_total_mib, ' MiB')}"
         )
 
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
 
 def _num(text: str) -> Optional[float]:
     try:
@@ -37,11 +49,65 @@ def _num(text: str) -> Optional[float]:
         return None  # "[N/A]", "[Not Supported]"
 
 
+def _fake(path: str) -> tuple[list[GpuReading], str]:
+    try:
+        with open(path) as f:
+            rows = json.load(f)
+        return [GpuReading(**row) for row in rows], f"fake GPUs from {ENV_FAKE}={path}"
+    except (OSError, ValueError, TypeError) as exc:
+        return [], f"{ENV_FAKE}={path} could not be read: {exc}"
+
+
+def _nvml() -> Optional[tuple[list[GpuReading], str]]:
+    try:
+        import pynvml  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None  # no driver: fall back to nvidia-smi, which says why
+    try:
+        readings = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+
+            def get(fn: Any, *args: Any, h: Any = h) -> Any:
+                try:
+                    return fn(h, *args)
+                except Exception:
+                    return None
+
+            name = get(pynvml.nvmlDeviceGetName)
+            mem = get(pynvml.nvmlDeviceGetMemoryInfo)
+            util = get(pynvml.nvmlDeviceGetUtilizationRates)
+            power = get(pynvml.nvmlDeviceGetPowerUsage)
+            ecc = get(pynvml.nvmlDeviceGetTotalEccErrors, 1, 0)  # uncorrected, volatile
+            readings.append(GpuReading(
+                i, name.decode() if isinstance(name, bytes) else str(name),
+                get(pynvml.nvmlDeviceGetTemperature, 0), None if util is None else float(util.gpu),
+                None if mem is None else mem.used / 2**20, None if mem is None else mem.total / 2**20,
+                None if power is None else power / 1000.0, None if ecc is None else float(ecc),
+            ))  # fmt: skip
+        return readings, "NVML"
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
 def query_gpus(timeout: float = 3.0) -> tuple[list[GpuReading], str]:
     """(readings, how): `how` names the source, or says why there is none."""
+    fake = os.environ.get(ENV_FAKE)
+    if fake:
+        return _fake(fake)
+    nvml = _nvml()
+    if nvml is not None:
+        return nvml
     exe = shutil.which("nvidia-smi")
     if exe is None:
-        return [], "no GPU (nvidia-smi not found)"
+        return [], "no GPU (neither NVML nor nvidia-smi found)"
     try:
         out = subprocess.run(
             [exe, f"--query-gpu={_QUERY}", "--format=csv,noheader,nounits"],
@@ -54,11 +120,10 @@ def query_gpus(timeout: float = 3.0) -> tuple[list[GpuReading], str]:
     readings: list[GpuReading] = []
     for line in out.stdout.splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) != 6:
+        if len(parts) != 8:
             continue
         idx = _num(parts[0])
-        readings.append(
-            GpuReading(int(idx) if idx is not None else len(readings), parts[1], _num(parts[2]), _num(parts[3]),
-                       _num(parts[4]), _num(parts[5]))
-        )  # fmt: skip
+        readings.append(GpuReading(
+            int(idx) if idx is not None else len(readings), parts[1], *(_num(p) for p in parts[2:8]),
+        ))  # fmt: skip
     return readings, "nvidia-smi"

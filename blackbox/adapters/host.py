@@ -1,14 +1,18 @@
-"""Facts about this node and the job's working tree: hostname, IP addresses, git state, package versions.
-May import the stdlib and psutil. Every probe is bounded in time and never raises."""
+"""Facts about this node and the job's working tree: hostname, IP addresses, uptime, load, memory, disk, kernel
+messages, git state, package versions. May import the stdlib and psutil. Every probe is bounded in time and
+never raises."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
+import os
+import re
 import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import psutil
 
@@ -72,3 +76,101 @@ def package_version(name: str) -> Optional[str]:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def git_diffstat(cwd: str, timeout: float = 3.0, max_lines: int = 60) -> Optional[str]:
+    """`git diff --stat HEAD` of the work tree (what differs from the recorded commit), bounded."""
+    if shutil.which("git") is None:
+        return None
+    out = _git(cwd, "diff", "--stat", "HEAD", timeout=timeout)
+    if out is None:
+        return None
+    lines = out.splitlines()
+    if len(lines) > max_lines:
+        lines = [*lines[: max_lines - 1], f"... {len(lines) - max_lines} more line(s) ...", lines[-1]]
+    return "\n".join(lines)
+
+
+def system() -> dict[str, Any]:
+    """Uptime, load, memory and swap of this node."""
+    facts: dict[str, Any] = {}
+    try:
+        with open("/proc/uptime") as f:
+            facts["uptime_s"] = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        facts["uptime_s"] = None
+    try:
+        facts["loadavg"] = list(os.getloadavg())
+    except OSError:
+        facts["loadavg"] = None
+    facts["cpu_count"] = os.cpu_count()
+    try:
+        facts["memory"] = psutil.virtual_memory()._asdict()
+        facts["swap"] = psutil.swap_memory()._asdict()
+    except (OSError, psutil.Error):
+        facts["memory"] = facts["swap"] = None
+    return facts
+
+
+def disk_free(path: str) -> dict[str, Any]:
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError as exc:
+        return {"path": path, "error": exc.strerror}
+    return {"path": path, "total": usage.total, "used": usage.used, "free": usage.free}
+
+
+# Kernel lines worth a look after a training failure: GPU Xid errors, the OOM killer, hung tasks, segfaults.
+_KERNEL_INTEREST = re.compile(
+    r"NVRM|Xid|nvidia|out of memory|oom-kill|oom_reaper|Killed process|segfault|hung_task|blocked for more than",
+    re.IGNORECASE,
+)
+DMESG_HINT = "kernel messages need root or kernel.dmesg_restrict=0 (sudo sysctl kernel.dmesg_restrict=0)"
+
+
+def kernel_messages(timeout: float = 3.0, limit: int = 200) -> tuple[Optional[list[str]], str]:
+    """(lines of interest, the last `limit`; None when the kernel log cannot be read, how or why)."""
+    exe = shutil.which("dmesg")
+    if exe is None:
+        return None, "dmesg not found"
+    try:
+        out = subprocess.run([exe, "--ctime"], capture_output=True, text=True, errors="replace", timeout=timeout,
+                             check=False)  # fmt: skip
+        if out.returncode != 0:  # busybox dmesg has no --ctime
+            out = subprocess.run([exe], capture_output=True, text=True, errors="replace", timeout=timeout,
+                                 check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"dmesg failed: {exc}"
+    if out.returncode != 0:
+        return None, f"dmesg failed: {(out.stderr or out.stdout).strip()[:200]} ({DMESG_HINT})"
+    lines = [line for line in out.stdout.splitlines() if _KERNEL_INTEREST.search(line)]
+    return lines[-limit:], f"dmesg: {len(lines)} line(s) about GPUs, OOM kills, hung tasks or segfaults"
+
+
+_PACKAGES_SCRIPT = (
+    "import importlib.metadata as m, json, sys\n"
+    "d = {}\n"
+    "for x in m.distributions():\n"
+    "    n = x.metadata['Name']\n"
+    "    if n: d.setdefault(n, x.version)\n"
+    "print(json.dumps({'python': sys.version.split()[0], 'executable': sys.executable, 'packages': d}))\n"
+)
+
+
+def interpreter_packages(
+    python: str, env: dict[str, str], timeout: float = 10.0
+) -> tuple[Optional[dict[str, Any]], str]:
+    """Installed distributions as seen by the job's own interpreter (`python`, with the job's PATH and
+    PYTHONPATH): the job may run in another environment than blackbox. Reads metadata only."""
+    names = ("PATH", "PYTHONPATH", "HOME", "VIRTUAL_ENV", "CONDA_PREFIX")
+    keep: dict[str, str] = {k: env[k] for k in names if k in env}
+    try:
+        out = subprocess.run([python, "-c", _PACKAGES_SCRIPT], capture_output=True, text=True, timeout=timeout,
+                             env=keep, check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"could not run `{python}`: {exc}"
+    try:
+        data = json.loads(out.stdout)
+    except ValueError:
+        return None, f"`{python}` did not list its packages (exit code {out.returncode})"
+    return (data, f"from `{python}`") if isinstance(data, dict) else (None, "unexpected package listing")

@@ -65,3 +65,152 @@ def has_handler(pid: int, sig: int = signal.SIGUSR1) -> bool:
     except (OSError, ValueError):
         pass
     return False
+
+
+class ProcAccessError(Exception):
+    """/proc refused us a file of a process that exists (another user's process, no CAP_SYS_PTRACE)."""
+
+
+def environ(pid: int) -> dict[str, str]:
+    """The environment a process started with. Raises ProcAccessError when it may not be read and
+    FileNotFoundError (an OSError) when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            raw = f.read()
+    except PermissionError as exc:
+        raise ProcAccessError(str(exc)) from None
+    env: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return env
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]] if raw else []
+
+
+def exe(pid: int) -> Optional[str]:
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+
+
+def cwd(pid: int) -> Optional[str]:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return None
+
+
+def fd_target(pid: int, fd: int) -> Optional[str]:
+    """What a process's file descriptor points to (a path, `pipe:[...]`, `/dev/pts/3`), or None."""
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}")
+    except OSError:
+        return None
+
+
+def children(pid: int) -> list[int]:
+    """Direct children, from every thread's `children` file (cheap: no scan of /proc)."""
+    out: list[int] = []
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                out.extend(int(c) for c in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return sorted(set(out))
+
+
+def _read(path: str, limit: int = 65536) -> Optional[str]:
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+def _fields(text: Optional[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            out[key.strip()] = value.strip()
+    return out
+
+
+MAX_THREADS = 512  # per process, in a snapshot
+
+
+def snapshot(pid: int) -> dict[str, object]:
+    """What /proc and psutil say about one process now: status, where it sleeps in the kernel (wchan,
+    syscall, kernel stack where readable), each thread's name, state and wchan, open fds, I/O counters,
+    CPU times and memory. Fields that cannot be read are None, with the reason under `unreadable`."""
+    base = f"/proc/{pid}"
+    unreadable: dict[str, str] = {}
+
+    def read(name: str) -> Optional[str]:
+        try:
+            with open(f"{base}/{name}", "rb") as f:
+                return f.read(65536).decode("utf-8", "replace")
+        except OSError as exc:
+            unreadable[name] = exc.strerror or str(exc)
+            return None
+
+    status = _fields(read("status"))
+    threads: list[dict[str, object]] = []
+    try:
+        tids = sorted(os.listdir(f"{base}/task"), key=int)
+    except OSError as exc:
+        tids = []
+        unreadable["task"] = exc.strerror or str(exc)
+    for tid in tids[:MAX_THREADS]:
+        stat = _read(f"{base}/task/{tid}/stat")
+        state = stat[stat.rindex(")") + 2 :].split()[0] if stat and ")" in stat else None
+        threads.append({
+            "tid": int(tid), "name": (_read(f"{base}/task/{tid}/comm") or "").strip(), "state": state,
+            "wchan": _read(f"{base}/task/{tid}/wchan"),
+        })  # fmt: skip
+    try:
+        fd_count: Optional[int] = len(os.listdir(f"{base}/fd"))
+    except OSError as exc:
+        fd_count = None
+        unreadable["fd"] = exc.strerror or str(exc)
+    ps: dict[str, object] = {}
+    try:
+        p = psutil.Process(pid)
+        with p.oneshot():
+            ps["cpu_times"] = p.cpu_times()._asdict()
+            ps["memory"] = p.memory_info()._asdict()
+            ps["create_time"] = p.create_time()
+            ps["num_ctx_switches"] = p.num_ctx_switches()._asdict()
+    except psutil.Error as exc:
+        unreadable["psutil"] = str(exc)
+    return {
+        "pid": pid,
+        "name": status.get("Name"),
+        "state": status.get("State"),
+        "ppid": int(status["PPid"]) if status.get("PPid", "").isdigit() else None,
+        "status": status,
+        "wchan": read("wchan"),
+        "syscall": (read("syscall") or "").strip() or None,
+        "kernel_stack": read("stack"),
+        "threads": threads,
+        "threads_total": len(tids),
+        "fd_count": fd_count,
+        "io": {k: int(v) for k, v in _fields(read("io")).items() if v.isdigit()} or None,
+        **ps,
+        "unreadable": unreadable,
+    }

@@ -44,12 +44,15 @@ def find() -> tuple[Optional[str], str]:
     return None, "py-spy is not installed: pip install py-spy (a dependency of torch-blackbox), or set " + ENV_PYSPY
 
 
-def dump(pid: int, *, native: bool = False, timeout: float = 10.0, exe: Optional[str] = None) -> PySpyResult:
+def dump(
+    pid: int, *, native: bool = False, locals: bool = False, timeout: float = 10.0, exe: Optional[str] = None
+) -> PySpyResult:
     if exe is None:
         exe, why = find()
         if exe is None:
             return PySpyResult(pid, None, why)
-    cmd = [exe, "dump", "--json", "--pid", str(pid)] + (["--native"] if native else [])
+    cmd = [exe, "dump", "--json", "--pid", str(pid), *(["--native"] if native else []),
+           *(["--locals"] if locals else [])]  # fmt: skip
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:

@@ -92,15 +92,20 @@ class BundleWriter:
             },
         }
 
-    def write(self, out_dir: str, extra: dict[str, Any]) -> str:
-        """Write atomically into `out_dir`; returns the bundle's path."""
+    def default_name(self) -> str:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        name = f"blackbox-{_safe(self.run_id)}-{_safe(self.node)}-{stamp}-{_safe(self.trigger)}.tar.gz"
+        return f"blackbox-{_safe(self.run_id)}-{_safe(self.node)}-{stamp}-{_safe(self.trigger)}.tar.gz"
+
+    def write(self, out_dir: str, extra: dict[str, Any], name: Optional[str] = None) -> str:
+        """Write atomically into `out_dir` (as `name`, or the standard name); returns the bundle's path.
+        An existing file is never overwritten: a suffix is added."""
+        name = name or self.default_name()
         final = os.path.join(out_dir, name)
         n = 1
         while os.path.exists(final):
             n += 1
-            final = os.path.join(out_dir, name.replace(".tar.gz", f"-{n}.tar.gz"))
+            stem, dot, ext = name.partition(".tar")
+            final = os.path.join(out_dir, f"{stem}-{n}{dot}{ext}")
         tmp = os.path.join(out_dir, f".{name}.{os.getpid()}.tmp")
         manifest = json.dumps(self.manifest(extra), indent=2).encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -25,10 +25,12 @@ def cli() -> None:
 
 
 def _register() -> None:
+    from .collect import collect
     from .report import report
     from .run import run
 
     cli.add_command(run)
+    cli.add_command(collect)
     cli.add_command(report)
 
 

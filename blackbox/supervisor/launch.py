@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 from ..redact import redact_text
 
-Sink = Callable[[bytes], None]
+Sink = Callable[[bytes, int], None]  # (data, stream: 1 stdout or 2 stderr)
 
 
 class ConsoleLog:
@@ -117,7 +117,7 @@ class _Tee(threading.Thread):
             self.console.write(data, self.dst)
             for watch in self.watchers:
                 with contextlib.suppress(Exception):
-                    watch(data)
+                    watch(data, self.dst)
         os.close(self.src)
 
 

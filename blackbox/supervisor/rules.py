@@ -1,8 +1,11 @@
-"""When to act (DESIGN.md §3): stall, frozen and rank-death rules over heartbeat readings, and which ranks
-to blame. Pure: no I/O, no clock of its own. Imports the stdlib, blackbox.config and the heartbeat model."""
+"""When to act (DESIGN.md §3): stall, frozen, exception and rank-death rules over heartbeat readings, which
+ranks to blame, and which console lines mean the job is dying. Pure: no I/O, no clock of its own.
+Imports the stdlib, blackbox.config and the heartbeat model."""
 
 from __future__ import annotations
 
+import re
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -55,7 +58,7 @@ class RankFinding:
 
 @dataclass(frozen=True)
 class Detection:
-    rule: str  # stall | frozen | rank_death
+    rule: str  # stall | frozen | exception | rank_death | console
     ranks: tuple[int, ...]
     suspects: tuple[int, ...]
     reason: str  # why these suspects, one sentence
@@ -69,6 +72,10 @@ class Detection:
                 f"stall: {_plural('rank', self.suspects or self.ranks)} {ranks} made no progress for "
                 f"{f.idle_s:.0f} s ({f.timeout_rule} timeout {f.timeout_s:g} s)"
             )
+        elif self.rule == "exception":
+            return f"exception: {self.reason}"
+        elif self.rule == "console":
+            return f"fatal output: {self.reason}; collecting before the launcher tears the ranks down"
         elif self.rule == "frozen":
             head = f"frozen: {_plural('rank', self.ranks)} {ranks} stopped answering (liveness thread silent)"
         else:
@@ -135,6 +142,16 @@ class Rules:
 
     def evaluate(self, views: list[RankView], now: float) -> list[Detection]:
         out: list[Detection] = []
+        # A rank whose main thread raised is about to die, and the launcher will then tear the others down:
+        # this is the moment to catch the survivors. Its death afterwards is the same episode.
+        raised = [v for v in views if v.alive and v.hb.state == "exception" and (v.rank, v.hb.pid) not in
+                  self._death_reported]  # fmt: skip
+        if raised:
+            self._death_reported.update((v.rank, v.hb.pid) for v in raised)
+            findings = tuple(self._finding(v, now, now - v.hb.last_progress, "exception") for v in raised)
+            out.append(Detection("exception", _ids(raised), _ids(raised),
+                                 f"{_plural('rank', _ids(raised))} {_ranges(_ids(raised))} raised an uncaught "
+                                 "exception and will exit", findings))  # fmt: skip
         deaths = [v for v in views if v.died and (v.rank, v.hb.pid) not in self._death_reported]
         if deaths:
             self._death_reported.update((v.rank, v.hb.pid) for v in deaths)
@@ -215,3 +232,41 @@ def _ranges(ranks: tuple[int, ...]) -> str:
         parts.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
         i = j + 1
     return ", ".join(parts)
+
+
+# --- fatal console lines --------------------------------------------------------------------------------
+# What the job prints when it is about to die: collect at once, before the launcher tears the others down.
+FATAL_LINES: tuple[tuple[str, str], ...] = (
+    ("comm_timeout", r"Watchdog caught collective operation timeout|ProcessGroupNCCL's watchdog got stuck|"
+                     r"Timed out waiting \d+ ?ms for (?:recv|send) operation"),
+    ("cuda_error", r"CUDA error: |CUBLAS_STATUS_[A-Z_]+|cuDNN error|NCCL error|nccl(?:UnhandledCuda|Internal|"
+                   r"System|Invalid)(?:Error|Usage)|an illegal memory access was encountered"),
+    ("oom", r"CUDA out of memory|OutOfMemoryError|\bout of memory\b"),
+    ("segfault", r"Segmentation fault|Fatal Python error|SIGSEGV|SIGBUS|SIGABRT|core dumped"),
+    ("child_failed", r"ChildFailedError"),
+    ("exception", r"^Traceback \(most recent call last\):"),
+)  # fmt: skip
+_FATAL = re.compile("|".join(f"(?P<{kind}>{rx})" for kind, rx in FATAL_LINES), re.MULTILINE | re.IGNORECASE)
+MAX_LINE = 4096
+
+
+class FatalLines:
+    """Finds fatal lines in the job's output as it streams (bytes cut anywhere); thread-safe. Each match is
+    (kind, the line). Pure: the caller decides what to do about a match."""
+
+    def __init__(self) -> None:
+        self._partial: dict[int, bytes] = {}
+        self._lock = threading.Lock()
+
+    def feed(self, data: bytes, stream: int = 0) -> list[tuple[str, str]]:
+        with self._lock:
+            buf = self._partial.pop(stream, b"") + data
+            cut = buf.rfind(b"\n") + 1
+            rest = buf[cut:]
+            self._partial[stream] = rest[-MAX_LINE:]
+        out: list[tuple[str, str]] = []
+        for line in buf[:cut].decode("utf-8", "replace").splitlines():
+            m = _FATAL.search(line[:MAX_LINE])
+            if m and m.lastgroup:
+                out.append((m.lastgroup, line.strip()[:500]))
+        return out

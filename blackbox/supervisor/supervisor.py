@@ -22,20 +22,21 @@ from typing import Callable, Optional
 from .. import __version__
 from .._recorder import protocol as P
 from ..adapters import gpu, host, procfs
-from ..collect.local import LocalCollector
+from ..collect.collector import CollectOptions, Collector
+from ..collect.job import Job, RankTarget, job_python
 from ..config import RunConfig
 from ..errors import EXIT_CANT_CREATE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
 from ..events import EventLog
-from ..heartbeat import HeartbeatState
-from ..redact import redact_argv
-from .heartbeats import HeartbeatTable
+from ..heartbeat import HeartbeatState, HeartbeatTable
+from ..redact import redact_argv, redact_text
 from .launch import ConsoleLog, Launched, resize_ptys, spawn
-from .rules import Detection, RankView, Rules
+from .rules import Detection, FatalLines, RankView, Rules
 
 INJECT_DIR = os.path.join(os.path.dirname(os.path.abspath(P.__file__)), "inject")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _HANDLED = (*_FORWARDED, signal.SIGUSR1, signal.SIGCHLD, signal.SIGWINCH)
 _PR_SET_CHILD_SUBREAPER = 36
+CRASH_WINDOW_S = 60.0  # after a crash was collected, further deaths within this window are the same episode
 
 
 def new_run_id() -> str:
@@ -158,8 +159,12 @@ class Supervisor:
         self._pending: list[int] = []
         self._rules = Rules(cfg)
         self._table: Optional[HeartbeatTable] = None
-        self._collector: Optional[LocalCollector] = None
         self._said_once: set[str] = set()
+        self._fatal = FatalLines()
+        self._console_hits: list[tuple[str, str]] = []  # appended by the output threads, taken by the loop
+        self._console_kinds: set[str] = set()  # fatal-line kinds already acted on
+        self._wake_fd: Optional[int] = None
+        self._last_crash: Optional[tuple[float, str]] = None  # (when, bundle) of the last crash collection
 
     # --- speaking -------------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -186,8 +191,6 @@ class Supervisor:
         self.events = EventLog(os.path.join(self.run_dir, "events.jsonl"))
         self.console = ConsoleLog(os.path.join(self.run_dir, "console.log"), lambda m: self.say_once("console", m))
         self._table = HeartbeatTable(os.path.join(self.run_dir, "ranks"), self._heartbeat_error)
-        self._collector = LocalCollector(self.run_dir, self.run_id, self.node, self.argv, self.console, self._table,
-                                         self.cfg.dump_timeout)  # fmt: skip
         facts = self._header()
         self.event(
             "start", run_id=self.run_id, node=self.node, pid=os.getpid(), command=redact_argv(self.argv),
@@ -198,11 +201,12 @@ class Supervisor:
         _become_subreaper()
         rfd, wfd = os.pipe()
         os.set_blocking(wfd, False)
+        self._wake_fd = wfd
         old_wakeup = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
         old_handlers = {s: signal.signal(s, self._on_signal) for s in _HANDLED}
         try:
             try:
-                self.launched = spawn(self.argv, self._job_env(), self.console, [])
+                self.launched = spawn(self.argv, self._job_env(), self.console, [self._watch_console])
             except OSError as exc:
                 code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_NOT_EXECUTABLE
                 self.event("end", exit_code=code, error=str(exc))
@@ -217,6 +221,7 @@ class Supervisor:
             for s, h in old_handlers.items():
                 signal.signal(s, h)
             signal.set_wakeup_fd(old_wakeup)
+            self._wake_fd = None
             os.close(rfd)
             os.close(wfd)
             if self._table is not None:
@@ -232,7 +237,7 @@ class Supervisor:
         pythonpath = env.get("PYTHONPATH")
         env["PYTHONPATH"] = INJECT_DIR + (os.pathsep + pythonpath if pythonpath else "")
         env[P.ENV_RUN_DIR] = self.run_dir
-        env["BLACKBOX_RUN_ID"] = self.run_id
+        env[P.ENV_RUN_ID] = self.run_id
         if self.cfg.cuda_memory_history:
             env[P.ENV_CUDA_MEMORY_HISTORY] = str(self.cfg.cuda_memory_history)
         env.update(flight_recorder_env(self.run_dir, env))
@@ -336,6 +341,11 @@ class Supervisor:
                 self._handle_signals()
             except Exception as exc:
                 self._internal_error("signals", exc)
+            if self._console_hits:
+                try:
+                    self._handle_console()
+                except Exception as exc:
+                    self._internal_error("console", exc)
             now = time.monotonic()
             if now >= next_poll:
                 self._poll_guarded()
@@ -352,6 +362,47 @@ class Supervisor:
                 if ready:
                     with contextlib.suppress(BlockingIOError, InterruptedError):
                         os.read(wakeup_fd, 512)
+
+    # --- fatal console lines ------------------------------------------------------------------------------
+    def _watch_console(self, data: bytes, stream: int) -> None:
+        """Runs in an output thread: note fatal lines and wake the loop at once."""
+        hits = self._fatal.feed(data, stream)
+        if hits:
+            self._console_hits.extend(hits)
+            fd = self._wake_fd
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.write(fd, b"\0")
+
+    def _handle_console(self) -> None:
+        hits, self._console_hits[:] = list(self._console_hits), []
+        for kind, line in hits:
+            if kind in self._console_kinds:
+                continue
+            self._console_kinds.add(kind)
+            self.event("fatal_line", kind=kind, line=redact_text(line))
+            if kind == "exception":
+                self._poll_guarded()  # the recorder marks the rank before the traceback is printed
+                continue
+            if not self.watching:
+                continue
+            d = Detection("console", (), (), f"the job printed `{redact_text(line)[:200]}`", ())
+            if self._crash_collected_recently(d):
+                continue
+            self.say(d.message())
+            self._collect(f"console-{kind.replace('_', '-')}", d)
+            self._last_crash = (time.monotonic(), self.bundles[-1] if self.bundles else "")
+
+    def _crash_collected_recently(self, d: Detection) -> bool:
+        """A crash was just collected: what follows (the launcher tearing the other ranks down, their
+        errors) is the same episode. Record it; do not bundle it again."""
+        if self._last_crash is None or time.monotonic() - self._last_crash[0] > CRASH_WINDOW_S:
+            return False
+        ago = time.monotonic() - self._last_crash[0]
+        self.event("same_episode", rule=d.rule, ranks=list(d.ranks), reason=d.reason, bundle=self._last_crash[1])
+        if d.rule != "console":
+            self.say(f"{d.message()} (same episode: evidence collected {ago:.0f} s ago)")
+        return True
 
     def _reap(self) -> None:
         """Collect the exit of the launcher and of any orphaned job process that was handed to us."""
@@ -418,6 +469,9 @@ class Supervisor:
         if d.rule == "rank_death" and self.terminating:  # the teardown we asked for: a record, no alarm
             self.event(d.rule, ranks=list(d.ranks), expected=True)
             return
+        crash = d.rule in ("exception", "rank_death")
+        if crash and self._crash_collected_recently(d):
+            return
         self.event(d.rule, ranks=list(d.ranks), suspects=list(d.suspects), reason=d.reason,
                    findings=[f.__dict__ for f in d.findings])  # fmt: skip
         self.say(d.message())
@@ -426,6 +480,8 @@ class Supervisor:
                      else f"  {f.describe()}: {f.exit_status or f.state}")  # fmt: skip
         ending = d.rule == "stall" and self.cfg.on_stall == "kill"
         self._collect(d.rule.replace("_", "-"), d, job_ends=ending)
+        if crash:
+            self._last_crash = (time.monotonic(), self.bundles[-1] if self.bundles else "")
         if d.rule == "stall":
             if self.cfg.on_stall == "kill":
                 self.ended_after_stall = True
@@ -437,10 +493,37 @@ class Supervisor:
     def _collect(self, trigger: str, detection: Optional[Detection], job_ends: bool = False) -> None:
         """Bundle this node's evidence. `job_ends`: the job is about to be ended anyway, so the ranks may be
         signalled freely; otherwise the non-invasive ways go first (DESIGN.md §7)."""
-        assert self._collector is not None
         try:
             views = self.read_views() if self.watching else []
-            path = self._collector.collect(trigger, detection, views, self.events, job_ends=job_ends)
+            live = [v for v in views if v.alive]
+            self.say(f"collecting evidence ({trigger}) from {len(live)} live rank(s) of {len(views)}")
+            job = Job(
+                run_id=self.run_id,
+                node=self.node,
+                argv=self.argv,
+                cwd=os.getcwd(),
+                env=self._job_env(),
+                python=job_python(live[0].hb.pid) if live else None,
+                record_dir=self.run_dir,
+                ranks=[
+                    RankTarget(v.rank, v.hb.pid, v.hb.start_ticks, v.alive, v.hb, v.exit_status, v.hb.local_rank)
+                    for v in views
+                ],
+                world_size=max((v.hb.world_size for v in views), default=0),
+                agent_pid=self.launched.pid if self.launched else None,
+            )
+            options = CollectOptions(
+                dump_timeout=self.cfg.dump_timeout,
+                budget=self.cfg.collect_budget,
+                native=self.cfg.pyspy_native,
+                locals=self.cfg.pyspy_locals,
+                job_ends=job_ends,
+            )
+            path = (
+                Collector(job, self._table, self.console, options)
+                .collect(trigger, detection, self.events, os.path.join(self.run_dir, "bundles"))
+                .path
+            )
         except Exception as exc:
             self._internal_error("collect", exc)
             return

@@ -137,12 +137,17 @@ def test_exception_and_the_survivors_sigterm_last_words(tmp_path: Path) -> None:
     assert b"ValueError: bad sample at step 3" in res.stderr  # the job's own output is unchanged
     # the rank's heartbeat keeps saying how it ended (exit handlers run after an uncaught exception too)
     assert read_heartbeat(run_dir, 1).state == "exception"
-    deaths = [e for e in jsonl(run_dir / "events.jsonl") if e["event"] == "rank_death"]
-    assert any(1 in e["ranks"] and "rank 1 raised an exception" in e["reason"] for e in deaths)
-    # torchelastic's own error file is left as it was, and collected
+    # blackbox collected at once, while the launcher had not yet torn the survivor down: one bundle
+    (raised,) = [e for e in jsonl(run_dir / "events.jsonl") if e["event"] == "exception"]
+    assert raised["ranks"] == [1] and "raised an uncaught exception" in raised["reason"]
     (bundle,) = bundles(run_dir)
     with tarfile.open(bundle) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+        survivor = json.load(tar.extractfile("ranks/0/py-spy.json"))  # type: ignore[arg-type]
+        # torchelastic's own error file is left as it was, and collected
         error = json.load(tar.extractfile("ranks/1/torchelastic-error.json"))  # type: ignore[arg-type]
+    assert manifest["trigger"] == "exception"
+    assert any(f["name"] == "main" for t in survivor for f in t["frames"])  # rank 0's stack, taken while alive
     assert "bad sample at step 3" in json.dumps(error)
     # torchrun tore rank 0 down with SIGTERM: its stacks were dumped from C first
     text = (run_dir / "ranks" / "0" / "sigterm.txt").read_text()

@@ -1,0 +1,54 @@
+"""What torchrun (torch.distributed.elastic) leaves in a process: the rank identity in its environment, the
+run id, the error file, and how its launcher's command line looks. Imports the stdlib only."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Optional
+
+# The variables that tell the processes of one job from those of another on the same host.
+_JOB_KEYS = ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "WORLD_SIZE", "GROUP_WORLD_SIZE")
+_LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+
+
+def _int(env: Mapping[str, str], key: str) -> Optional[int]:
+    try:
+        return int(env[key])
+    except (KeyError, ValueError):
+        return None
+
+
+def rank_of(env: Mapping[str, str]) -> Optional[int]:
+    """The global rank of a worker, or None for a process that is not a rank (RANK and LOCAL_RANK unset)."""
+    rank, local = _int(env, "RANK"), _int(env, "LOCAL_RANK")
+    return rank if rank is not None and local is not None and rank >= 0 else None
+
+
+def local_rank_of(env: Mapping[str, str]) -> Optional[int]:
+    return _int(env, "LOCAL_RANK")
+
+
+def world_size_of(env: Mapping[str, str]) -> Optional[int]:
+    return _int(env, "WORLD_SIZE")
+
+
+def run_id_of(env: Mapping[str, str]) -> Optional[str]:
+    run_id = env.get("TORCHELASTIC_RUN_ID", "")
+    return run_id if run_id and run_id != "none" else None
+
+
+def same_job(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
+    """Whether two ranks belong to the same job (same rendezvous), not merely to the same host."""
+    return all(a.get(k) == b.get(k) for k in _JOB_KEYS)
+
+
+def error_file(env: Mapping[str, str]) -> Optional[str]:
+    """The file torchelastic's `@record` writes a worker's exception to, where one exists."""
+    path = env.get("TORCHELASTIC_ERROR_FILE")
+    return path if path and os.path.isfile(path) else None
+
+
+def is_launcher(argv: list[str]) -> bool:
+    """Whether a command line is torchrun's agent (`torchrun`, `python -m torch.distributed.run`, ...)."""
+    return any(os.path.basename(a) in _LAUNCHERS or a in _LAUNCHERS for a in argv[:3])

@@ -1,0 +1,489 @@
+"""One collection: every rank's and helper process's evidence gathered in parallel within a time budget, then
+redacted, bounded and written as one bundle. Used by `blackbox run` on a trigger and by `blackbox collect PID`.
+Order matters (DESIGN.md §7): from outside first (py-spy, /proc), then the rank's own dump, SIGUSR1 last and only
+to a process with a handler. Imports the stdlib and blackbox's host side; never prints (it reports progress)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import signal
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
+
+from .._recorder import protocol as P
+from ..adapters import gpu, host, procfs, pyspy, torchelastic
+from ..bundle.writer import BundleWriter, Step
+from ..events import EventLog
+from ..heartbeat import HeartbeatState
+from ..redact import redact_argv, redact_config, redact_env, redact_text
+from ..supervisor.rules import Detection
+from .job import Job, RankTarget
+
+CONSOLE_TAIL_BYTES = 256 * 1024
+RANK_FILE_CAP = 1024 * 1024
+BINARY_FILE_CAP = 64 * 1024 * 1024  # memory snapshots and flight-recorder pickles
+CONFIG_FILE_CAP = 256 * 1024
+MAX_CONFIG_FILES = 16
+MAX_HELPERS_PER_RANK = 16  # DataLoader workers and other child processes of one rank given py-spy and /proc
+# What the rank recorder leaves in ranks/<rank>/ (its heartbeat is decoded separately).
+RANK_PATTERNS = (
+    "recorder.log", "recorder-events.jsonl", "annotations.json", "metrics.json", "threads.json", "loader.json",
+    "rank.json", "exceptions.jsonl", "oom.jsonl", "fatal.txt", "sigterm.txt", "stacks-*.txt", "pydump-*.json",
+    "fr_trace.json", "memory-snapshot-*.pickle", "error.json",
+)  # fmt: skip
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".ini", ".cfg", ".conf", ".env")
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CollectOptions:
+    dump_timeout: float = 5.0  # per process: py-spy, and the wait for the ranks' own dumps
+    budget: float = 60.0  # the whole collection; what is not done by then is marked and skipped
+    native: bool = False  # py-spy --native (C/C++ frames; ~0.5-1 s a process)
+    locals: bool = False  # py-spy --locals (values redacted)
+    job_ends: bool = False  # the job is about to be ended anyway: ranks may be signalled at once
+
+
+@dataclass(frozen=True)
+class CollectResult:
+    path: str
+    steps: list[Step]
+    duration_s: float
+
+
+class _Console(Protocol):
+    def tail(self, limit: int) -> bytes: ...
+
+
+class _Table(Protocol):
+    def request_dump(self, rank: int) -> int: ...
+
+    def read(self) -> list[HeartbeatState]: ...
+
+
+class FileTail:
+    """The end of a file on disk (console.log of a run, when `blackbox collect` finds one)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def tail(self, limit: int) -> bytes:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - limit))
+                return f.read()
+        except OSError:
+            return b""
+
+
+@dataclass(frozen=True)
+class _Proc:
+    """A process to take stacks and /proc state of: a rank, or one of its helpers (DataLoader workers)."""
+
+    rank: Optional[int]  # None: the launcher (torchrun's agent)
+    pid: int
+    helper: bool
+
+    def path(self, what: str) -> str:
+        """Where its `what` (py-spy, proc) goes in the bundle: ranks/R/what.json, ranks/R/what-worker-PID.json."""
+        if self.rank is None:
+            return f"agent/{what}.json"
+        return f"ranks/{self.rank}/{what}" + (f"-worker-{self.pid}" if self.helper else "") + ".json"
+
+
+def heartbeat_record(t: RankTarget, now: float) -> dict[str, Any]:
+    """A heartbeat as the bundle keeps it: the raw fields, wall-clock times and the ages that matter."""
+    hb = t.hb
+    assert hb is not None
+    record = hb.to_json()
+    record.update(
+        alive=t.alive,
+        exit_status=t.exit_status,
+        idle_s=round(now - hb.last_progress, 3),
+        liveness_age_s=round(now - hb.liveness_time, 3),
+        phase_age_s=round(now - hb.phase_start, 3),
+        last_progress_wall=hb.wall(hb.last_progress),
+        phase_start_wall=hb.wall(hb.phase_start),
+    )
+    return record
+
+
+def detection_record(d: Detection) -> dict[str, Any]:
+    return {
+        "rule": d.rule, "ranks": list(d.ranks), "suspects": list(d.suspects), "reason": d.reason,
+        "message": d.message(), "findings": [f.__dict__ for f in d.findings],
+    }  # fmt: skip
+
+
+def config_files(argv: list[str], cwd: str) -> list[str]:
+    """Config files named on a command line (`--config x.yaml`, `--cfg=x.toml`, `x.json`), existing ones only."""
+    out: list[str] = []
+    for arg in argv[1:]:
+        value = arg.partition("=")[2] if arg.startswith("-") and "=" in arg else arg
+        if not value.lower().endswith(CONFIG_SUFFIXES):
+            continue
+        path = os.path.normpath(os.path.join(cwd, value))
+        if os.path.isfile(path) and path not in out:
+            out.append(path)
+    return out[:MAX_CONFIG_FILES]
+
+
+def _helpers(t: RankTarget) -> list[int]:
+    """A rank's Python child processes (DataLoader workers, compile workers), nearest first, bounded."""
+    if not t.alive:
+        return []
+    rank_exe = procfs.exe(t.pid)
+    out = []
+    for pid in procfs.descendants(t.pid):
+        exe = procfs.exe(pid)
+        if exe is not None and (exe == rank_exe or os.path.basename(exe).startswith("python")):
+            out.append(pid)
+    return out[:MAX_HELPERS_PER_RANK]
+
+
+def _rank_files(record_dir: str, ranks: Iterable[int]) -> list[tuple[str, str]]:
+    """(path on disk, path in the bundle) of the recorder's files worth keeping; empty files are skipped."""
+    out = []
+    ranks_dir = os.path.join(record_dir, "ranks")
+    for rank in ranks:
+        for pattern in RANK_PATTERNS:
+            for path in sorted(glob.glob(os.path.join(ranks_dir, str(rank), pattern))):
+                if os.path.isfile(path) and os.path.getsize(path) > 0:
+                    out.append((path, f"ranks/{rank}/{os.path.basename(path)}"))
+    fr_dir = os.path.join(record_dir, "flight_recorder")
+    for path in sorted(glob.glob(os.path.join(fr_dir, P.FR_PREFIX + "*"))):
+        if os.path.isfile(path) and not path.endswith(".tmp"):
+            out.append((path, f"flight_recorder/{os.path.basename(path)}"))
+    return out
+
+
+def _torchelastic_error_file(record_dir: Optional[str], t: RankTarget) -> Optional[str]:
+    """Where the rank's torchelastic error file is: from the recorder's rank.json, else the live environment."""
+    if record_dir:
+        try:
+            with open(os.path.join(record_dir, "ranks", str(t.rank), "rank.json")) as f:
+                path = json.load(f).get("torchelastic_error_file")
+            if isinstance(path, str) and os.path.isfile(path):
+                return path
+        except (OSError, ValueError, AttributeError):
+            pass
+    try:
+        return torchelastic.error_file(procfs.environ(t.pid)) if t.alive else None
+    except (OSError, procfs.ProcAccessError):
+        return None
+
+
+def _is_python(pid: int) -> bool:
+    return os.path.basename(procfs.exe(pid) or "").startswith("python")
+
+
+def _redact_locals(threads: list[dict[str, Any]]) -> None:
+    """py-spy --locals: a value whose name looks like a credential is dropped; the others are redacted."""
+    from ..redact import REDACTED, is_secret_name
+
+    for thread in threads:
+        for frame in thread.get("frames") or []:
+            for local in frame.get("locals") or []:
+                if isinstance(local, dict) and isinstance(local.get("repr"), str):
+                    name = str(local.get("name", ""))
+                    local["repr"] = REDACTED if is_secret_name(name) else redact_text(local["repr"])
+
+
+class Collector:
+    def __init__(
+        self, job: Job, table: Optional[_Table], console: Optional[_Console], options: CollectOptions,
+        progress: Optional[Progress] = None,
+    ) -> None:  # fmt: skip
+        self.job = job
+        self.table = table
+        self.console = console
+        self.options = options
+        self.progress: Progress = progress or (lambda message: None)
+
+    # --- helpers -----------------------------------------------------------------------------------
+    def _left(self, deadline: float, cap: float) -> float:
+        return max(0.1, min(cap, deadline - time.monotonic()))
+
+    # --- steps -------------------------------------------------------------------------------------
+    def pyspy_stacks(self, procs: list[_Proc], w: BundleWriter, deadline: float) -> None:
+        """Stacks from outside, in parallel: nothing is signalled; a missing py-spy or a refused ptrace is one
+        sentence in the manifest (with the fix) and everything else goes on."""
+        t = time.monotonic()
+        if not procs:
+            return
+        exe, why = pyspy.find()
+        if exe is None:
+            w.step("py-spy", "failed", t, why)
+            return
+        timeout = self._left(deadline, self.options.dump_timeout * (3 if self.options.native else 1))
+        done = 0
+
+        def one(p: _Proc) -> pyspy.PySpyResult:
+            nonlocal done
+            result = pyspy.dump(p.pid, native=self.options.native, locals=self.options.locals, timeout=timeout,
+                                exe=exe)  # fmt: skip
+            done += 1
+            self.progress(f"py-spy stacks: {done}/{len(procs)} process(es)")
+            return result
+
+        self.progress(f"py-spy stacks: 0/{len(procs)} process(es)")
+        with ThreadPoolExecutor(max_workers=min(16, len(procs))) as pool:
+            results = list(pool.map(one, procs))
+        errors: dict[str, list[int]] = {}  # one sentence per distinct failure, with the pids it hit
+        for p, result in zip(procs, results):
+            if result.threads is not None:
+                if self.options.locals:
+                    _redact_locals(result.threads)
+                w.add_json(p.path("py-spy"), result.threads)
+            else:
+                errors.setdefault(result.error or "unknown error", []).append(p.pid)
+        failed = sum(len(p) for p in errors.values())
+        status = "ok" if not errors else ("failed" if failed == len(procs) else "partial")
+        detail = f"{len(procs) - failed}/{len(procs)} process(es) with {exe} ({why})"
+        if self.options.native:
+            detail += ", --native"
+        detail += "".join(f"; pids {pids}: {error}" for error, pids in errors.items())
+        w.step("py-spy", status, t, detail)
+
+    def proc_state(self, procs: list[_Proc], w: BundleWriter) -> None:
+        t = time.monotonic()
+        self.progress(f"/proc state of {len(procs)} process(es)")
+        gone = []
+        for p in procs:
+            snap = procfs.snapshot(p.pid)
+            if snap.get("state") is None:
+                gone.append(p.pid)
+                continue
+            w.add_json(p.path("proc"), snap)
+        w.step("/proc", "ok" if not gone else "partial", t,
+               f"{len(procs) - len(gone)}/{len(procs)} process(es)" + (f"; gone: {gone}" if gone else ""))  # fmt: skip
+
+    def request_dumps(self, ranks: list[RankTarget], w: BundleWriter, deadline: float) -> None:
+        """Ask every live recorded rank for its own dump. SIGUSR1 (faulthandler, from C: it works while a rank
+        holds the GIL or is blocked in C) goes at once when the job is about to end anyway; otherwise only to
+        the ranks that did not answer the quiet way, and only to a process that has a handler for it."""
+        t = time.monotonic()
+        live = [r for r in ranks if r.alive and r.hb is not None]
+        if self.table is None or not live:
+            if ranks:
+                w.step("rank dumps", "skipped", t, "no rank runs the recorder: stacks come from py-spy and /proc")
+            return
+        self.progress(f"asking {len(live)} rank(s) for their own dump")
+        asked: dict[int, int] = {}
+        notes: list[str] = []
+        for r in live:
+            try:
+                asked[r.rank] = self.table.request_dump(r.rank)
+            except OSError as exc:
+                notes.append(f"rank {r.rank}: dump request failed: {exc.strerror}")
+        signalled: list[int] = []
+
+        def signal_ranks(targets: list[RankTarget]) -> None:
+            for r in targets:
+                if not procfs.has_handler(r.pid, signal.SIGUSR1):
+                    notes.append(f"rank {r.rank}: no SIGUSR1 handler, not signalled (it would die of it)")
+                elif procfs.signal_if_same(r.pid, r.start_ticks, signal.SIGUSR1):
+                    signalled.append(r.rank)
+
+        if self.options.job_ends:
+            signal_ranks(live)
+        wait = self._left(deadline, self.options.dump_timeout)
+        end = time.monotonic() + wait
+        quiet_end = time.monotonic() + min(2.0, wait / 2)
+        pending = dict(asked)
+        while pending and time.monotonic() < end:
+            for hb in self.table.read():
+                if hb.rank in pending and hb.dump_ack >= pending[hb.rank]:
+                    del pending[hb.rank]
+            if not self.options.job_ends and not signalled and time.monotonic() > quiet_end and pending:
+                signal_ranks([r for r in live if r.rank in pending])
+                if not signalled:
+                    break  # nobody left to reach: do not wait out the rest
+            time.sleep(0.05)
+        if signalled:
+            time.sleep(0.2)  # faulthandler writes from the signal handler: a fraction of a millisecond
+        answered = sorted(set(asked) - set(pending))
+        detail = (f"{len(answered)}/{len(live)} rank(s) wrote their dump; SIGUSR1 to rank(s) "
+                  f"{signalled or 'none'}" + ("; " + "; ".join(notes) if notes else ""))  # fmt: skip
+        if pending:
+            detail += f"; no answer within {wait:g} s from rank(s) {sorted(pending)}"
+        w.step("rank dumps", "ok" if not pending else "partial", t, detail)
+
+    def rank_files(self, ranks: list[RankTarget], w: BundleWriter) -> None:
+        t = time.monotonic()
+        files = _rank_files(self.job.record_dir, [r.rank for r in ranks]) if self.job.record_dir else []
+        for r in ranks:
+            error_file = _torchelastic_error_file(self.job.record_dir, r)
+            if error_file:
+                files.append((error_file, f"ranks/{r.rank}/torchelastic-error.json"))
+        if not files:
+            return
+        self.progress(f"copying {len(files)} recorder file(s)")
+        copied, failed = 0, []
+        for src, arc in files:
+            binary = src.endswith(".pickle") or os.path.basename(src).startswith(P.FR_PREFIX)
+            cap = BINARY_FILE_CAP if binary else RANK_FILE_CAP
+            try:
+                with open(src, "rb") as f:
+                    data = f.read(cap + 1)
+                if binary:  # pickles: kept whole or not at all, not redacted, never unpickled by blackbox
+                    w.add_bytes(arc, data, keep="whole", cap=cap)
+                else:
+                    w.add_bytes(arc, redact_text(data.decode("utf-8", "replace")).encode())
+                copied += 1
+            except OSError as exc:
+                failed.append(f"{arc}: {exc.strerror}")
+        w.step("rank files", "failed" if failed else "ok", t, "; ".join(failed) or f"{copied} file(s)")
+
+    def node_facts(self, pool: ThreadPoolExecutor) -> dict[str, Future[Any]]:
+        """Started first, in the background: the slow probes (git, dmesg, the job's packages, the GPUs)."""
+        job = self.job
+        out_dir = job.record_dir or job.cwd
+        probes: dict[str, Callable[[], Any]] = {
+            "system": host.system,
+            "disk": lambda: host.disk_free(out_dir),
+            "gpus": lambda: gpu.query_gpus(self.options.dump_timeout),
+            "kernel": lambda: host.kernel_messages(self.options.dump_timeout),
+            "git": lambda: (host.git_state(job.cwd, self.options.dump_timeout),
+                            host.git_diffstat(job.cwd, self.options.dump_timeout)),
+            "packages": lambda: host.interpreter_packages(job.python, job.env, 2 * self.options.dump_timeout)
+            if job.python else (None, "the job's interpreter is unknown"),
+            "ips": host.ip_addresses,
+        }  # fmt: skip
+        return {name: pool.submit(fn) for name, fn in probes.items()}
+
+    def write_node(self, futures: dict[str, Future[Any]], w: BundleWriter, deadline: float) -> None:
+        t = time.monotonic()
+        self.progress("node facts: GPUs, kernel messages, git, packages")
+        job = self.job
+        got: dict[str, Any] = {}
+        late: list[str] = []
+        for name, fut in futures.items():
+            try:
+                got[name] = fut.result(timeout=max(0.0, deadline - time.monotonic()))
+            except Exception as exc:  # a probe that failed or ran out of budget: named, not fatal
+                late.append(f"{name}: {'not done within the budget' if isinstance(exc, TimeoutError) else exc!r}")
+        gpus, gpu_how = got.get("gpus", ([], "GPU probe not done"))
+        kernel, kernel_how = got.get("kernel", (None, "kernel probe not done"))
+        git, diffstat = got.get("git", (None, None))
+        packages, packages_how = got.get("packages", (None, "package probe not done"))
+        w.add_json("node.json", {
+            "hostname": job.node, "ips": got.get("ips"), "collector_pid": os.getpid(), "cwd": job.cwd,
+            "command": redact_argv(job.argv), "python": job.python, **(got.get("system") or {}),
+            "run_dir_disk": got.get("disk"), "gpus": [g.to_json() for g in gpus], "gpu_source": gpu_how,
+            "kernel_messages_source": kernel_how,
+            "git": None if git is None else {**git.__dict__, "describe": git.describe()},
+        })  # fmt: skip
+        w.add_json("node/env.json", redact_env(job.env))
+        if kernel:
+            w.add_bytes("node/kernel-messages.txt", redact_text("\n".join(kernel) + "\n").encode())
+        if diffstat:
+            w.add_bytes("node/git-diffstat.txt", (diffstat + "\n").encode())
+        if packages is not None:
+            w.add_json("node/packages.json", packages)
+        configs = config_files(job.argv, job.cwd)
+        unreadable = []
+        for path in configs:
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(CONFIG_FILE_CAP + 1)
+            except OSError as exc:
+                unreadable.append(f"{path}: {exc.strerror}")
+                continue
+            text = redact_config(data.decode("utf-8", "replace"))
+            w.add_bytes("node/config/" + re.sub(r"[^\w.\-]", "_", path.lstrip("/")), text.encode(), keep="head",
+                        cap=CONFIG_FILE_CAP)  # fmt: skip
+        notes = late + unreadable + ([] if kernel is not None else [kernel_how])
+        detail = f"GPUs: {gpu_how}; {len(configs)} config file(s); packages {packages_how}"
+        w.step("node", "partial" if late or unreadable else "ok", t, detail + "".join("; " + n for n in notes))
+
+    def _console_source(self) -> tuple[Optional[_Console], str]:
+        """The job's output: blackbox's console.log, else the file the launcher's (or a rank's) stdout or
+        stderr is redirected to (a Slurm output file, `> job.log`), when it is a regular file."""
+        if self.console is not None:
+            return self.console, "console.log"
+        if self.job.record_dir:
+            return FileTail(os.path.join(self.job.record_dir, "console.log")), "the run's console.log"
+        pids = ([self.job.agent_pid] if self.job.agent_pid else []) + [r.pid for r in self.job.ranks]
+        for pid in pids:
+            for fd in (2, 1):
+                path = procfs.fd_target(pid, fd)
+                if path is not None and os.path.isfile(path):
+                    return FileTail(path), f"`{path}` (fd {fd} of pid {pid})"
+        return None, ""
+
+    # --- the whole collection ----------------------------------------------------------------------
+    def collect(
+        self, trigger: str, detection: Optional[Detection], events: Optional[EventLog], out_dir: str,
+        out_name: Optional[str] = None,
+    ) -> CollectResult:  # fmt: skip
+        """Collect and write one bundle. Never raises for a process that went away."""
+        opts = self.options
+        start = time.monotonic()
+        deadline = start + opts.budget
+        job = self.job
+        w = BundleWriter(job.run_id, job.node, trigger)
+        ranks = job.ranks
+        procs = [_Proc(r.rank, r.pid, False) for r in ranks if r.alive]
+        procs += [_Proc(r.rank, pid, True) for r in ranks for pid in _helpers(r)]
+        if job.agent_pid is not None and job.mode == "collect" and _is_python(job.agent_pid):
+            procs.append(_Proc(None, job.agent_pid, False))
+        node_pool = ThreadPoolExecutor(max_workers=7, thread_name_prefix="blackbox-node")
+        try:
+            node = self.node_facts(node_pool)
+            self.pyspy_stacks(procs, w, deadline)  # first: from outside, before any signal changes a rank
+            self.proc_state(procs, w)
+            self.request_dumps(ranks, w, deadline)
+            now = time.monotonic()
+            t = now
+            recorded = [r for r in ranks if r.hb is not None]
+            for r in recorded:
+                w.add_json(f"ranks/{r.rank}/heartbeat.json", heartbeat_record(r, now))
+            if recorded:
+                w.step("heartbeats", "ok", t, f"{len(recorded)} rank(s)")
+            self.rank_files(ranks, w)
+            t = time.monotonic()
+            console, where = self._console_source()
+            if console is not None:
+                tail = console.tail(CONSOLE_TAIL_BYTES)
+                w.add_bytes("console-tail.log", redact_text(tail.decode("utf-8", "replace")).encode())
+                w.step("console tail", "ok", t, f"last {len(tail)} bytes of {where}")
+            if job.record_dir:
+                t = time.monotonic()
+                try:
+                    with open(os.path.join(job.record_dir, "events.jsonl"), "rb") as f:
+                        w.add_bytes("events.jsonl", f.read())
+                    w.step("events", "ok", t)
+                except OSError as exc:
+                    w.step("events", "failed", t, exc.strerror)
+            self.write_node(node, w, deadline)
+        finally:
+            node_pool.shutdown(wait=False, cancel_futures=True)  # a probe past the budget is left behind
+        if detection is not None:
+            w.add_json("detection.json", detection_record(detection))
+        elapsed = time.monotonic() - start
+        extra = {
+            "job": {**job.identity(), "command": redact_argv(job.argv), "notes": job.notes},
+            "detection": None if detection is None else {
+                "rule": detection.rule, "ranks": list(detection.ranks), "suspects": list(detection.suspects),
+                "reason": detection.reason,
+            },
+            "collection": {
+                "duration_s": round(elapsed, 3), "budget_s": opts.budget, "over_budget": elapsed > opts.budget,
+                "options": opts.__dict__,
+            },
+        }  # fmt: skip
+        self.progress("writing the bundle")
+        path = w.write(out_dir, extra, out_name)
+        if events is not None:
+            for s in w.steps:
+                events.write("collection_step", **s.__dict__)
+        return CollectResult(path, list(w.steps), round(elapsed, 3))
