@@ -33,23 +33,40 @@ def frames_of(tb_or_frame: Any, limit: int = MAX_FRAMES) -> list[dict[str, Any]]
             for f in list(summary)[-limit:]]  # fmt: skip
 
 
+_redactor: Any = None
+
+
+def _redacted(text: str) -> str:
+    """Secrets never reach disk, not even the rank's own files: exception messages, code lines and argv go
+    through the shared redaction, which also knows this process's credential-named variables."""
+    global _redactor
+    if _redactor is None:
+        from . import redact
+
+        redact.remember_secrets(os.environ)
+        _redactor = redact.redact_text
+    return str(_redactor(text))
+
+
 def write_json(path: str, data: Any) -> None:
-    """Atomic and private: a reader never sees half a record."""
+    """Atomic, private and redacted: a reader never sees half a record, nor a secret."""
     import json
 
+    text = _redacted(json.dumps(data, indent=1, default=repr))
     tmp = "%s.%d.tmp" % (path, os.getpid())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, default=repr)
+        f.write(text)
     os.replace(tmp, path)
 
 
 def append_jsonl(path: str, record: Any) -> None:
     import json
 
+    line = _redacted(json.dumps(record, default=repr)) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     with os.fdopen(fd, "a") as f:
-        f.write(json.dumps(record, default=repr) + "\n")
+        f.write(line)
 
 
 class LastWords:

@@ -77,9 +77,11 @@ def collect(pid: int, out: Optional[str], native: bool, with_locals: bool, dump_
     from ..collect.collector import CollectOptions, Collector
     from ..collect.job import discover
     from ..heartbeat import HeartbeatTable
+    from ..redact import remember_secrets
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     job = discover(pid)
+    remember_secrets(job.env)  # the job's credentials, scrubbed from everything in the bundle
     out_dir, out_name = _out_target(out, job.record_dir)
     try:
         os.makedirs(out_dir, mode=0o700, exist_ok=True)

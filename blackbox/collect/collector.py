@@ -460,7 +460,7 @@ class Collector:
                 t = time.monotonic()
                 try:
                     with open(os.path.join(job.record_dir, "events.jsonl"), "rb") as f:
-                        w.add_bytes("events.jsonl", f.read())
+                        w.add_bytes("events.jsonl", redact_text(f.read().decode("utf-8", "replace")).encode())
                     w.step("events", "ok", t)
                 except OSError as exc:
                     w.step("events", "failed", t, exc.strerror)

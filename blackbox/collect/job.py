@@ -99,8 +99,9 @@ def _ancestors(pid: int) -> list[int]:
 
 
 def _ranks_below(root: int, like: Optional[Mapping[str, str]]) -> list[tuple[int, dict[str, str]]]:
-    """Processes under `root` (root included) that are ranks, stopping at each rank: its own children
-    (DataLoader workers inherit RANK) are its helpers, not ranks. `like`: keep only ranks of that job."""
+    """Python processes under `root` (root included) that are ranks, stopping at each rank: its own children
+    (DataLoader workers inherit RANK) are its helpers, not ranks. A shell with RANK (`torchrun --no-python
+    run.sh`) is looked through. `like`: keep only ranks of that job."""
     found: list[tuple[int, dict[str, str]]] = []
     todo = [root]
     seen: set[int] = set()
@@ -110,7 +111,7 @@ def _ranks_below(root: int, like: Optional[Mapping[str, str]]) -> list[tuple[int
             continue
         seen.add(pid)
         env = _env(pid)
-        if env is not None and torchelastic.rank_of(env) is not None:
+        if env is not None and torchelastic.rank_of(env) is not None and _is_python(pid):
             if like is None or torchelastic.same_job(env, like):
                 found.append((pid, env))
             continue
@@ -129,22 +130,25 @@ def discover(pid: int) -> Job:
     try:
         env = procfs.environ(pid)
     except procfs.ProcAccessError:
-        raise BlackboxError(f"Permission denied reading process `{pid}`: it belongs to another user.",
+        raise BlackboxError(f"Permission denied reading `/proc/{pid}/environ`: the process belongs to another "
+                            "user or is protected from this one.",
                             hint=PERMISSION_HINT, exit_code=EXIT_NO_PERMISSION) from None  # fmt: skip
     except OSError:
         raise BlackboxError(f"The process `{pid}` ended while it was being read.") from None
     notes: list[str] = []
     agent: Optional[int] = None
     rank_procs: list[tuple[int, dict[str, str]]]
-    if torchelastic.rank_of(env) is not None:
-        # A rank or a rank's helper: climb to the topmost process with a rank, then to its launcher.
+    if torchelastic.rank_of(env) is not None and _is_python(pid):
+        # A rank or a rank's helper: climb to the topmost Python process with a rank, then to its launcher
+        # (through a shell that carries RANK too).
         top, top_env = pid, env
         for anc in _ancestors(pid):
             anc_env = _env(anc)
             if anc_env is None or torchelastic.rank_of(anc_env) is None:
                 agent = anc
                 break
-            top, top_env = anc, anc_env
+            if _is_python(anc):
+                top, top_env = anc, anc_env
         rank_procs = _ranks_below(agent, top_env) if agent is not None else [(top, top_env)]
     else:
         rank_procs = _ranks_below(pid, None)

@@ -28,7 +28,7 @@ from ..config import RunConfig
 from ..errors import EXIT_CANT_CREATE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
 from ..events import EventLog
 from ..heartbeat import HeartbeatState, HeartbeatTable
-from ..redact import redact_argv, redact_text
+from ..redact import redact_argv, redact_text, remember_secrets
 from .launch import ConsoleLog, Launched, resize_ptys, spawn
 from .rules import Detection, FatalLines, RankView, Rules
 
@@ -187,6 +187,7 @@ class Supervisor:
             self.say(f"cannot watch on {sys.platform} (blackbox reads /proc, which only Linux has); "
                      "running the job unwatched")  # fmt: skip
             return _run_plain(self.argv, exe)
+        remember_secrets(self.env)  # the job's credentials, scrubbed from everything blackbox writes
         self.run_dir = prepare_run_dir(self.run_dir)
         self.events = EventLog(os.path.join(self.run_dir, "events.jsonl"))
         self.console = ConsoleLog(os.path.join(self.run_dir, "console.log"), lambda m: self.say_once("console", m))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from blackbox.redact import REDACTED, redact_argv, redact_env, redact_text
+from blackbox.redact import REDACTED, redact_argv, redact_config, redact_env, redact_text, remember_secrets
 
 TOKENS = [
     "hf_" + "a" * 34,
@@ -35,3 +35,26 @@ def test_env_by_name() -> None:
 def test_argv() -> None:
     argv = ["train.py", "--hf-token", "abc123", "--api_key=xyz", "--lr", "0.1"]
     assert redact_argv(argv) == ["train.py", "--hf-token", REDACTED, f"--api_key={REDACTED}", "--lr", "0.1"]
+
+
+def test_config_files_lose_credential_values_whatever_the_syntax() -> None:
+    text = (
+        "model: gpt\n"
+        "wandb_api_key: 0123456789abcdef\n"  # YAML
+        'password = "hunter2hunter2"\n'  # TOML / INI
+        '  "session_cookie": "c00k1e-value",\n'  # JSON
+        "export HF_TOKEN=plainvalue99\n"  # .env
+        "keys: [a, b]\n"
+    )
+    out = redact_config(text)
+    for secret in ("0123456789abcdef", "hunter2hunter2", "c00k1e-value", "plainvalue99"):
+        assert secret not in out
+    assert "model: gpt\n" in out and "keys: [a, b]\n" in out and out.count("\n") == text.count("\n")
+
+
+def test_known_secret_values_are_scrubbed_anywhere() -> None:
+    # GIVEN a job environment whose credential-named variable holds a value of no known token format
+    remember_secrets({"DB_PASSWORD": "Tr0ub4dor&3-xyzzy", "HOME": "/root", "SHORT_TOKEN": "1"})
+    # THEN that value is removed from any text, and ordinary values are left alone
+    assert redact_text("connecting as admin:Tr0ub4dor&3-xyzzy@db") == f"connecting as admin:{REDACTED}@db"
+    assert redact_text("HOME is /root, flag 1") == "HOME is /root, flag 1"

@@ -1,0 +1,225 @@
+"""The collector end to end: `blackbox collect PID` on jobs started without blackbox, its safety rules (no
+signal to a process without a handler, the job keeps running), a missing py-spy, fatal console lines inside
+`blackbox run`, and secrets that must not reach the bundle."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from blackbox._recorder import protocol as P
+from blackbox.adapters.procfs import is_alive
+from blackbox.supervisor.supervisor import INJECT_DIR
+from tests.conftest import (
+    BLACKBOX,
+    PROGRAMS,
+    ROOT,
+    TORCHRUN,
+    bundles,
+    job_env,
+    run_blackbox,
+    send,
+    start_blackbox,
+    wait_for,
+)  # fmt: skip
+
+GLOO_JOB = str(PROGRAMS / "gloo_job.py")
+
+
+def members(bundle: Path) -> dict[str, bytes]:
+    with tarfile.open(bundle) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+
+
+def manifest_step(files: dict[str, bytes], name: str) -> dict[str, Any]:
+    (step,) = [s for s in json.loads(files["manifest.json"])["steps"] if s["name"] == name]
+    return step  # type: ignore[no-any-return]
+
+
+def collect(pid: int, out: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*BLACKBOX, "collect", str(pid), "--out", str(out), "--format", "json", *extra],
+                          env=env or job_env(), capture_output=True, timeout=120, cwd=out.parent)  # fmt: skip
+
+
+@pytest.fixture
+def plain_torchrun(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[int]]:
+    """A 2-rank gloo job started with plain torchrun, no blackbox: rank 1 hangs at step 3, rank 0 waits."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    agent = subprocess.Popen([TORCHRUN, "--standalone", "--nproc-per-node", "2", GLOO_JOB, "--steps", "100000",
+                              "--misbehave-rank", "1", "--at-step", "3", "--marker-dir", str(markers)],
+                             env=job_env(), cwd=tmp_path, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)  # fmt: skip
+    wait_for(lambda: (markers / "rank1.hanging").exists(), 90, "rank 1 to hang")
+    ranks = [c.pid for c in psutil.Process(agent.pid).children()]
+    assert len(ranks) == 2
+    return agent, ranks
+
+
+@pytest.mark.parametrize("via", ["agent", "rank", "rank 1"])
+def test_collect_finds_every_rank_and_leaves_the_job_running(
+    tmp_path: Path, plain_torchrun: tuple[subprocess.Popen[bytes], list[int]], via: str
+) -> None:
+    agent, ranks = plain_torchrun
+    # WHEN blackbox collect is given the agent's pid, or either rank's
+    pid = {"agent": agent.pid, "rank": ranks[0], "rank 1": ranks[1]}[via]
+    res = collect(pid, tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    outcome = json.loads(res.stdout)
+    # THEN both ranks were found, with stacks from py-spy and /proc state, and the agent too
+    assert sorted(r["rank"] for r in outcome["ranks"]) == [0, 1]
+    assert sorted(r["pid"] for r in outcome["ranks"]) == sorted(ranks)
+    files = members(Path(outcome["bundle"]))
+    for rank in (0, 1):
+        stacks = json.loads(files[f"ranks/{rank}/py-spy.json"])
+        assert any(f["name"] == "main" for t in stacks for f in t["frames"])
+        proc = json.loads(files[f"ranks/{rank}/proc.json"])
+        assert proc["pid"] in ranks and proc["threads"] and proc["fd_count"] > 0
+    assert "agent/py-spy.json" in files
+    hung = json.loads(files["ranks/1/py-spy.json"])
+    assert any("sleep" in str(f.get("name")) or f["line"] for t in hung for f in t["frames"])
+    node = json.loads(files["node.json"])
+    assert node["hostname"] and "gpus" in node and node["command"][1].endswith("torchrun")
+    assert manifest_step(files, "py-spy")["status"] == "ok"
+    assert manifest_step(files, "rank dumps")["status"] == "skipped"  # no recorder here: nothing to ask
+    # AND the job goes on, untouched
+    assert agent.poll() is None and all(is_alive(p) for p in ranks)
+    assert oct(Path(outcome["bundle"]).stat().st_mode & 0o777) == "0o600"
+
+
+def test_no_signal_to_a_process_without_a_handler(tmp_path: Path) -> None:
+    # GIVEN a process under the recorder that cannot answer (GIL held in C) and has no SIGUSR1 handler
+    record_dir = tmp_path / "run"
+    (record_dir / "ranks").mkdir(parents=True)
+    ready = tmp_path / "ready"
+    env = job_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", PYTHONPATH=INJECT_DIR,
+                  **{P.ENV_RUN_DIR: str(record_dir)})  # fmt: skip
+    shell = subprocess.Popen(["sh", "-c", f'"{sys.executable}" "{PROGRAMS / "gil_holder.py"}" "{ready}"; true'],
+                             env=env)  # fmt: skip
+    wait_for(ready.exists, 30, "the process to hold the GIL")
+    (target,) = psutil.Process(shell.pid).children()
+    # WHEN blackbox collect asks it for a dump
+    res = collect(target.pid, tmp_path / "out", "--dump-timeout", "2")
+    assert res.returncode == 0, res.stderr
+    files = members(Path(json.loads(res.stdout)["bundle"]))
+    # THEN it was asked the quiet way, not signalled, and it is alive; py-spy still saw it
+    step = manifest_step(files, "rank dumps")
+    assert step["status"] == "partial" and "no SIGUSR1 handler, not signalled" in step["detail"]
+    assert target.is_running() and target.status() != psutil.STATUS_ZOMBIE
+    assert "ranks/0/py-spy.json" in files and "ranks/0/heartbeat.json" in files
+
+
+def test_py_spy_missing_still_gives_a_bundle(
+    tmp_path: Path, plain_torchrun: tuple[subprocess.Popen[bytes], list[int]]
+) -> None:
+    agent, ranks = plain_torchrun
+    # GIVEN blackbox run from an interpreter with no py-spy beside it, and a PATH without one
+    site = next(p for p in sys.path if p.endswith("site-packages"))
+    env = job_env(PYTHONPATH=f"{ROOT}{os.pathsep}{site}", PATH="/usr/bin:/bin")
+    res = subprocess.run([sys._base_executable, "-m", "blackbox", "collect", str(agent.pid), "--out",
+                          str(tmp_path / "out"), "--format", "json"], env=env, capture_output=True,
+                         timeout=120)  # fmt: skip
+    # THEN the bundle is there, the py-spy step failed with the reason and the fix, the rest was collected
+    assert res.returncode == 0, res.stderr
+    files = members(Path(json.loads(res.stdout)["bundle"]))
+    step = manifest_step(files, "py-spy")
+    assert step["status"] == "failed" and "py-spy is not installed: pip install py-spy" in step["detail"]
+    assert "ranks/0/proc.json" in files and "ranks/1/proc.json" in files and "node.json" in files
+    assert b"py-spy: failed: py-spy is not installed" in res.stderr
+    assert agent.poll() is None
+
+
+@pytest.mark.parametrize(
+    ("target", "sentence"), [("gone", "No process with pid"), ("sleep", "is not a Python process")]
+)
+def test_collect_bad_pid_is_one_sentence(tmp_path: Path, target: str, sentence: str) -> None:
+    if target == "gone":
+        done = subprocess.Popen(["true"])
+        done.wait()
+        pid = done.pid
+    else:
+        pid = subprocess.Popen(["sleep", "600"]).pid
+    res = collect(pid, tmp_path / "out")
+    err = res.stderr.decode()
+    assert res.returncode == 2 and sentence in err and "Traceback" not in err, err
+    assert err.startswith("blackbox: error: ") and not (tmp_path / "out").exists()
+
+
+def test_collect_a_process_outside_any_job(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], env=job_env())
+    wait_for(lambda: psutil.Process(proc.pid).cmdline()[-1:] == ["import time; time.sleep(600)"], 10, "start")
+    res = collect(proc.pid, tmp_path / "out")
+    assert res.returncode == 0, res.stderr
+    assert b"not part of a torch job" in res.stderr and proc.poll() is None
+    assert "ranks/0/py-spy.json" in members(Path(json.loads(res.stdout)["bundle"]))
+
+
+# --- inside blackbox run ---------------------------------------------------------------------------------
+def test_fatal_console_line_collects_at_once(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN a job that prints NCCL's watchdog line and then lingers (as ranks do before the launcher kills them)
+    code = ("import sys, time\nprint('[rank0]:[E ProcessGroupNCCL.cpp:616] Watchdog caught collective operation "
+            "timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE) ran for 600012 milliseconds before timing out.', "
+            "file=sys.stderr, flush=True)\ntime.sleep(600)\n")  # fmt: skip
+    proc = start_blackbox(["run", "--run-dir", str(run_dir), "--", sys.executable, "-c", code], tmp_path)
+    # THEN a bundle is written right away, with the live rank's stacks, long before any stall timeout
+    (bundle,) = wait_for(lambda: bundles(run_dir), 30, "the console-triggered bundle")  # type: ignore[misc]
+    files = members(bundle)
+    assert json.loads(files["manifest.json"])["trigger"] == "console-comm-timeout"
+    assert "ranks/0/py-spy.json" in files and b"Watchdog caught" in files["console-tail.log"]
+    send(proc, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert b"fatal output: the job printed" in err
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert [e["kind"] for e in events if e["event"] == "fatal_line"] == ["comm_timeout"]
+
+
+def test_ten_secrets_never_reach_the_bundle(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN ten secrets: in the job's environment, in the config file named on its command line, in its output
+    secrets = {
+        "HF_TOKEN": "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gI2k",
+        "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "WANDB_API_KEY": "0f1e2d3c4b5a69788796a5b4c3d2e1f0aa55bb66",
+        "DB_PASSWORD": "Tr0ub4dor-and-3-horses",
+        "SERVICE_AUTH_BEARER": "b3arer-t0ken-value-0123456789",
+        "SEED_OPENAI": "sk-proj-" + "Z" * 40,
+        "PLAIN_NAMED": "ghp_" + "R" * 36,  # a GitHub token in an innocently named variable
+    }
+    in_config = {
+        "api_token": "cfg-api-token-5f4e3d2c1b",
+        "password": "cfg-passw0rd-9a8b7c",
+        "private_key": "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7",
+    }
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        "lr: 0.1\n"
+        f"api_token: {in_config['api_token']}\n"
+        f'password = "{in_config["password"]}"\n'
+        f"-----BEGIN PRIVATE KEY-----\n{in_config['private_key']}\n-----END PRIVATE KEY-----\n"
+    )
+    values = [*secrets.values(), *in_config.values()]
+    assert len(values) == 10
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--", sys.executable, str(PROGRAMS / "secrets_job.py"),
+                        "--config", str(config)], tmp_path, **secrets)  # fmt: skip
+    assert res.returncode == 1 and secrets["DB_PASSWORD"].encode() in res.stdout  # the job's output is its own
+    # THEN the bundle holds the config file and the environment, and none of the ten values, anywhere
+    (bundle,) = bundles(run_dir)
+    files = members(bundle)
+    assert any(name.startswith("node/config/") and name.endswith("train.yaml") for name in files)
+    assert "node/env.json" in files and "console-tail.log" in files and "ranks/0/exceptions.jsonl" in files
+    for name, data in files.items():
+        for value in values:
+            assert value.encode() not in data, f"a secret reached {name}"
+    # AND nothing else blackbox wrote to disk holds them either
+    for path in run_dir.rglob("*"):
+        if path.is_file() and path.name != "heartbeat":
+            data = path.read_bytes()
+            assert not any(v.encode() in data for v in values), f"a secret reached {path}"
