@@ -223,13 +223,15 @@ class Collector:
         if exe is None:
             w.step("py-spy", "failed", t, why)
             return
-        timeout = self._left(deadline, self.options.dump_timeout * (3 if self.options.native else 1))
+        per_process = self.options.dump_timeout * (3 if self.options.native else 1)
         done = 0
 
         def one(p: _Proc) -> pyspy.PySpyResult:
             nonlocal done
-            result = pyspy.dump(p.pid, native=self.options.native, locals=self.options.locals, timeout=timeout,
-                                exe=exe)  # fmt: skip
+            if time.monotonic() >= deadline:
+                return pyspy.PySpyResult(p.pid, None, "not started: the collection budget was spent")
+            result = pyspy.dump(p.pid, native=self.options.native, locals=self.options.locals,
+                                timeout=self._left(deadline, per_process), exe=exe)  # fmt: skip
             done += 1
             self.progress(f"py-spy stacks: {done}/{len(procs)} process(es)")
             return result
@@ -410,7 +412,7 @@ class Collector:
         stderr is redirected to (a Slurm output file, `> job.log`), when it is a regular file."""
         if self.console is not None:
             return self.console, "console.log"
-        if self.job.record_dir:
+        if self.job.record_dir and os.path.isfile(os.path.join(self.job.record_dir, "console.log")):
             return FileTail(os.path.join(self.job.record_dir, "console.log")), "the run's console.log"
         pids = ([self.job.agent_pid] if self.job.agent_pid else []) + [r.pid for r in self.job.ranks]
         for pid in pids:
@@ -456,7 +458,7 @@ class Collector:
                 tail = console.tail(CONSOLE_TAIL_BYTES)
                 w.add_bytes("console-tail.log", redact_text(tail.decode("utf-8", "replace")).encode())
                 w.step("console tail", "ok", t, f"last {len(tail)} bytes of {where}")
-            if job.record_dir:
+            if job.record_dir and os.path.exists(os.path.join(job.record_dir, "events.jsonl")):
                 t = time.monotonic()
                 try:
                     with open(os.path.join(job.record_dir, "events.jsonl"), "rb") as f:
