@@ -1,5 +1,6 @@
 """py-spy: stacks of a process taken from outside (no signal, no help from the target), as JSON.
-The one module that knows py-spy's command line, its JSON and its failure messages. Imports the stdlib only."""
+The one module that knows py-spy's command line, its JSON and its failure messages. Imports the stdlib and the
+common stack shape (adapters.stacks)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from .stacks import Frame, ThreadStack
 
 PTRACE_HINT = (
     "py-spy needs ptrace: run as the job's user with kernel.yama.ptrace_scope=0 "
@@ -70,3 +73,21 @@ def dump(
     except ValueError:
         return PySpyResult(pid, None, "py-spy printed something that is not JSON")
     return PySpyResult(pid, threads if isinstance(threads, list) else None, None)
+
+
+def threads(data: Any) -> list[ThreadStack]:
+    """py-spy's JSON (a list of threads, frames innermost first) in the common stack shape (outermost first).
+    Untrusted input: entries that do not fit are skipped."""
+    out: list[ThreadStack] = []
+    for t in data if isinstance(data, list) else []:
+        if not isinstance(t, dict) or not isinstance(t.get("frames"), list):
+            continue
+        frames = []
+        for f in t["frames"]:
+            if isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(f.get("filename"), str):
+                line = f.get("line")
+                frames.append(Frame(f["filename"], line if isinstance(line, int) else 0, f["name"].rsplit(".", 1)[-1]))
+        name = t.get("thread_name")
+        out.append(ThreadStack(str(t.get("thread_id", "?")), name if isinstance(name, str) else None,
+                               bool(t.get("owns_gil")), tuple(reversed(frames))))  # fmt: skip
+    return out

@@ -24,7 +24,7 @@ class RankRow:
     node: str
     pid: int
     state: str
-    step: int
+    step: Optional[int]  # None: the rank ran without the recorder (a `blackbox collect` of a plain job)
     phase: str
     top_frame: Optional[str]  # needs stacks (py-spy / faulthandler): None until they are collected
     idle_s: Optional[float] = None
@@ -53,6 +53,16 @@ class Report:
     stack_groups: list[Any] = field(default_factory=list)
     similar_incidents: list[Any] = field(default_factory=list)
     schema_version: int = REPORT_SCHEMA_VERSION
+
+    def headline(self) -> list[str]:
+        """The verdict in three plain lines: what, why, what to do first (for `blackbox run`'s stderr)."""
+        v = self.verdict
+        suspects = ", ".join(map(str, v.suspect_ranks)) or "none named"
+        lines = [f"verdict: {v.category}, suspect rank(s) {suspects}, phase {v.phase or '?'}, "
+                 f"confidence {v.confidence}", v.summary]  # fmt: skip
+        if self.next_actions:
+            lines.append(f"next: {self.next_actions[0]}")
+        return lines
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

@@ -3,11 +3,13 @@ next actions. Pure: reads the Bundle object only. Imports the stdlib and blackbo
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 from ..adapters import stacks
 from ..bundle.reader import Bundle
 from .model import Finding, RankRow, Report, Verdict
+from .stackgroups import RankStack, group, rank_stack
 
 _HANG_BY_PHASE = {
     "data": "hang.data_loading",
@@ -51,8 +53,9 @@ def main_stack(bundle: Bundle, rank: int) -> tuple[Optional[stacks.ThreadStack],
     return None, None
 
 
-def _rows(bundle: Bundle, node: str) -> list[RankRow]:
-    rows = []
+def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack]) -> list[RankRow]:
+    """One row per rank: from its heartbeat where the recorder ran, else from the manifest and its stacks."""
+    rows: dict[int, RankRow] = {}
     for name in sorted(bundle.files):
         if not (name.startswith("ranks/") and name.endswith("/heartbeat.json")):
             continue
@@ -60,23 +63,33 @@ def _rows(bundle: Bundle, node: str) -> list[RankRow]:
         if not isinstance(hb, dict):
             continue
         try:
-            rows.append(
-                RankRow(
-                    rank=int(hb["rank"]), node=node, pid=int(hb["pid"]), state=str(hb.get("state", "unknown")),
-                    step=int(hb.get("step", 0)), phase=str(hb.get("phase", "unknown")),
-                    top_frame=_top_frame(bundle, int(hb["rank"])),
-                    idle_s=_float(hb.get("idle_s")), alive=bool(hb.get("alive")),
-                    collective=str(hb.get("collective")) if hb.get("phase") == "collective" else None,
-                )
+            rank = int(hb["rank"])
+            rows[rank] = RankRow(
+                rank=rank, node=node, pid=int(hb["pid"]), state=str(hb.get("state", "unknown")),
+                step=int(hb.get("step", 0)), phase=str(hb.get("phase", "unknown")),
+                top_frame=_top_frame(rank_stacks.get(rank)),
+                idle_s=_float(hb.get("idle_s")), alive=bool(hb.get("alive")),
+                collective=str(hb.get("collective")) if hb.get("phase") == "collective" else None,
             )  # fmt: skip
         except (KeyError, TypeError, ValueError):
             continue
-    return sorted(rows, key=lambda r: r.rank)
+    job = bundle.manifest.get("job")
+    for entry in job.get("local_ranks", []) if isinstance(job, dict) else []:
+        try:
+            rank, pid = int(entry["rank"]), int(entry["pid"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if rank in rows:
+            continue
+        rs = rank_stacks.get(rank)
+        rows[rank] = RankRow(rank=rank, node=node, pid=pid, state="running" if entry.get("alive") else "gone",
+                             step=None, phase=rs.waits_in if rs else "unknown", top_frame=_top_frame(rs),
+                             alive=bool(entry.get("alive")))  # fmt: skip
+    return [rows[r] for r in sorted(rows)]
 
 
-def _top_frame(bundle: Bundle, rank: int) -> Optional[str]:
-    thread, _ = main_stack(bundle, rank)
-    frame = thread.top_user_frame() if thread is not None else None
+def _top_frame(rs: Optional[RankStack]) -> Optional[str]:
+    frame = rs.thread.top_user_frame() if rs is not None else None
     return frame.describe() if frame is not None else None
 
 
@@ -93,14 +106,66 @@ def _int_list(value: Any) -> list[int]:
     return [int(v) for v in value if isinstance(v, int) and not isinstance(v, bool)]
 
 
+def _rank_ids(bundle: Bundle) -> list[int]:
+    ids = set()
+    for name in bundle.files:
+        parts = name.split("/")
+        if len(parts) >= 3 and parts[0] == "ranks" and parts[1].isdigit():
+            ids.add(int(parts[1]))
+    return sorted(ids)
+
+
+def _exceptions(bundle: Bundle, ranks: list[int]) -> list[dict[str, Any]]:
+    """Uncaught main-thread exceptions of every rank, earliest first (the recorder's exceptions.jsonl)."""
+    out = []
+    for rank in ranks:
+        for line in bundle.text(f"ranks/{rank}/exceptions.jsonl").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            main = isinstance(rec, dict) and rec.get("thread") == "MainThread"
+            if main and isinstance(rec.get("time"), (int, float)):
+                out.append({**rec, "rank": rank})
+    return sorted(out, key=lambda r: r["time"])
+
+
+_COMM_TIMEOUT = ("Timed out waiting", "Watchdog caught collective operation timeout", "DistBackendError",
+                 "timed out", "Timeout")  # fmt: skip
+_CONSOLE_CATEGORY = {
+    "console-comm-timeout": "crash.comm_timeout", "console-oom": "crash.oom", "console-cuda-error": "crash.cuda_error",
+    "console-segfault": "crash.signal",
+}  # fmt: skip
+
+
+_CRASH_SUMMARY = {
+    "crash.comm_timeout": "A collective timed out", "crash.oom": "A rank ran out of memory",
+    "crash.cuda_error": "A CUDA or NCCL error", "crash.signal": "A rank crashed with a fatal signal",
+}  # fmt: skip
+
+
+def _not_in_collective(rows: list[RankRow], rank_stacks: dict[int, RankStack]) -> list[int]:
+    """Ranks that are not waiting in a collective (by heartbeat phase, else by stack) while others are."""
+    waiting: list[int] = []
+    elsewhere: list[int] = []
+    for r in rows:
+        rs = rank_stacks.get(r.rank)
+        in_coll = r.phase == "collective" or (rs is not None and rs.waits_in == "collective")
+        (waiting if in_coll else elsewhere).append(r.rank)
+    return elsewhere if waiting and elsewhere else []
+
+
 def analyze(bundle: Bundle) -> Report:
     m = bundle.manifest
     node = str(m.get("node", "unknown"))
     trigger = str(m.get("trigger", "unknown"))
-    rows = _rows(bundle, node)
+    rank_stacks = {rs.rank: rs for rs in (rank_stack(bundle, r) for r in _rank_ids(bundle)) if rs is not None}
+    rows = _rows(bundle, node, rank_stacks)
     by_rank = {r.rank: r for r in rows}
+    groups = group(list(rank_stacks.values()))
     detection = bundle.json("detection.json")
     detection = detection if isinstance(detection, dict) else {}
+    rule = str(detection.get("rule") or trigger.replace("-", "_"))
     suspects = _int_list(detection.get("suspects"))
     reason = str(detection.get("reason", ""))
     findings: list[Finding] = []
@@ -108,36 +173,85 @@ def analyze(bundle: Bundle) -> Report:
         where = f"in {row.collective}" if row.collective else f"in phase {row.phase}"
         idle = f", no progress for {row.idle_s:.0f} s" if row.idle_s is not None else ""
         life = "" if row.alive else f", process gone ({row.state})"
-        findings.append(Finding("observed", f"rank {row.rank} (pid {row.pid}) at step {row.step}, {where}{idle}{life}",
-                                f"ranks/{row.rank}/heartbeat.json"))  # fmt: skip
-        thread, source = main_stack(bundle, row.rank)
-        if thread is not None and row.top_frame:
-            findings.append(Finding("observed", f"rank {row.rank}'s main thread is in {row.top_frame}", source))
+        step = f" at step {row.step}" if row.step is not None else ""
+        source = f"ranks/{row.rank}/heartbeat.json" if row.step is not None else "manifest.json"
+        findings.append(Finding("observed", f"rank {row.rank} (pid {row.pid}){step}, {where}{idle}{life}", source))
+        rs = rank_stacks.get(row.rank)
+        if rs is not None and row.top_frame:
+            findings.append(Finding("observed", f"rank {row.rank}'s main thread is in {row.top_frame}", rs.source))
+            for pid, worker in rs.workers:
+                top = worker.top_user_frame()
+                if top is not None:
+                    text = f"rank {row.rank}'s DataLoader worker {pid} is in {top.describe()}"
+                    findings.append(Finding("observed", text, f"ranks/{row.rank}/py-spy-worker-{pid}.json"))
+    raised = _exceptions(bundle, list(by_rank) or _rank_ids(bundle))
+    for exc in raised[:3]:
+        text = f"rank {exc['rank']} raised {exc.get('type')}: {str(exc.get('message'))[:300]}"
+        findings.append(Finding("observed", text, f"ranks/{exc['rank']}/exceptions.jsonl"))
 
-    phase = by_rank[suspects[0]].phase if suspects and suspects[0] in by_rank else None
+    def phase_of(rank: int) -> Optional[str]:
+        row = by_rank.get(rank)
+        if row is None:
+            return None
+        rs = rank_stacks.get(rank)
+        if row.phase in ("compute", "unknown", "startup") and rs is not None and rs.waits_in != "compute":
+            return rs.waits_in  # the stack knows better (a C++-side wait, a worker's queue)
+        return row.phase
+
     dead = [r for r in rows if not r.alive and r.state not in ("exited",)]
-    if trigger == "stall" or detection.get("rule") == "stall":
-        if any(r.rank in suspects for r in dead):
-            category = "crash.signal"
-        else:
-            category = _HANG_BY_PHASE.get(phase or "", "hang.unknown")
-        confidence = "medium" if suspects and len(suspects) < len(rows) else "low"
-        summary = f"The job stalled: {reason}." if reason else "The job stalled."
-    elif trigger in ("rank-death", "exit") or detection.get("rule") == "rank_death":
-        exc = [r for r in rows if r.state == "exception"]
-        category = "crash.exception" if exc else "crash.signal"
-        if not suspects:
-            suspects = [r.rank for r in (exc or dead)]
-        confidence = "medium" if suspects else "low"
-        summary = f"Rank(s) {', '.join(map(str, suspects)) or '?'} ended abnormally" + (
-            f": {reason}." if reason else "."
+    confidence = "low"
+    first = raised[0] if raised else None
+    comm_timeout = first is not None and any(t in f"{first.get('type')} {first.get('message')}" for t in _COMM_TIMEOUT)
+    if rule in ("stall", "frozen"):
+        phase = phase_of(suspects[0]) if suspects else None
+        category = (
+            "crash.signal" if any(r.rank in suspects for r in dead) else _HANG_BY_PHASE.get(phase or "", "hang.unknown")
         )
-    elif trigger == "frozen":
-        category, confidence = _HANG_BY_PHASE.get(phase or "", "hang.unknown"), "low"
-        summary = f"A rank stopped answering: {reason}." if reason else "A rank stopped answering."
+        confidence = "medium" if suspects and len(suspects) < len(rows) else "low"
+        what = "stalled" if rule == "stall" else "stopped answering"
+        summary = f"The job {what}: {reason}." if reason else f"The job {what}."
+    elif trigger in _CONSOLE_CATEGORY or (rule in ("exception", "rank_death", "exit", "console") and comm_timeout):
+        category = _CONSOLE_CATEGORY.get(trigger, "crash.comm_timeout")
+        if category == "crash.comm_timeout":
+            # The rank that raised first is the victim: the suspect is the one that never arrived.
+            suspects = _not_in_collective(rows, rank_stacks) or suspects
+            confidence = "medium" if suspects else "low"
+        elif first is not None:
+            suspects = [first["rank"]]
+            confidence = "medium"
+        phase = phase_of(suspects[0]) if suspects else None
+        summary = _CRASH_SUMMARY[category] + (f"; suspect rank(s) {', '.join(map(str, suspects))}." if suspects
+                                              else ".")  # fmt: skip
+    elif rule in ("exception", "rank_death", "exit", "console") or dead or raised:
+        if first is not None:
+            oom = "OutOfMemoryError" in str(first.get("type")) or "out of memory" in str(first.get("message"))
+            category = "crash.oom" if oom else "crash.exception"
+            suspects = [first["rank"]]
+            confidence = "high" if rule == "exception" or len(raised) == 1 else "medium"
+            summary = f"Rank {first['rank']} raised {first.get('type')} first: {str(first.get('message'))[:200]}"
+        else:
+            category = "crash.signal"
+            suspects = suspects or [r.rank for r in dead]
+            confidence = "medium" if suspects else "low"
+            summary = f"Rank(s) {', '.join(map(str, suspects)) or '?'} ended abnormally" + (
+                f": {reason}." if reason else ".")  # fmt: skip
+        phase = phase_of(suspects[0]) if suspects else None
     else:
-        category, confidence = "ok", "low"
-        summary = f"Collected on request ({trigger}); no rule had fired."
+        # Collected on request: no rule fired. The stacks say who holds the others up, if anyone does.
+        elsewhere = _not_in_collective(rows, rank_stacks)
+        if elsewhere:
+            suspects = elsewhere
+            phase = phase_of(elsewhere[0])
+            category = _HANG_BY_PHASE.get(phase or "", "hang.unknown")
+            waiting = [r.rank for r in rows if r.rank not in elsewhere]
+            summary = (f"Collected on request ({trigger}): rank(s) {', '.join(map(str, waiting))} wait in a collective "
+                       f"while rank(s) {', '.join(map(str, elsewhere))} are elsewhere ({phase}); if the job is stuck, "
+                       "they are holding it up.")  # fmt: skip
+            findings.append(Finding("inferred", f"rank(s) {', '.join(map(str, elsewhere))} hold the others up: "
+                                    "they are the only ones not waiting in a collective", "stack groups"))  # fmt: skip
+        else:
+            category, phase = "ok", None
+            summary = f"Collected on request ({trigger}); no rule had fired and no rank stands out."
     if reason:
         findings.append(Finding("inferred", f"suspects: {reason}", "detection.json: the supervisor's blame rule"))
     # the suspects' facts first: they are the ones a reader needs
@@ -150,6 +264,8 @@ def analyze(bundle: Bundle) -> Report:
     return Report(
         run_id=str(m.get("run_id", "unknown")), node=node, trigger=trigger, bundle=bundle.path, verdict=verdict,
         ranks=rows, findings=findings, next_actions=_next_actions(verdict, by_rank, node), console_tail=tail,
+        stack_groups=[{"ranks": g.ranks, "waits_in": g.waits_in, "signature": g.signature, "frames": g.frames,
+                       "odd": g.odd, "sources": g.sources, "describe": g.describe()} for g in groups],
     )  # fmt: skip
 
 

@@ -34,10 +34,16 @@ def render_terminal(report: Report, out: TextIO) -> None:
     for r in report.ranks:
         phase = f"{r.phase} ({r.collective})" if r.collective else r.phase
         mark = "[bold]" if r.rank in v.suspect_ranks else ""
-        table.add_row(f"{mark}{r.rank}", str(r.pid), r.state, str(r.step), phase,
+        table.add_row(f"{mark}{r.rank}", str(r.pid), r.state, "-" if r.step is None else str(r.step), phase,
                       "" if r.idle_s is None else f"{r.idle_s:.0f}", "yes" if r.alive else "no",
                       r.top_frame or "")  # fmt: skip
     console.print(table)
+    if report.stack_groups:
+        console.print("[bold]stacks[/] (main threads; identical stacks merged, odd ones first)")
+        for g in report.stack_groups:
+            console.print(f"  {'*' if g.get('odd') else ' '} {g.get('describe')}  [{g.get('waits_in')}]", markup=False)
+            for frame in g.get("frames", [])[-6:]:
+                console.print(f"        {frame}", markup=False)
     console.print("[bold]evidence[/]")
     for f in report.findings:
         console.print(f"  [{f.kind}] {f.text}" + (f"  ({f.source})" if f.source else ""), markup=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Optional
 
@@ -65,7 +66,7 @@ class Detection:
     findings: tuple[RankFinding, ...]
 
     def message(self) -> str:
-        ranks = _ranges(self.suspects or self.ranks)
+        ranks = rank_ranges(self.suspects or self.ranks)
         if self.rule == "stall":
             f = next(f for f in self.findings if f.rank == (self.suspects or self.ranks)[0])
             head = (
@@ -104,7 +105,7 @@ def blame(stalled: list[RankView], everyone: list[RankView]) -> tuple[tuple[int,
     dead = [v for v in everyone if v.died]
     if dead:
         return _ids(dead), (
-            f"{_plural('rank', _ids(dead))} {_ranges(_ids(dead))} died and the others wait for "
+            f"{_plural('rank', _ids(dead))} {rank_ranges(_ids(dead))} died and the others wait for "
             f"{_verb(dead, 'it', 'them')}"
         )
     waiting = [v for v in stalled if v.hb.phase == "collective"]
@@ -113,9 +114,9 @@ def blame(stalled: list[RankView], everyone: list[RankView]) -> tuple[tuple[int,
         ops = sorted({v.hb.collective for v in waiting})
         phases = sorted({v.hb.phase for v in elsewhere})
         return _ids(elsewhere), (
-            f"{_plural('rank', _ids(waiting))} {_ranges(_ids(waiting))} {_verb(waiting, 'waits', 'wait')} in "
+            f"{_plural('rank', _ids(waiting))} {rank_ranges(_ids(waiting))} {_verb(waiting, 'waits', 'wait')} in "
             f"{'/'.join(ops)} while "
-            f"{_plural('rank', _ids(elsewhere))} {_ranges(_ids(elsewhere))} never arrived "
+            f"{_plural('rank', _ids(elsewhere))} {rank_ranges(_ids(elsewhere))} never arrived "
             f"(phase {'/'.join(phases)})"
         )
     steps = {v.hb.step for v in stalled}
@@ -123,7 +124,7 @@ def blame(stalled: list[RankView], everyone: list[RankView]) -> tuple[tuple[int,
         low = min(steps)
         behind = [v for v in stalled if v.hb.step == low]
         return _ids(behind), (
-            f"{_plural('rank', _ids(behind))} {_ranges(_ids(behind))} {_verb(behind, 'is', 'are')} "
+            f"{_plural('rank', _ids(behind))} {rank_ranges(_ids(behind))} {_verb(behind, 'is', 'are')} "
             f"behind at step {low} while others reached step {max(steps)}"
         )
     if len(stalled) < len([v for v in everyone if v.alive and v.hb.state in LIVE_STATES]):
@@ -150,7 +151,7 @@ class Rules:
             self._death_reported.update((v.rank, v.hb.pid) for v in raised)
             findings = tuple(self._finding(v, now, now - v.hb.last_progress, "exception") for v in raised)
             out.append(Detection("exception", _ids(raised), _ids(raised),
-                                 f"{_plural('rank', _ids(raised))} {_ranges(_ids(raised))} raised an uncaught "
+                                 f"{_plural('rank', _ids(raised))} {rank_ranges(_ids(raised))} raised an uncaught "
                                  "exception and will exit", findings))  # fmt: skip
         deaths = [v for v in views if v.died and (v.rank, v.hb.pid) not in self._death_reported]
         if deaths:
@@ -220,7 +221,7 @@ def _plural(word: str, items: tuple[int, ...]) -> str:
     return word if len(items) == 1 else word + "s"
 
 
-def _ranges(ranks: tuple[int, ...]) -> str:
+def rank_ranges(ranks: Iterable[int]) -> str:
     """(0, 1, 2, 5) -> '0-2, 5'."""
     parts: list[str] = []
     items = sorted(ranks)

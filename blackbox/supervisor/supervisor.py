@@ -531,6 +531,18 @@ class Supervisor:
         self.bundles.append(path)
         self.event("bundle", path=path, trigger=trigger)
         self.say(f"evidence bundle: {path}")
+        self._say_verdict(path)
+
+    def _say_verdict(self, path: str) -> None:
+        """The report's one-screen verdict under the bundle path; a failure here is blackbox's, said once."""
+        try:
+            from ..analyze.verdict import analyze
+            from ..bundle.reader import read_bundle
+
+            for line in analyze(read_bundle(path)).headline():
+                self.say(f"  {line}")
+        except Exception as exc:
+            self._internal_error("report", exc)
 
     # --- ending ------------------------------------------------------------------------------------
     def _job_processes(self) -> list[tuple[int, int]]:

@@ -91,6 +91,12 @@ def test_collect_finds_every_rank_and_leaves_the_job_running(
     assert node["hostname"] and "gpus" in node and node["command"][1].endswith("torchrun")
     assert manifest_step(files, "py-spy")["status"] == "ok"
     assert manifest_step(files, "rank dumps")["status"] == "skipped"  # no recorder here: nothing to ask
+    # AND the report, from stacks alone, names rank 1 (not in the collective rank 0 waits in) as the suspect
+    if via == "agent":
+        rep = subprocess.run([*BLACKBOX, "report", outcome["bundle"], "--format", "json"], capture_output=True,
+                             env=job_env(), timeout=60)  # fmt: skip
+        verdict = json.loads(rep.stdout)["verdict"]
+        assert verdict["suspect_ranks"] == [1] and verdict["category"] == "hang.compute", verdict
     # AND the job goes on, untouched
     assert agent.poll() is None and all(is_alive(p) for p in ranks)
     assert oct(Path(outcome["bundle"]).stat().st_mode & 0o777) == "0o600"

@@ -180,6 +180,7 @@ def test_stall_is_caught_blamed_and_ended(tmp_path: Path, run_dir: Path) -> None
     err = res.stderr.decode()
     assert "stall: rank 1 made no progress" in err and "rank 0 waits in all_reduce" in err
     assert "evidence bundle:" in err and "exit code will be 86" in err
+    assert "verdict: hang.compute, suspect rank(s) 1" in err  # the report's one-screen verdict, under the path
     (bundle,) = bundles(run_dir)
     with tarfile.open(bundle) as tar:
         detection = json.load(tar.extractfile("detection.json"))  # type: ignore[arg-type]

@@ -1,0 +1,137 @@
+"""Stacks across ranks: each rank's main-thread stack from the best source in the bundle, what it waits for
+(collective, data, checkpoint, compute), and identical stacks merged into groups, the odd ones first, library
+frames folded so the user's frames stand out. Pure; imports the stdlib, the stack adapters and the reader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..adapters import pyspy, stacks
+from ..bundle.reader import Bundle
+from ..supervisor.rules import rank_ranges
+
+# What a frame's file and function say about where a thread waits. Checked innermost first.
+_COLLECTIVE_FUNCS = frozenset({
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
+    "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "all_to_all",
+    "all_to_all_single", "reduce", "gather", "scatter", "send", "recv", "isend", "irecv", "wait", "batch_isend_irecv",
+})  # fmt: skip
+MAX_FRAMES_SHOWN = 12
+
+
+@dataclass(frozen=True)
+class RankStack:
+    rank: int
+    thread: stacks.ThreadStack
+    source: str  # the bundle member it was read from
+    waits_in: str  # collective | data | checkpoint | compute
+    workers: tuple[tuple[int, stacks.ThreadStack], ...] = ()  # (pid, main thread) of its DataLoader workers
+
+
+@dataclass
+class StackGroup:
+    ranks: list[int]
+    waits_in: str
+    signature: str  # one line: "all_reduce ← main (train.py:88)"
+    frames: list[str]  # the stack, outermost first, library runs folded
+    sources: list[str] = field(default_factory=list)
+    odd: bool = False  # a minority group: the ones to look at first
+
+    def describe(self) -> str:
+        return f"{_plural_ranks(self.ranks)}: {self.signature}"
+
+
+def _plural_ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
+
+
+def waits_in(thread: stacks.ThreadStack) -> str:
+    """Where a thread is parked, from its frames (innermost first)."""
+    for f in reversed(thread.frames):
+        path = f.file.replace("\\", "/")
+        if "torch/distributed/checkpoint" in path or path.endswith("torch/serialization.py"):
+            return "checkpoint"
+        if "torch/utils/data" in path:
+            return "data"
+        if f.function in _COLLECTIVE_FUNCS and ("torch/distributed" in path or f.is_library):
+            return "collective"
+    return "compute"
+
+
+def _from_pyspy(bundle: Bundle, name: str) -> Optional[stacks.ThreadStack]:
+    data = bundle.json(name)
+    return stacks.main_thread(pyspy.threads(data)) if isinstance(data, list) else None
+
+
+def rank_stack(bundle: Bundle, rank: int) -> Optional[RankStack]:
+    """The rank's main thread, from py-spy (taken from outside at collection time) or else the rank's own dump."""
+    from .verdict import main_stack  # the recorder's dumps: pydump, then faulthandler
+
+    name = f"ranks/{rank}/py-spy.json"
+    thread: Optional[stacks.ThreadStack] = _from_pyspy(bundle, name) if name in bundle.files else None
+    source: Optional[str] = name if thread is not None else None
+    if thread is None:
+        thread, source = main_stack(bundle, rank)
+    if thread is None or source is None:
+        return None
+    workers = []
+    head = f"ranks/{rank}/py-spy-worker-"
+    for member in sorted(bundle.files):
+        if member.startswith(head) and member.endswith(".json") and member[len(head) : -5].isdigit():
+            w = _from_pyspy(bundle, member)
+            if w is not None:
+                workers.append((int(member[len(head) : -5]), w))
+    return RankStack(rank, thread, source, waits_in(thread), tuple(workers))
+
+
+def fold(thread: stacks.ThreadStack) -> list[str]:
+    """Outermost first; each run of library frames folded to its innermost frame ("… 7 library frames …")."""
+    out: list[str] = []
+    run: list[stacks.Frame] = []
+
+    def flush(last: bool) -> None:
+        if not run:
+            return
+        if len(run) > 1:
+            out.append(f"… {len(run) - 1} library frame(s) …")
+        out.append(run[-1].describe())
+        run.clear()
+
+    for f in thread.frames:
+        if f.is_library:
+            run.append(f)
+            continue
+        flush(False)
+        out.append(f.describe())
+    flush(True)
+    return out[-MAX_FRAMES_SHOWN:]
+
+
+def signature(thread: stacks.ThreadStack) -> str:
+    """A line that tells stacks apart: the innermost frame, then the innermost user frame it was called from."""
+    if not thread.frames:
+        return "(no frames)"
+    inner = thread.frames[-1]
+    user = thread.top_user_frame()
+    if user is None or user == inner:
+        return inner.describe()
+    return f"{inner.function} ← {user.describe()}"
+
+
+def group(rank_stacks: list[RankStack]) -> list[StackGroup]:
+    """Identical main-thread stacks merged; the smaller groups (the odd ones out) first."""
+    by_key: dict[tuple[tuple[str, int, str], ...], StackGroup] = {}
+    for rs in rank_stacks:
+        key = tuple((f.file, f.line, f.function) for f in rs.thread.frames)
+        g = by_key.get(key)
+        if g is None:
+            g = by_key[key] = StackGroup([], rs.waits_in, signature(rs.thread), fold(rs.thread))
+        g.ranks.append(rs.rank)
+        g.sources.append(rs.source)
+    groups = sorted(by_key.values(), key=lambda g: (len(g.ranks), g.waits_in == "collective", min(g.ranks)))
+    if len(groups) > 1:
+        biggest = max(len(g.ranks) for g in groups)
+        for g in groups:
+            g.odd = len(g.ranks) < biggest or len(groups) == len(rank_stacks)
+    return groups

@@ -1,0 +1,98 @@
+"""The analyzer on bundles built in memory: stack groups across ranks, suspects that cause rather than wait,
+crash categories from the recorder's exception records. Pure: no processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from blackbox.analyze.verdict import analyze
+from blackbox.bundle.reader import read_bundle
+from blackbox.bundle.writer import BundleWriter
+
+TORCH = "/venv/lib/python3.11/site-packages/torch"
+
+
+def frame(name: str, filename: str, line: int) -> dict[str, Any]:
+    return {"name": name, "filename": filename, "short_filename": filename.rsplit("/", 1)[-1], "line": line,
+            "module": None, "locals": None}  # fmt: skip
+
+
+def pyspy(*frames: dict[str, Any]) -> list[dict[str, Any]]:
+    """py-spy's JSON for one main thread; frames given outermost first, stored innermost first as py-spy does."""
+    return [{"pid": 1, "thread_id": 7, "thread_name": "MainThread", "owns_gil": False, "active": False,
+             "frames": list(reversed(frames))}]  # fmt: skip
+
+
+IN_ALL_REDUCE = pyspy(frame("<module>", "/job/train.py", 120), frame("main", "/job/train.py", 88),
+                      frame("wrapper", f"{TORCH}/distributed/c10d_logger.py", 81),
+                      frame("all_reduce", f"{TORCH}/distributed/distributed_c10d.py", 3252))  # fmt: skip
+IN_DATASET = pyspy(frame("<module>", "/job/train.py", 120), frame("main", "/job/train.py", 70),
+                   frame("__next__", f"{TORCH}/utils/data/dataloader.py", 733),
+                   frame("fetch", f"{TORCH}/utils/data/_utils/fetch.py", 52),
+                   frame("__getitem__", "/job/data.py", 31))  # fmt: skip
+
+
+def bundle(tmp_path: Path, trigger: str, stacks: dict[int, list[dict[str, Any]]],
+           heartbeats: Optional[dict[int, dict[str, Any]]] = None,
+           exceptions: Optional[dict[int, list[dict[str, Any]]]] = None,
+           detection: Optional[dict[str, Any]] = None) -> Path:  # fmt: skip
+    w = BundleWriter("run-1", "node7", trigger)
+    for rank, threads in stacks.items():
+        w.add_json(f"ranks/{rank}/py-spy.json", threads)
+    for rank, hb in (heartbeats or {}).items():
+        w.add_json(f"ranks/{rank}/heartbeat.json", {"rank": rank, "pid": 100 + rank, "alive": True, **hb})
+    for rank, records in (exceptions or {}).items():
+        w.add_bytes(f"ranks/{rank}/exceptions.jsonl", "".join(json.dumps(r) + "\n" for r in records).encode())
+    if detection is not None:
+        w.add_json("detection.json", detection)
+    local = [{"rank": r, "pid": 100 + r, "local_rank": r, "recorder": False, "alive": True} for r in stacks]
+    return Path(w.write(str(tmp_path), {"job": {"local_ranks": local, "world_size": len(stacks)}}))
+
+
+def test_odd_rank_out_is_the_suspect_of_a_manual_collection(tmp_path: Path) -> None:
+    # GIVEN eight ranks collected without the recorder: seven wait in all_reduce, rank 3 sits in its dataset
+    path = bundle(tmp_path, "manual", {r: IN_DATASET if r == 3 else IN_ALL_REDUCE for r in range(8)})
+    report = analyze(read_bundle(str(path)))
+    # THEN rank 3 is the suspect of a data-loading hang, and the stack groups put it first
+    assert report.verdict.category == "hang.data_loading" and report.verdict.suspect_ranks == [3]
+    first, second = report.stack_groups
+    assert first["ranks"] == [3] and first["odd"] and first["signature"] == "__getitem__ (data.py:31)"
+    assert second["ranks"] == [0, 1, 2, 4, 5, 6, 7] and not second["odd"]
+    assert second["describe"] == "ranks 0-2, 4-7: all_reduce ← main (train.py:88)"
+    assert "… 1 library frame(s) …" in second["frames"]
+    rows = {r.rank: r for r in report.ranks}
+    assert rows[3].top_frame == "__getitem__ (data.py:31)" and rows[3].step is None
+    assert any(f.kind == "inferred" and "hold the others up" in f.text for f in report.findings)
+
+
+def test_first_exception_is_the_cause_of_a_crash(tmp_path: Path) -> None:
+    # GIVEN rank 1 raised first, then rank 0 failed because its peer was gone
+    exc = {1: [{"time": 100.0, "thread": "MainThread", "type": "builtins.ValueError", "message": "bad batch"}],
+           0: [{"time": 100.4, "thread": "MainThread", "type": "builtins.RuntimeError",
+                "message": "Connection reset by peer"}]}  # fmt: skip
+    hbs = {0: {"state": "exception", "phase": "collective"}, 1: {"state": "exception", "phase": "compute"}}
+    report = analyze(read_bundle(str(bundle(tmp_path, "exception", {}, hbs, exc))))
+    assert report.verdict.category == "crash.exception" and report.verdict.suspect_ranks == [1]
+    assert "ValueError" in report.verdict.summary and "bad batch" in report.verdict.summary
+
+
+def test_collective_timeout_blames_the_rank_that_never_arrived(tmp_path: Path) -> None:
+    # GIVEN rank 0 raised a Gloo timeout while waiting in all_reduce; rank 1 was elsewhere
+    exc = {0: [{"time": 50.0, "thread": "MainThread", "type": "torch.distributed.DistBackendError",
+                "message": "Timed out waiting 5000ms for recv operation to complete"}]}  # fmt: skip
+    hbs = {0: {"state": "exception", "phase": "collective"}, 1: {"state": "running", "phase": "data"}}
+    report = analyze(read_bundle(str(bundle(tmp_path, "exception", {}, hbs, exc))))
+    # THEN the victim that raised is not the suspect: the rank that never arrived is
+    assert report.verdict.category == "crash.comm_timeout" and report.verdict.suspect_ranks == [1]
+    assert report.verdict.phase == "data"
+
+
+def test_console_oom_line_is_an_oom(tmp_path: Path) -> None:
+    exc = {2: [{"time": 5.0, "thread": "MainThread", "type": "torch.OutOfMemoryError",
+                "message": "CUDA out of memory. Tried to allocate 2.00 GiB"}]}  # fmt: skip
+    report = analyze(read_bundle(str(bundle(tmp_path, "console-oom", {r: IN_ALL_REDUCE for r in range(3)},
+                                            exceptions=exc))))  # fmt: skip
+    assert report.verdict.category == "crash.oom" and report.verdict.suspect_ranks == [2]
+    assert report.headline()[0].startswith("verdict: crash.oom, suspect rank(s) 2")
