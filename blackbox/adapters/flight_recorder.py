@@ -107,3 +107,104 @@ def write_normalised(dumps: dict[str, dict[str, Any]], out_dir: str) -> None:
     for name, dump in dumps.items():
         with open(os.path.join(out_dir, os.path.basename(name)), "wb") as f:
             pickle.dump(normalise(dump), f)
+
+
+@dataclass(frozen=True)
+class Unjoined:
+    """The first collective of a group that not every rank entered."""
+
+    group: str
+    group_name: str
+    seq: int  # the collective's sequence number in its group
+    op: str  # "all_reduce"
+    missing: list[int]  # ranks that never enqueued it
+    waiting: list[int]  # ranks that did, and wait in it
+    where: Optional[str]  # the user frame it was called from, on a waiting rank: "train.py:88"
+    last_seen: dict[int, str]  # per missing rank: the user frame of its last recorded collective
+
+
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/_recorder/", "/lib/python3")
+
+
+def _user_frame(entry: dict[str, Any]) -> Optional[str]:
+    for f in entry.get("frames") or []:  # innermost first
+        if isinstance(f, dict) and not any(m in str(f.get("filename", "")) for m in _LIBRARY):
+            return f"{str(f.get('filename', '?')).rsplit('/', 1)[-1]}:{f.get('line')} ({f.get('name')})"
+    return None
+
+
+def _entry(dump: dict[str, Any], group: str, seq: int) -> Optional[dict[str, Any]]:
+    for e in reversed(dump.get("entries") or []):
+        pg = e.get("process_group") if isinstance(e, dict) else None
+        if isinstance(pg, (tuple, list)) and str(pg[0]) == group and e.get("collective_seq_id") == seq:
+            return dict(e)
+    return None
+
+
+def _last_entry(dump: dict[str, Any], group: str) -> Optional[dict[str, Any]]:
+    for e in reversed(dump.get("entries") or []):
+        pg = e.get("process_group") if isinstance(e, dict) else None
+        if isinstance(pg, (tuple, list)) and str(pg[0]) == group and not e.get("is_p2p"):
+            return dict(e)
+    return None
+
+
+def unjoined(dumps: dict[int, dict[str, Any]]) -> list[Unjoined]:
+    """From every rank's dump (rank -> dump): per group, the furthest collective any rank enqueued and the ranks
+    that never did, with the op and where it was called — read from `pg_status` and the entries themselves."""
+    statuses = [s for rank, d in dumps.items() for s in pg_status(rank, d)]
+    out = []
+    for group, (seq, behind) in sorted(missing_ranks(statuses).items()):
+        waiting = sorted(s.rank for s in statuses if s.group == group and s.last_enqueued == seq)
+        op, where, name = "collective", None, group
+        for rank in waiting:
+            e = _entry(dumps[rank], group, seq)
+            if e is not None:
+                op = str(e.get("profiling_name") or op).split(":")[-1]
+                where = _user_frame(e)
+                pg = e.get("process_group")
+                name = str(pg[1]) if isinstance(pg, (tuple, list)) and len(pg) == 2 else group
+                break
+        last_seen = {}
+        for rank in behind:
+            e = _last_entry(dumps.get(rank, {}), group)
+            frame = _user_frame(e) if e is not None else None
+            if frame:
+                last_seen[rank] = frame
+        out.append(Unjoined(group, name, seq, op, behind, waiting, where, last_seen))
+    return out
+
+
+def torch_analyzer(dumps: dict[str, dict[str, Any]], timeout: float = 120.0) -> tuple[Optional[str], str]:
+    """Run PyTorch's own analyzer (`python -m torch.distributed.flight_recorder.fr_trace`) on normalised
+    copies of the dumps — re-pickled from plain data, so nothing from the bundle is unpickled by torch.
+    Returns (its output, how it went)."""
+    import importlib.util
+    import subprocess
+    import sys
+    import tempfile
+
+    if importlib.util.find_spec("torch") is None:
+        return None, "PyTorch's analyzer was not run: torch is not installed in blackbox's environment"
+    with tempfile.TemporaryDirectory(prefix="blackbox-fr-") as tmp:
+        write_normalised(dumps, tmp)
+        try:
+            res = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", tmp],
+                                 capture_output=True, text=True, timeout=timeout, check=False)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, f"PyTorch's analyzer did not finish: {exc}"
+    text = (res.stdout + res.stderr).strip()
+    if res.returncode != 0:
+        return text or None, f"PyTorch's analyzer failed (exit code {res.returncode})"
+    return text, "PyTorch's analyzer ran"
+
+
+_MISSING = re.compile(r"missing ranks: \{([\d, ]+)\}")
+
+
+def analyzer_missing_ranks(output: str) -> list[int]:
+    """The ranks PyTorch's analyzer says never joined (its "missing ranks: {1}" lines)."""
+    ranks: set[int] = set()
+    for m in _MISSING.finditer(output or ""):
+        ranks.update(int(r) for r in m.group(1).replace(" ", "").split(",") if r)
+    return sorted(ranks)

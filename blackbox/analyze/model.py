@@ -51,6 +51,7 @@ class Report:
     next_actions: list[str]
     console_tail: list[str] = field(default_factory=list)
     stack_groups: list[Any] = field(default_factory=list)
+    collectives: list[Any] = field(default_factory=list)  # per group: the first collective not every rank joined
     similar_incidents: list[Any] = field(default_factory=list)
     schema_version: int = REPORT_SCHEMA_VERSION
 

@@ -12,7 +12,7 @@ from ..bundle.reader import Bundle
 from ..supervisor.rules import rank_ranges
 
 # What a frame's file and function say about where a thread waits. Checked innermost first.
-_COLLECTIVE_FUNCS = frozenset({
+COLLECTIVE_FUNCS = frozenset({
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
     "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "all_to_all",
     "all_to_all_single", "reduce", "gather", "scatter", "send", "recv", "isend", "irecv", "wait", "batch_isend_irecv",
@@ -54,7 +54,7 @@ def waits_in(thread: stacks.ThreadStack) -> str:
             return "checkpoint"
         if "torch/utils/data" in path:
             return "data"
-        if f.function in _COLLECTIVE_FUNCS and ("torch/distributed" in path or f.is_library):
+        if f.function in COLLECTIVE_FUNCS and ("torch/distributed" in path or f.is_library):
             return "collective"
     return "compute"
 

@@ -4,12 +4,18 @@ next actions. Pure: reads the Bundle object only. Imports the stdlib and blackbo
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Optional
 
-from ..adapters import stacks
+from .._recorder.protocol import FR_PREFIX
+from ..adapters import cuda_memory, stacks
+from ..adapters import flight_recorder as fr
+from ..adapters.cuda_memory import human
 from ..bundle.reader import Bundle
+from ..supervisor.rules import rank_ranges
+from .actions import Facts, next_actions
 from .model import Finding, RankRow, Report, Verdict
-from .stackgroups import RankStack, group, rank_stack
+from .stackgroups import COLLECTIVE_FUNCS, RankStack, group, rank_stack
 
 _HANG_BY_PHASE = {
     "data": "hang.data_loading",
@@ -132,6 +138,11 @@ def _exceptions(bundle: Bundle, ranks: list[int]) -> list[dict[str, Any]]:
 
 _COMM_TIMEOUT = ("Timed out waiting", "Watchdog caught collective operation timeout", "DistBackendError",
                  "timed out", "Timeout")  # fmt: skip
+_PEER_LOSS = re.compile(
+    r"Connection (?:closed|reset) by peer|Broken pipe|remote process exit|"
+    r"communicator was aborted|aborted|Socket closed",
+    re.IGNORECASE,
+)
 _CONSOLE_CATEGORY = {
     "console-comm-timeout": "crash.comm_timeout", "console-oom": "crash.oom", "console-cuda-error": "crash.cuda_error",
     "console-segfault": "crash.signal",
@@ -144,18 +155,119 @@ _CRASH_SUMMARY = {
 }  # fmt: skip
 
 
-def _not_in_collective(rows: list[RankRow], rank_stacks: dict[int, RankStack]) -> list[int]:
-    """Ranks that are not waiting in a collective (by heartbeat phase, else by stack) while others are."""
+def _raised_in_collective(exc: dict[str, Any]) -> bool:
+    """The exception came out of a collective (its traceback ends in one): the rank was waiting, a victim."""
+    tb = exc.get("traceback")
+    frames: list[Any] = tb if isinstance(tb, list) else []
+    return any(isinstance(f, dict) and f.get("function") in COLLECTIVE_FUNCS and "torch/distributed" in
+               str(f.get("file", "")) for f in frames[-4:])  # fmt: skip
+
+
+def _not_in_collective(
+    rows: list[RankRow], rank_stacks: dict[int, RankStack], raised: Optional[list[dict[str, Any]]] = None
+) -> list[int]:
+    """Ranks that are not waiting in a collective (by heartbeat phase, stack, or an exception raised from one)
+    while others are."""
+    victims = {e["rank"] for e in raised or [] if _raised_in_collective(e)}
     waiting: list[int] = []
     elsewhere: list[int] = []
     for r in rows:
         rs = rank_stacks.get(r.rank)
-        in_coll = r.phase == "collective" or (rs is not None and rs.waits_in == "collective")
+        in_coll = r.phase == "collective" or (rs is not None and rs.waits_in == "collective") or r.rank in victims
         (waiting if in_coll else elsewhere).append(r.rank)
     return elsewhere if waiting and elsewhere else []
 
 
-def analyze(bundle: Bundle) -> Report:
+def flight_recorder_dumps(bundle: Bundle) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """Every rank's flight-recorder dump, read with the restricted loader; and what could not be read."""
+    dumps: dict[int, dict[str, Any]] = {}
+    errors: list[str] = []
+    for name in sorted(bundle.files):
+        if not name.startswith("flight_recorder/" + FR_PREFIX):
+            continue
+        rank = fr.rank_of(name)
+        try:
+            if rank is not None:
+                dumps[rank] = fr.load_dump(bundle.files[name])
+        except fr.FlightRecorderError as exc:
+            errors.append(f"{name}: {exc}")
+    return dumps, errors
+
+
+def _collective_findings(
+    bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]]
+) -> tuple[list[fr.Unjoined], list[Finding]]:
+    dumps, errors = flight_recorder_dumps(bundle)
+    findings = [Finding("observed", f"a flight-recorder trace could not be read: {e}", "flight_recorder/")
+                for e in errors]  # fmt: skip
+    unjoined = fr.unjoined(dumps) if dumps else []
+    for u in unjoined:
+        text = (f"{_plural_ranks(u.missing)} never entered {u.op} #{u.seq} (group {u.group_name}) that "
+                f"{_plural_ranks(u.waiting)} {'waits' if len(u.waiting) == 1 else 'wait'} in"
+                + (f" at {u.where}" if u.where else ""))  # fmt: skip
+        seen = "; ".join(f"rank {r} last entered a collective at {w}" for r, w in sorted(u.last_seen.items()))
+        findings.append(Finding("observed", text + (f" — {seen}" if seen else ""),
+                                "flight_recorder/: pg_status and entries"))  # fmt: skip
+    if torch_fr is not None:
+        output, how = torch_fr
+        missing = fr.analyzer_missing_ranks(output or "")
+        if missing:
+            source = "python -m torch.distributed.flight_recorder.fr_trace (normalised dumps)"
+            findings.append(Finding("observed", f"PyTorch's flight-recorder analyzer: missing ranks {missing}", source))
+        elif output is None or how != "PyTorch's analyzer ran":
+            findings.append(Finding("observed", how, "flight_recorder/"))
+    return unjoined, findings
+
+
+def _memory_findings(bundle: Bundle, ranks: list[int], findings: list[Finding], facts: Facts) -> list[int]:
+    """OOM records (the message's figures, the last batch) and memory snapshots (the largest live allocations
+    with the user frame that made them). Returns the ranks that ran out of memory."""
+    oom_ranks = []
+    for rank in ranks:
+        source = f"ranks/{rank}/oom.jsonl"
+        for line in bundle.text(source).splitlines()[-1:]:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            oom_ranks.append(rank)
+            parsed = cuda_memory.parse_oom(str(rec.get("message", "")))
+            text = f"rank {rank} ran out of CUDA memory" + (f": {parsed.describe()}" if parsed else "")
+            phase = f" in phase {rec.get('phase')} at step {rec.get('step')}" if rec.get("phase") else ""
+            findings.append(Finding("observed", text + phase, source))
+            if parsed and "reserved_unallocated" in parsed.sizes:
+                facts.reserved_unallocated = cuda_memory.human(parsed.sizes["reserved_unallocated"])
+            batch = rec.get("last_batch")
+            if isinstance(batch, list) and batch:
+                shapes = ", ".join(f"{b.get('path')} {b.get('shape')} {b.get('dtype')}" for b in batch[:6]
+                                   if isinstance(b, dict))  # fmt: skip
+                facts.last_batch[rank] = shapes
+                findings.append(Finding("observed", f"rank {rank}'s last batch: {shapes}", source))
+        for name in sorted(n for n in bundle.files if n.startswith(f"ranks/{rank}/memory-snapshot-")):
+            facts.snapshots[rank] = name
+            try:
+                snap = cuda_memory.load_snapshot(bundle.files[name])
+            except cuda_memory.SnapshotError as exc:
+                findings.append(Finding("observed", f"rank {rank}'s memory snapshot could not be read: {exc}", name))
+                continue
+            top, allocated, reserved = cuda_memory.largest_allocations(snap)
+            findings.append(Finding("observed", f"rank {rank}'s memory snapshot: {cuda_memory.human(allocated)} "
+                                    f"allocated in {cuda_memory.human(reserved)} reserved", name))  # fmt: skip
+            for a in top:
+                findings.append(Finding("observed", f"rank {rank}: live allocation of {cuda_memory.human(a.size)}"
+                                        + (f" from {a.frame}" if a.frame else ""), name))  # fmt: skip
+    return oom_ranks
+
+
+def _plural_ranks(ranks: list[int]) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
+
+
+def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None) -> Report:
+    """`torch_fr`: PyTorch's own analyzer's output and how it went, when the caller ran it
+    (adapters.flight_recorder.torch_analyzer); the analysis itself stays pure."""
     m = bundle.manifest
     node = str(m.get("node", "unknown"))
     trigger = str(m.get("trigger", "unknown"))
@@ -189,6 +301,29 @@ def analyze(bundle: Bundle) -> Report:
         text = f"rank {exc['rank']} raised {exc.get('type')}: {str(exc.get('message'))[:300]}"
         findings.append(Finding("observed", text, f"ranks/{exc['rank']}/exceptions.jsonl"))
 
+    facts = Facts(node, by_rank)
+    oom_ranks = _memory_findings(bundle, list(by_rank) or _rank_ids(bundle), findings, facts)
+    kernel = bundle.text("node/kernel-messages.txt")
+    facts.kernel_oom = bool(re.search(r"oom-kill|Out of memory|Killed process", kernel))
+    if facts.kernel_oom:
+        findings.append(Finding("observed", "the kernel log mentions the OOM killer: "
+                                + next(line for line in kernel.splitlines() if re.search(
+                                    r"oom-kill|Out of memory|Killed process", line))[:300],
+                                "node/kernel-messages.txt"))  # fmt: skip
+    node_facts = bundle.json("node.json")
+    disk = node_facts.get("run_dir_disk") if isinstance(node_facts, dict) else None
+    if isinstance(disk, dict) and isinstance(disk.get("free"), int):
+        facts.disk_free = f"{human(disk['free'])} free at {disk.get('path')}"
+    for rank, rs in rank_stacks.items():
+        if rs.workers:
+            facts.stuck_workers[rank] = [pid for pid, _ in rs.workers]
+        if rs.waits_in == "checkpoint":
+            top = rs.thread.top_user_frame()
+            facts.checkpoint_frame = top.describe() if top else None
+    unjoined, fr_findings = _collective_findings(bundle, torch_fr)
+    findings.extend(fr_findings)
+    never_joined = sorted({r for u in unjoined for r in u.missing})
+
     def phase_of(rank: int) -> Optional[str]:
         row = by_rank.get(rank)
         if row is None:
@@ -203,6 +338,15 @@ def analyze(bundle: Bundle) -> Report:
     first = raised[0] if raised else None
     comm_timeout = first is not None and any(t in f"{first.get('type')} {first.get('message')}" for t in _COMM_TIMEOUT)
     if rule in ("stall", "frozen"):
+        suspects = suspects or never_joined
+        elsewhere = _not_in_collective(rows, rank_stacks)
+        if suspects and elsewhere and not set(suspects) & set(elsewhere):
+            text = (
+                f"the supervisor named rank(s) {', '.join(map(str, suspects))}, which wait in a collective: "
+                f"the rank(s) not in it, {', '.join(map(str, elsewhere))}, are the cause"
+            )
+            findings.append(Finding("inferred", text, "heartbeats and stacks"))
+            suspects = elsewhere
         phase = phase_of(suspects[0]) if suspects else None
         category = (
             "crash.signal" if any(r.rank in suspects for r in dead) else _HANG_BY_PHASE.get(phase or "", "hang.unknown")
@@ -214,8 +358,10 @@ def analyze(bundle: Bundle) -> Report:
         category = _CONSOLE_CATEGORY.get(trigger, "crash.comm_timeout")
         if category == "crash.comm_timeout":
             # The rank that raised first is the victim: the suspect is the one that never arrived.
-            suspects = _not_in_collective(rows, rank_stacks) or suspects
+            suspects = _not_in_collective(rows, rank_stacks, raised) or suspects
             confidence = "medium" if suspects else "low"
+            if never_joined and set(never_joined) != set(suspects):
+                suspects = suspects or never_joined
         elif first is not None:
             suspects = [first["rank"]]
             confidence = "medium"
@@ -223,7 +369,24 @@ def analyze(bundle: Bundle) -> Report:
         summary = _CRASH_SUMMARY[category] + (f"; suspect rank(s) {', '.join(map(str, suspects))}." if suspects
                                               else ".")  # fmt: skip
     elif rule in ("exception", "rank_death", "exit", "console") or dead or raised:
-        if first is not None:
+        # Ranks that died without an exception record died of a signal (segfault, SIGKILL); exceptions that only
+        # say a peer went away are the consequence, not the cause.
+        signal_dead = [r.rank for r in dead if r.state != "exception"]
+        causes = [e for e in raised if not _PEER_LOSS.search(str(e.get("message", "")))]
+        if signal_dead and not causes:
+            first = None
+        elif causes:
+            first = causes[0]
+        if first is None and signal_dead:
+            category, suspects, confidence = "crash.signal", signal_dead, "medium"
+            fatal = [r for r in signal_dead if f"ranks/{r}/fatal.txt" in bundle.files]
+            how = "a fatal signal (faulthandler's fatal.txt)" if fatal else "a signal (no exception, no exit)"
+            summary = f"Rank(s) {', '.join(map(str, signal_dead))} died of {how}; the others lost their peer."
+            for r in fatal:
+                head = bundle.text(f"ranks/{r}/fatal.txt").strip().splitlines()[:1]
+                findings.append(Finding("observed", f"rank {r}: {head[0] if head else 'fatal signal'}",
+                                        f"ranks/{r}/fatal.txt"))  # fmt: skip
+        elif first is not None:
             oom = "OutOfMemoryError" in str(first.get("type")) or "out of memory" in str(first.get("message"))
             category = "crash.oom" if oom else "crash.exception"
             suspects = [first["rank"]]
@@ -249,9 +412,26 @@ def analyze(bundle: Bundle) -> Report:
                        "they are holding it up.")  # fmt: skip
             findings.append(Finding("inferred", f"rank(s) {', '.join(map(str, elsewhere))} hold the others up: "
                                     "they are the only ones not waiting in a collective", "stack groups"))  # fmt: skip
+        elif never_joined:
+            suspects, phase, category = never_joined, phase_of(never_joined[0]), "hang.collective"
+            summary = (f"Collected on request ({trigger}): rank(s) {', '.join(map(str, never_joined))} never entered "
+                       "a collective the others wait in (flight recorder).")  # fmt: skip
         else:
             category, phase = "ok", None
             summary = f"Collected on request ({trigger}); no rule had fired and no rank stands out."
+    if category == "crash.signal" and facts.kernel_oom:
+        category = "crash.host_oom"
+        summary += " The kernel's OOM killer was active on this node."
+    if oom_ranks and category in ("crash.exception", "crash.signal"):
+        category = "crash.oom"
+    if unjoined:
+        u = unjoined[0]
+        facts.missing_collective = f"{u.op} #{u.seq} (group {u.group_name})"
+    if first is not None:
+        tb = first.get("traceback") if isinstance(first.get("traceback"), list) else []
+        at = f" at {tb[-1].get('file', '?').rsplit('/', 1)[-1]}:{tb[-1].get('line')}" if tb and isinstance(
+            tb[-1], dict) else ""  # fmt: skip
+        facts.exception = f"{str(first.get('type')).rsplit('.', 1)[-1]}: {str(first.get('message'))[:200]}{at}"
     if reason:
         findings.append(Finding("inferred", f"suspects: {reason}", "detection.json: the supervisor's blame rule"))
     # the suspects' facts first: they are the ones a reader needs
@@ -263,35 +443,8 @@ def analyze(bundle: Bundle) -> Report:
     tail = [line for line in (body if marker else console).splitlines() if line.strip()][-CONSOLE_LINES:]
     return Report(
         run_id=str(m.get("run_id", "unknown")), node=node, trigger=trigger, bundle=bundle.path, verdict=verdict,
-        ranks=rows, findings=findings, next_actions=_next_actions(verdict, by_rank, node), console_tail=tail,
+        ranks=rows, findings=findings, next_actions=next_actions(verdict, facts), console_tail=tail,
+        collectives=[u.__dict__ for u in unjoined],
         stack_groups=[{"ranks": g.ranks, "waits_in": g.waits_in, "signature": g.signature, "frames": g.frames,
                        "odd": g.odd, "sources": g.sources, "describe": g.describe()} for g in groups],
     )  # fmt: skip
-
-
-def _next_actions(verdict: Verdict, by_rank: dict[int, RankRow], node: str) -> list[str]:
-    pids = [str(by_rank[r].pid) for r in verdict.suspect_ranks if r in by_rank and by_rank[r].alive]
-    ranks = ", ".join(map(str, verdict.suspect_ranks)) or "?"
-    actions = []
-    if verdict.category.startswith("hang."):
-        if pids:
-            actions.append(f"While it hangs, look at rank {ranks}'s stack on {node}: py-spy dump --native --pid "
-                           + " --pid ".join(pids))  # fmt: skip
-        actions.append(
-            f"Rerun with `blackbox run --on-stall keep` to keep the job alive for a debugger on rank {ranks}."
-        )
-        hints = {
-            "hang.data_loading": "Check the dataset shard rank {r} reads and the DataLoader's num_workers/timeout.",
-            "hang.checkpoint_io": "Check the checkpoint path rank {r} writes to: free disk, the filesystem's health.",
-            "hang.compute": "Find the loop or native call rank {r} is in: its stack, and what differs on that rank.",
-            "hang.collective": "Compare the collectives each rank issued: one rank called a different one or none.",
-        }
-        if verdict.category in hints:
-            actions.insert(0, hints[verdict.category].format(r=ranks))
-    elif verdict.category.startswith("crash."):
-        actions.append(f"Read rank {ranks}'s error in the console tail and its torchelastic error file.")
-        if verdict.category == "crash.signal":
-            actions.append(f"Check the kernel log on {node} for the OOM killer or a segfault: dmesg -T | tail -50")
-    else:
-        actions.append("Compare steps and phases across ranks; the slowest rank is the first to look at.")
-    return actions

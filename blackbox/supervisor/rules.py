@@ -108,8 +108,13 @@ def blame(stalled: list[RankView], everyone: list[RankView]) -> tuple[tuple[int,
             f"{_plural('rank', _ids(dead))} {rank_ranges(_ids(dead))} died and the others wait for "
             f"{_verb(dead, 'it', 'them')}"
         )
+    # A rank under a longer phase timeout (checkpoint, eval) is not "stalled" yet, but if it has not progressed
+    # since the stalled ranks stopped, it is the likelier cause: they may be waiting for it.
+    stopped_at = max(v.hb.last_progress for v in stalled)
+    quiet = [v for v in everyone if v.alive and v.hb.state in LIVE_STATES and v not in stalled
+             and v.hb.last_progress <= stopped_at + 1.0]  # fmt: skip
     waiting = [v for v in stalled if v.hb.phase == "collective"]
-    elsewhere = [v for v in stalled if v.hb.phase != "collective"]
+    elsewhere = [v for v in stalled + quiet if v.hb.phase != "collective"]
     if waiting and elsewhere:
         ops = sorted({v.hb.collective for v in waiting})
         phases = sorted({v.hb.phase for v in elsewhere})
@@ -127,7 +132,7 @@ def blame(stalled: list[RankView], everyone: list[RankView]) -> tuple[tuple[int,
             f"{_plural('rank', _ids(behind))} {rank_ranges(_ids(behind))} {_verb(behind, 'is', 'are')} "
             f"behind at step {low} while others reached step {max(steps)}"
         )
-    if len(stalled) < len([v for v in everyone if v.alive and v.hb.state in LIVE_STATES]):
+    if not quiet and len(stalled) < len([v for v in everyone if v.alive and v.hb.state in LIVE_STATES]):
         return _ids(stalled), "the other ranks are still making progress"
     return _ids(stalled), "no rank stands out from the heartbeats alone: compare their stacks"
 

@@ -1,5 +1,5 @@
 """A 2-rank gloo training job where one rank meets a chosen end, for the recorder's last-words tests:
-data-hang, data-hang-workers, ckpt-hang, gil-hang, raise, oom, segv, skip-allreduce."""
+data-hang, data-hang-workers, ckpt-hang, gil-hang, raise, oom, segv, skip-allreduce, comm-timeout, sigkill."""
 
 import ctypes
 import os
@@ -7,6 +7,7 @@ import signal
 import sys
 import tempfile
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -33,7 +34,8 @@ class Data(Dataset):
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
+    # comm-timeout: the process group itself gives up on a collective after 5 s
+    dist.init_process_group("gloo", **({"timeout": timedelta(seconds=5)} if SCENARIO == "comm-timeout" else {}))
     rank = dist.get_rank()
     torch.manual_seed(1234 + rank)
     if SCENARIO == "sigusr1-user":
@@ -60,8 +62,10 @@ def main() -> None:
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
-        if mine and SCENARIO == "skip-allreduce":  # rank 1 never enters this step's all_reduce
+        if mine and SCENARIO in ("skip-allreduce", "comm-timeout"):  # rank 1 never enters this all_reduce
             time.sleep(3600)
+        if mine and SCENARIO == "sigkill":  # as the kernel's OOM killer would
+            os.kill(os.getpid(), signal.SIGKILL)
         for p in model.parameters():
             dist.all_reduce(p.grad)
         opt.step()

@@ -73,6 +73,18 @@ def test_a_rank_in_a_long_checkpoint_is_not_stalled() -> None:
     assert rules.evaluate(views, now=200.0) == []
 
 
+def test_a_quiet_rank_in_a_long_checkpoint_is_blamed_when_the_others_wait_for_it() -> None:
+    # GIVEN rank 1 waiting in all_reduce past its timeout, and rank 0 in a checkpoint (a longer timeout) that has
+    # not progressed since either
+    rules = Rules(cfg(stall_timeout="5", checkpoint_timeout="300"))
+    views = [RankView(hb(0, phase="checkpoint", liveness_time=110.0), True),
+             RankView(hb(1, phase="collective", collective="all_reduce", liveness_time=110.0), True)]  # fmt: skip
+    (d,) = rules.evaluate(views, now=110.0)
+    # THEN only rank 1 is stalled, but rank 0 is the suspect: rank 1 waits for it
+    assert d.ranks == (1,) and d.suspects == (0,)
+    assert "rank 1 waits in all_reduce while rank 0 never arrived (phase checkpoint)" in d.reason
+
+
 def test_behind_by_a_step_is_the_suspect() -> None:
     stalled = [RankView(hb(0, step=12), True), RankView(hb(1, step=11), True), RankView(hb(2, step=12), True)]
     suspects, reason = blame(stalled, stalled)
