@@ -362,6 +362,8 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
             confidence = "medium" if suspects else "low"
             if never_joined and set(never_joined) != set(suspects):
                 suspects = suspects or never_joined
+        elif category == "crash.oom" and oom_ranks:
+            suspects, confidence = sorted(oom_ranks), "high"
         elif first is not None:
             suspects = [first["rank"]]
             confidence = "medium"
@@ -432,7 +434,9 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         at = f" at {tb[-1].get('file', '?').rsplit('/', 1)[-1]}:{tb[-1].get('line')}" if tb and isinstance(
             tb[-1], dict) else ""  # fmt: skip
         facts.exception = f"{str(first.get('type')).rsplit('.', 1)[-1]}: {str(first.get('message'))[:200]}{at}"
-    if reason:
+    if reason and detection.get("rule") == "console":
+        findings.append(Finding("observed", f"trigger: {reason}", "detection.json, console-tail.log"))
+    elif reason:
         findings.append(Finding("inferred", f"suspects: {reason}", "detection.json: the supervisor's blame rule"))
     # the suspects' facts first: they are the ones a reader needs
     findings.sort(key=lambda f: not any(f.text.startswith(f"rank {r} ") or f.text.startswith(f"rank {r}'")

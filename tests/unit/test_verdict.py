@@ -96,3 +96,86 @@ def test_console_oom_line_is_an_oom(tmp_path: Path) -> None:
                                             exceptions=exc))))  # fmt: skip
     assert report.verdict.category == "crash.oom" and report.verdict.suspect_ranks == [2]
     assert report.headline()[0].startswith("verdict: crash.oom, suspect rank(s) 2")
+
+
+def test_memory_snapshot_and_oom_figures(tmp_path: Path) -> None:
+    # GIVEN an OOM record and a CUDA memory snapshot (plain data, as torch.cuda.memory._snapshot() pickles it)
+    import pickle
+
+    snapshot = {"segments": [{"device": 0, "total_size": 6 * 2**30, "blocks": [
+        {"size": 4 * 2**30, "state": "active_allocated", "frames": [
+            {"filename": f"{TORCH}/nn/modules/linear.py", "line": 125, "name": "forward"},
+            {"filename": "/job/model.py", "line": 42, "name": "forward"}]},
+        {"size": 2**30, "state": "inactive", "frames": []}]}], "device_traces": []}  # fmt: skip
+    w = BundleWriter("run-1", "node7", "console-oom")
+    w.add_bytes("ranks/0/oom.jsonl", (json.dumps({
+        "message": "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which "
+                   "1.06 GiB is free. Of the allocated memory 70.00 GiB is allocated by PyTorch, and 3.50 GiB is "
+                   "reserved by PyTorch but unallocated.",
+        "phase": "compute", "step": 7, "last_batch": [{"path": "batch[0]", "shape": [64, 2048], "dtype": "int64"}],
+    }) + "\n").encode())  # fmt: skip
+    w.add_bytes("ranks/0/memory-snapshot-oom-1.pickle", pickle.dumps(snapshot), keep="whole")
+    w.add_json("ranks/0/heartbeat.json", {"rank": 0, "pid": 5, "alive": False, "state": "exception", "step": 7})
+    report = analyze(read_bundle(w.write(str(tmp_path), {})))
+    texts = [f.text for f in report.findings]
+    # THEN the figures, the shapes and the largest live allocation with its user frame are all there
+    assert report.verdict.category == "crash.oom" and report.verdict.suspect_ranks == [0]
+    assert any("requested 2.00 GiB" in t and "reserved unallocated 3.50 GiB" in t for t in texts)
+    assert any("live allocation of 4.00 GiB from model.py:42 (forward)" in t for t in texts)
+    assert "batch[0] [64, 2048] int64" in report.next_actions[0]
+    assert any("trace_plot memory-snapshot-oom-1.pickle" in a for a in report.next_actions)
+    assert any("expandable_segments" in a and "3.50 GiB" in a for a in report.next_actions)
+
+
+def test_a_snapshot_that_would_run_code_is_refused(tmp_path: Path) -> None:
+    import pickle
+
+    class Evil:
+        def __reduce__(self) -> tuple[Any, ...]:
+            return (print, ("pwned",))
+
+    w = BundleWriter("run-1", "node7", "manual")
+    w.add_bytes("ranks/0/memory-snapshot-1.pickle", pickle.dumps({"segments": [Evil()]}), keep="whole")
+    w.add_json("ranks/0/py-spy.json", IN_ALL_REDUCE)
+    report = analyze(read_bundle(w.write(str(tmp_path), {})))
+    assert any("could not be read" in f.text and "builtins.print" in f.text for f in report.findings)
+
+
+def test_flight_recorder_names_the_collective_not_joined(tmp_path: Path) -> None:
+    # GIVEN flight-recorder dumps: rank 0 enqueued all_reduce #5 from train.py:88; rank 1 stopped at #4
+    import pickle
+
+    def dump(last: int) -> bytes:
+        entries = [{"process_group": ("0", "default_pg"), "collective_seq_id": seq, "profiling_name": "gloo:all_reduce",
+                    "frames": [{"name": "all_reduce", "filename": f"{TORCH}/distributed/distributed_c10d.py",
+                                "line": 3245}, {"name": "main", "filename": "/job/train.py", "line": 80 + seq}]}
+                   for seq in range(1, last + 1)]  # fmt: skip
+        return pickle.dumps({"version": "2.10", "pg_config": {"": {"name": "", "desc": "", "ranks": "[0, 1]"}},
+                             "pg_status": {"0": {"last_enqueued_collective": last, "last_completed_collective": 4}},
+                             "entries": entries})  # fmt: skip
+
+    w = BundleWriter("run-1", "node7", "manual")
+    w.add_bytes("flight_recorder/fr_trace_0", dump(5), keep="whole")
+    w.add_bytes("flight_recorder/fr_trace_1", dump(4), keep="whole")
+    w.add_json("ranks/0/py-spy.json", IN_ALL_REDUCE)
+    w.add_json("ranks/1/py-spy.json", IN_ALL_REDUCE)
+    report = analyze(read_bundle(w.write(str(tmp_path), {})))
+    # THEN rank 1 is named with the op, its number, the group, and where each side was
+    assert report.verdict.category == "hang.collective" and report.verdict.suspect_ranks == [1]
+    (u,) = report.collectives
+    assert (u["op"], u["seq"], u["missing"], u["waiting"]) == ("all_reduce", 5, [1], [0])
+    assert any("rank 1 never entered all_reduce #5 (group default_pg) that rank 0 waits in at train.py:85 (main)"
+               in f.text and "rank 1 last entered a collective at train.py:84 (main)" in f.text
+               for f in report.findings)  # fmt: skip
+
+
+def test_kernel_oom_killer_makes_a_host_oom(tmp_path: Path) -> None:
+    w = BundleWriter("run-1", "node7", "rank-death")
+    w.add_json("ranks/1/heartbeat.json", {"rank": 1, "pid": 77, "alive": False, "state": "running", "step": 3})
+    w.add_json("ranks/0/heartbeat.json", {"rank": 0, "pid": 76, "alive": True, "state": "running", "step": 3})
+    w.add_bytes("node/kernel-messages.txt", b"[Sun Nov 29 12:00:00 2026] Out of memory: Killed process 77 (python)\n")
+    w.add_json("detection.json", {"rule": "rank_death", "ranks": [1], "suspects": [1], "reason": "rank 1 was killed"})
+    report = analyze(read_bundle(w.write(str(tmp_path), {})))
+    assert report.verdict.category == "crash.host_oom" and report.verdict.suspect_ranks == [1]
+    assert any(f.source == "node/kernel-messages.txt" for f in report.findings)
+    assert "OOM killer" in report.next_actions[0]
