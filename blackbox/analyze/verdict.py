@@ -62,6 +62,8 @@ def main_stack(bundle: Bundle, rank: int) -> tuple[Optional[stacks.ThreadStack],
 def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack]) -> list[RankRow]:
     """One row per rank: from its heartbeat where the recorder ran, else from the manifest and its stacks."""
     rows: dict[int, RankRow] = {}
+    rank_nodes = bundle.manifest.get("rank_nodes")  # merged node bundles: which node each rank came from
+    rank_nodes = rank_nodes if isinstance(rank_nodes, dict) else {}
     for name in sorted(bundle.files):
         if not (name.startswith("ranks/") and name.endswith("/heartbeat.json")):
             continue
@@ -70,8 +72,9 @@ def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack]) -> list[
             continue
         try:
             rank = int(hb["rank"])
+            host = str(rank_nodes.get(str(rank), node))
             rows[rank] = RankRow(
-                rank=rank, node=node, pid=int(hb["pid"]), state=str(hb.get("state", "unknown")),
+                rank=rank, node=host, pid=int(hb["pid"]), state=str(hb.get("state", "unknown")),
                 step=int(hb.get("step", 0)), phase=str(hb.get("phase", "unknown")),
                 top_frame=_top_frame(rank_stacks.get(rank)),
                 idle_s=_float(hb.get("idle_s")), alive=bool(hb.get("alive")),
@@ -88,7 +91,8 @@ def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack]) -> list[
         if rank in rows:
             continue
         rs = rank_stacks.get(rank)
-        rows[rank] = RankRow(rank=rank, node=node, pid=pid, state="running" if entry.get("alive") else "gone",
+        host = str(entry.get("node") or rank_nodes.get(str(rank), node))
+        rows[rank] = RankRow(rank=rank, node=host, pid=pid, state="running" if entry.get("alive") else "gone",
                              step=None, phase=rs.waits_in if rs else "unknown", top_frame=_top_frame(rs),
                              alive=bool(entry.get("alive")))  # fmt: skip
     return [rows[r] for r in sorted(rows)]
@@ -296,6 +300,13 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
                 if top is not None:
                     text = f"rank {row.rank}'s DataLoader worker {pid} is in {top.describe()}"
                     findings.append(Finding("observed", text, f"ranks/{row.rank}/py-spy-worker-{pid}.json"))
+    job = m.get("job") if isinstance(m.get("job"), dict) else {}
+    world = job.get("world_size") if isinstance(job, dict) else None
+    if isinstance(world, int) and 0 < len(rows) < world:
+        absent = [r for r in range(world) if r not in by_rank]
+        findings.append(Finding("observed", f"{_plural_ranks(absent)} of {world} are in none of the bundles given: "
+                                "their node's bundle is missing (give every node's bundle to merge them)",
+                                "manifest.json: job.world_size"))  # fmt: skip
     raised = _exceptions(bundle, list(by_rank) or _rank_ids(bundle))
     for exc in raised[:3]:
         text = f"rank {exc['rank']} raised {exc.get('type')}: {str(exc.get('message'))[:300]}"

@@ -137,3 +137,81 @@ def _read_dir(path: str, files: dict[str, bytes], skipped: list[str]) -> None:
                 raise BlackboxError(f"`{path}` holds more than {MAX_TOTAL_BYTES} bytes; refusing to read it.")
             with open(full, "rb") as f:
                 files[rel] = f.read()
+
+
+# Members that describe one node: kept per node under nodes/<node>/ when bundles are merged.
+_PER_NODE_PREFIXES = ("ranks/", "flight_recorder/")
+
+
+def _expand(path: str) -> list[str]:
+    """A directory that is neither a bundle nor a run directory but holds bundles (the node bundles of one
+    incident, gathered in one place) stands for all of them."""
+    if (
+        os.path.isdir(path)
+        and not os.path.isfile(os.path.join(path, MANIFEST_NAME))
+        and not os.path.isdir(os.path.join(path, "bundles"))
+    ):
+        found = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".tar.gz"))
+        if found:
+            return found
+    return [path]
+
+
+def read_bundles(paths: list[str]) -> Bundle:
+    """One view of what the user named: a bundle, or the node bundles of one job merged by run id (each rank's
+    files under ranks/<rank>/, each node's own files under nodes/<node>/). Bundles of different jobs are refused;
+    of two bundles from the same node, the newest is used."""
+    bundles = [read_bundle(p) for path in paths for p in _expand(path)]
+    if len(bundles) == 1:
+        return bundles[0]
+    runs: dict[str, str] = {}
+    for b in bundles:
+        runs.setdefault(str(b.manifest.get("run_id")), b.path)
+    if len(runs) > 1:
+        (r1, p1), (r2, p2) = list(runs.items())[:2]
+        raise BlackboxError(
+            f"The bundles belong to different jobs: `{p1}` is run `{r1}`, `{p2}` is run `{r2}`.",
+            hint="Give the bundles of one job (the same run id), one per node.",
+        )
+    by_node: dict[str, Bundle] = {}
+    skipped: list[str] = []
+    for b in sorted(bundles, key=lambda b: str(b.manifest.get("created", ""))):
+        node = str(b.manifest.get("node", "unknown"))
+        if node in by_node:
+            skipped.append(f"{by_node[node].path}: an older bundle of node {node}; the newest is used")
+        by_node[node] = b
+    return merge(list(by_node.values()), skipped)
+
+
+def merge(bundles: list[Bundle], skipped: list[str]) -> Bundle:
+    # The bundle that saw the incident first speaks for it (its trigger and detection), the others add ranks.
+    primary = next((b for b in bundles if "detection.json" in b.files), bundles[0])
+    files: dict[str, bytes] = {}
+    local_ranks: list[Any] = []
+    nodes: list[dict[str, Any]] = []
+    rank_nodes: dict[str, str] = {}  # rank -> the node whose bundle holds it
+    for b in bundles:
+        node = str(b.manifest.get("node", "unknown"))
+        nodes.append({"node": node, "bundle": b.path, "trigger": b.manifest.get("trigger")})
+        for name, data in b.files.items():
+            if name.startswith(_PER_NODE_PREFIXES):
+                files[name] = data
+            elif name != MANIFEST_NAME:
+                files[f"nodes/{node}/{name}"] = data
+        job = b.manifest.get("job")
+        for entry in job.get("local_ranks", []) if isinstance(job, dict) else []:
+            if isinstance(entry, dict):
+                local_ranks.append({**entry, "node": node})
+        for name in b.files:
+            if name.startswith("ranks/"):
+                rank_nodes[name.split("/")[1]] = node
+        skipped.extend(b.skipped)
+    for name, data in primary.files.items():
+        if not name.startswith(_PER_NODE_PREFIXES) and name != MANIFEST_NAME:
+            files[name] = data
+    manifest = dict(primary.manifest)
+    job = dict(manifest.get("job") or {})
+    worlds = [b.manifest.get("job", {}).get("world_size") for b in bundles if isinstance(b.manifest.get("job"), dict)]
+    job.update(local_ranks=local_ranks, world_size=max((w for w in worlds if isinstance(w, int)), default=0))
+    manifest.update(node=", ".join(str(n["node"]) for n in nodes), job=job, nodes=nodes, rank_nodes=rank_nodes)
+    return Bundle(" + ".join(b.path for b in bundles), manifest, files, skipped)

@@ -11,23 +11,25 @@ from ..errors import EXIT_CANT_CREATE, BlackboxError
 
 
 @click.command()
-@click.argument("path")
+@click.argument("paths", nargs=-1, required=True, metavar="PATH...")
 @click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default="terminal", show_default=True,
               help="How to render the report.")  # fmt: skip
 @click.option("--out", "out_path", default=None, metavar="FILE", help="Write the report to FILE instead of stdout.")
-def report(path: str, fmt: str, out_path: Optional[str]) -> int:
+def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str]) -> int:
     """Say what happened in a bundle: category, suspect ranks, phase, evidence, next steps.
 
-    PATH is a bundle (.tar.gz), an extracted bundle directory, or a run directory (its newest bundle).
+    PATH is a bundle (.tar.gz), an extracted bundle directory, a run directory (its newest bundle), or a
+    directory holding the node bundles of one incident. Several node bundles of one job are merged into one
+    view (by run id); bundles of different jobs are refused.
 
         blackbox report blackbox-runs/20261129-120000-ab12cd
     """
     from ..analyze.verdict import analyze
-    from ..bundle.reader import read_bundle
+    from ..bundle.reader import read_bundles
     from ..render.json_render import render_json
     from ..render.terminal import render_terminal
 
-    model = analyze(read_bundle(path))
+    model = analyze(read_bundles(list(paths)))
     render = render_json if fmt == "json" else render_terminal
     if out_path is None:
         render(model, sys.stdout)

@@ -7,9 +7,12 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
+import pytest
+
 from blackbox.analyze.verdict import analyze
-from blackbox.bundle.reader import read_bundle
+from blackbox.bundle.reader import read_bundle, read_bundles
 from blackbox.bundle.writer import BundleWriter
+from blackbox.errors import BlackboxError
 
 TORCH = "/venv/lib/python3.11/site-packages/torch"
 
@@ -179,3 +182,41 @@ def test_kernel_oom_killer_makes_a_host_oom(tmp_path: Path) -> None:
     assert report.verdict.category == "crash.host_oom" and report.verdict.suspect_ranks == [1]
     assert any(f.source == "node/kernel-messages.txt" for f in report.findings)
     assert "OOM killer" in report.next_actions[0]
+
+
+def node_bundle(out: Path, run_id: str, node: str, stacks: dict[int, list[dict[str, Any]]], world: int) -> str:
+    w = BundleWriter(run_id, node, "manual")
+    for rank, threads in stacks.items():
+        w.add_json(f"ranks/{rank}/py-spy.json", threads)
+    w.add_json("node.json", {"hostname": node})
+    local = [{"rank": r, "pid": 100 + r, "local_rank": r % 2, "recorder": False, "alive": True} for r in stacks]
+    out.mkdir(exist_ok=True)
+    return w.write(str(out), {"job": {"local_ranks": local, "world_size": world}})
+
+
+def test_node_bundles_of_one_job_merge_into_one_view(tmp_path: Path) -> None:
+    # GIVEN two nodes' bundles of one 4-rank job: rank 3 (node b) sits in its dataset, the rest in all_reduce
+    a = node_bundle(tmp_path / "x", "run-9", "node-a", {0: IN_ALL_REDUCE, 1: IN_ALL_REDUCE}, 4)
+    b = node_bundle(tmp_path / "x", "run-9", "node-b", {2: IN_ALL_REDUCE, 3: IN_DATASET}, 4)
+    # WHEN reported together (as two paths, or as the directory that holds them)
+    for merged in (read_bundles([a, b]), read_bundles([str(tmp_path / "x")])):
+        report = analyze(merged)
+        # THEN the suspect is found across nodes, with its node, and the stack groups span both nodes
+        assert report.verdict.suspect_ranks == [3] and report.verdict.category == "hang.data_loading"
+        assert {r.rank: r.node for r in report.ranks} == {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
+        assert [g["ranks"] for g in report.stack_groups] == [[3], [0, 1, 2]]
+        assert "nodes/node-a/node.json" in merged.files and "nodes/node-b/node.json" in merged.files
+        assert not any("none of the bundles" in f.text for f in report.findings)
+
+
+def test_a_missing_node_is_named(tmp_path: Path) -> None:
+    a = node_bundle(tmp_path, "run-9", "node-a", {0: IN_ALL_REDUCE, 1: IN_DATASET}, 4)
+    report = analyze(read_bundles([a]))
+    assert any("ranks 2-3 of 4 are in none of the bundles given" in f.text for f in report.findings)
+
+
+def test_bundles_of_different_jobs_are_refused(tmp_path: Path) -> None:
+    a = node_bundle(tmp_path, "run-1", "node-a", {0: IN_ALL_REDUCE}, 2)
+    b = node_bundle(tmp_path, "run-2", "node-b", {1: IN_ALL_REDUCE}, 2)
+    with pytest.raises(BlackboxError, match="belong to different jobs"):
+        read_bundles([a, b])
