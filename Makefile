@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup test lint demo bench clean
+.PHONY: setup test lint demo bench clean browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,7 +14,14 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-test: $(STAMP)
+# The HTML report test opens the page in headless Chromium; as root with apt, it is installed when missing
+# (best effort: without it that test is skipped and says why).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		echo "installing chromium (Debian package) for the HTML report test" && \
+		apt-get install -y --no-install-recommends chromium >/dev/null 2>&1; } || true
+
+test: $(STAMP) browser
 	$(PY) -m pytest
 
 lint: $(STAMP)

@@ -52,6 +52,9 @@ class Report:
     console_tail: list[str] = field(default_factory=list)
     stack_groups: list[Any] = field(default_factory=list)
     collectives: list[Any] = field(default_factory=list)  # per group: the first collective not every rank joined
+    # per rank: {"rank", "node", "samples": [[wall time, step, phase]], "last_progress": wall time | None}, and
+    # which rank stopped progressing first; "end": when the bundle was made
+    timeline: dict[str, Any] = field(default_factory=dict)
     similar_incidents: list[Any] = field(default_factory=list)
     schema_version: int = REPORT_SCHEMA_VERSION
 

@@ -265,6 +265,36 @@ def _memory_findings(bundle: Bundle, ranks: list[int], findings: list[Finding], 
     return oom_ranks
 
 
+def _timeline(bundle: Bundle, rows: list[RankRow]) -> dict[str, Any]:
+    """Each rank's step over time (the supervisor's heartbeat history, else its last progress alone), and the
+    rank that stopped progressing first."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        samples = []
+        history = bundle.json(f"ranks/{row.rank}/history.json")
+        for h in history if isinstance(history, list) else []:
+            if isinstance(h, dict) and isinstance(h.get("t"), (int, float)) and isinstance(h.get("step"), int):
+                samples.append([float(h["t"]), h["step"], str(h.get("phase", ""))])
+        hb = bundle.json(f"ranks/{row.rank}/heartbeat.json")
+        last = hb.get("last_progress_wall") if isinstance(hb, dict) else None
+        last = float(last) if isinstance(last, (int, float)) and last > 0 else None
+        if last is not None and not samples:
+            samples.append([last, row.step or 0, row.phase])
+        out.append({"rank": row.rank, "node": row.node, "samples": samples[-500:], "last_progress": last})
+    stopped = [t for t in out if t["last_progress"] is not None]
+    first = min(stopped, key=lambda t: (t["last_progress"], t["rank"]))["rank"] if len(stopped) > 1 else None
+    created = bundle.manifest.get("created")
+    end = None
+    if isinstance(created, str):
+        from datetime import datetime
+
+        try:
+            end = datetime.fromisoformat(created).timestamp()
+        except ValueError:
+            end = None
+    return {"ranks": out, "stopped_first": first, "end": end}
+
+
 def _plural_ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
 
@@ -460,6 +490,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         run_id=str(m.get("run_id", "unknown")), node=node, trigger=trigger, bundle=bundle.path, verdict=verdict,
         ranks=rows, findings=findings, next_actions=next_actions(verdict, facts), console_tail=tail,
         collectives=[u.__dict__ for u in unjoined],
+        timeline=_timeline(bundle, rows),
         stack_groups=[{"ranks": g.ranks, "waits_in": g.waits_in, "signature": g.signature, "frames": g.frames,
                        "odd": g.odd, "sources": g.sources, "describe": g.describe()} for g in groups],
     )  # fmt: skip

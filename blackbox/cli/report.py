@@ -12,8 +12,10 @@ from ..errors import EXIT_CANT_CREATE, BlackboxError
 
 @click.command()
 @click.argument("paths", nargs=-1, required=True, metavar="PATH...")
-@click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default="terminal", show_default=True,
-              help="How to render the report.")  # fmt: skip
+@click.option("--format", "fmt", type=click.Choice(["terminal", "json", "markdown", "html"]), default="terminal",
+              show_default=True, help="How to render the report: `terminal` (one screen first, details below), "
+              "`json` (the versioned schema), `markdown` (for an issue tracker), `html` (one self-contained "
+              "file).")  # fmt: skip
 @click.option("--out", "out_path", default=None, metavar="FILE", help="Write the report to FILE instead of stdout.")
 def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str]) -> int:
     """Say what happened in a bundle: category, suspect ranks, phase, evidence, next steps.
@@ -26,11 +28,13 @@ def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str]) -> int:
     """
     from ..analyze.verdict import analyze
     from ..bundle.reader import read_bundles
+    from ..render.html import render_html
     from ..render.json_render import render_json
+    from ..render.markdown import render_markdown
     from ..render.terminal import render_terminal
 
     model = analyze(read_bundles(list(paths)))
-    render = render_json if fmt == "json" else render_terminal
+    render = {"json": render_json, "markdown": render_markdown, "html": render_html}.get(fmt, render_terminal)
     if out_path is None:
         render(model, sys.stdout)
         return 0

@@ -449,6 +449,8 @@ class Collector:
             recorded = [r for r in ranks if r.hb is not None]
             for r in recorded:
                 w.add_json(f"ranks/{r.rank}/heartbeat.json", heartbeat_record(r, now))
+            for rank, samples in job.history.items():
+                w.add_json(f"ranks/{rank}/history.json", samples)
             if recorded:
                 w.step("heartbeats", "ok", t, f"{len(recorded)} rank(s)")
             self.rank_files(ranks, w)

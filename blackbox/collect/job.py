@@ -48,6 +48,7 @@ class Job:
     agent_pid: Optional[int] = None
     mode: str = "run"  # run | collect
     notes: list[str] = field(default_factory=list)  # what discovery could not do, in sentences
+    history: dict[int, list[dict[str, object]]] = field(default_factory=dict)  # rank -> heartbeat changes
 
     def identity(self) -> dict[str, object]:
         return {

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Callable, Optional
@@ -36,6 +37,7 @@ INJECT_DIR = os.path.join(os.path.dirname(os.path.abspath(P.__file__)), "inject"
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _HANDLED = (*_FORWARDED, signal.SIGUSR1, signal.SIGCHLD, signal.SIGWINCH)
 _PR_SET_CHILD_SUBREAPER = 36
+HISTORY_SAMPLES = 2000  # per rank: the last changes of step, phase or state kept for the report's timeline
 CRASH_WINDOW_S = 60.0  # after a crash was collected, further deaths within this window are the same episode
 
 
@@ -160,6 +162,7 @@ class Supervisor:
         self._rules = Rules(cfg)
         self._table: Optional[HeartbeatTable] = None
         self._said_once: set[str] = set()
+        self.history: dict[int, deque[dict[str, object]]] = {}  # rank -> recent changes (for the report)
         self._fatal = FatalLines()
         self._console_hits: list[tuple[str, str]] = []  # appended by the output threads, taken by the loop
         self._console_kinds: set[str] = set()  # fatal-line kinds already acted on
@@ -451,6 +454,7 @@ class Supervisor:
                 self.event("rank_start", rank=hb.rank, pid=hb.pid, local_rank=hb.local_rank,
                            world_size=hb.world_size, mode=hb.mode)  # fmt: skip
             self.known[key] = hb
+            self._remember(hb)
             if hb.step >= 1 and key not in self.stepped:
                 self.stepped.add(key)
                 self.event("first_step", rank=hb.rank, pid=hb.pid)
@@ -460,6 +464,21 @@ class Supervisor:
             alive = status is None and procfs.is_alive(hb.pid, hb.start_ticks)
             views.append(RankView(hb, alive, status))
         return views
+
+    def _remember(self, hb: HeartbeatState) -> None:
+        """The rank's recent history for the report's timeline: a sample when its step, phase or state
+        changed, bounded per rank."""
+        sample = {"t": round(hb.wall(hb.last_progress if hb.step else hb.phase_start), 3), "step": hb.step,
+                  "phase": hb.phase, "state": hb.state, "phase_t": round(hb.wall(hb.phase_start), 3)}  # fmt: skip
+        history = self.history.setdefault(hb.rank, deque(maxlen=HISTORY_SAMPLES))
+        last = history[-1] if history else None
+        if last is None or (last["step"], last["phase"], last["state"], last["phase_t"]) != (
+            sample["step"],
+            sample["phase"],
+            sample["state"],
+            sample["phase_t"],
+        ):
+            history.append(sample)
 
     def _poll(self) -> None:
         now = time.monotonic()
@@ -512,6 +531,7 @@ class Supervisor:
                 ],
                 world_size=max((v.hb.world_size for v in views), default=0),
                 agent_pid=self.launched.pid if self.launched else None,
+                history={rank: list(samples) for rank, samples in self.history.items()},
             )
             options = CollectOptions(
                 dump_timeout=self.cfg.dump_timeout,
