@@ -77,7 +77,7 @@ def rank_stack(bundle: Bundle, rank: int) -> Optional[RankStack]:
         return None
     workers = []
     head = f"ranks/{rank}/py-spy-worker-"
-    for member in sorted(bundle.files):
+    for member in bundle.rank_files(rank):
         if member.startswith(head) and member.endswith(".json") and member[len(head) : -5].isdigit():
             w = _from_pyspy(bundle, member)
             if w is not None:

@@ -32,7 +32,7 @@ def _newest(bundle: Bundle, rank: int, prefix: str, suffix: str) -> Optional[str
     """The bundle member ranks/<rank>/<prefix><n><suffix> with the highest n."""
     best: tuple[int, str] | None = None
     head = f"ranks/{rank}/{prefix}"
-    for name in bundle.files:
+    for name in bundle.rank_files(rank):
         if name.startswith(head) and name.endswith(suffix) and name[len(head) : len(name) - len(suffix)].isdigit():
             n = int(name[len(head) : len(name) - len(suffix)])
             if best is None or n > best[0]:
@@ -64,8 +64,9 @@ def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack]) -> list[
     rows: dict[int, RankRow] = {}
     rank_nodes = bundle.manifest.get("rank_nodes")  # merged node bundles: which node each rank came from
     rank_nodes = rank_nodes if isinstance(rank_nodes, dict) else {}
-    for name in sorted(bundle.files):
-        if not (name.startswith("ranks/") and name.endswith("/heartbeat.json")):
+    for rank_id in bundle.ranks():
+        name = f"ranks/{rank_id}/heartbeat.json"
+        if name not in bundle.files:
             continue
         hb = bundle.json(name)
         if not isinstance(hb, dict):
@@ -117,12 +118,7 @@ def _int_list(value: Any) -> list[int]:
 
 
 def _rank_ids(bundle: Bundle) -> list[int]:
-    ids = set()
-    for name in bundle.files:
-        parts = name.split("/")
-        if len(parts) >= 3 and parts[0] == "ranks" and parts[1].isdigit():
-            ids.add(int(parts[1]))
-    return sorted(ids)
+    return bundle.ranks()
 
 
 def _exceptions(bundle: Bundle, ranks: list[int]) -> list[dict[str, Any]]:
@@ -249,7 +245,7 @@ def _memory_findings(bundle: Bundle, ranks: list[int], findings: list[Finding], 
                                    if isinstance(b, dict))  # fmt: skip
                 facts.last_batch[rank] = shapes
                 findings.append(Finding("observed", f"rank {rank}'s last batch: {shapes}", source))
-        for name in sorted(n for n in bundle.files if n.startswith(f"ranks/{rank}/memory-snapshot-")):
+        for name in [n for n in bundle.rank_files(rank) if n.startswith(f"ranks/{rank}/memory-snapshot-")]:
             facts.snapshots[rank] = name
             try:
                 snap = cuda_memory.load_snapshot(bundle.files[name])
@@ -295,6 +291,52 @@ def _timeline(bundle: Bundle, rows: list[RankRow]) -> dict[str, Any]:
     return {"ranks": out, "stopped_first": first, "end": end}
 
 
+def _rank_summary(rows: list[RankRow], rank_stacks: dict[int, RankStack], suspects: list[int]) -> list[Finding]:
+    """What each rank was doing: the suspects one by one, the others grouped by what they share (step, where,
+    alive, main-thread frame), so that 4,095 ranks waiting in the same all_reduce are one line, not 8,190."""
+    out: list[Finding] = []
+    groups: dict[tuple[object, ...], list[RankRow]] = {}
+    for row in rows:
+        rs = rank_stacks.get(row.rank)
+        if row.rank in suspects:
+            out.extend(_one_rank(row, rs))
+            continue
+        key = (row.step, row.phase, row.collective, row.alive, row.state, row.top_frame)
+        groups.setdefault(key, []).append(row)
+    for members in groups.values():
+        if len(members) == 1:
+            out.extend(_one_rank(members[0], rank_stacks.get(members[0].rank)))
+            continue
+        row = members[0]
+        ids = [m.rank for m in members]
+        where = f"in {row.collective}" if row.collective else f"in phase {row.phase}"
+        step = f" at step {row.step}" if row.step is not None else ""
+        idles = [m.idle_s for m in members if m.idle_s is not None]
+        idle = ""
+        if idles:
+            lo, hi = min(idles), max(idles)
+            span = f"{lo:.0f}" if round(lo) == round(hi) else f"{lo:.0f}-{hi:.0f}"
+            idle = f", no progress for {span} s"
+        life = "" if row.alive else f", processes gone ({row.state})"
+        frame = f"; main thread in {row.top_frame}" if row.top_frame else ""
+        source = "ranks/*/heartbeat.json" if row.step is not None else "manifest.json"
+        out.append(Finding("observed", f"{_plural_ranks(ids)} ({len(ids)} ranks){step}, {where}{idle}{life}{frame}",
+                           source + (", ranks/*/py-spy.json" if frame else "")))  # fmt: skip
+    return out
+
+
+def _one_rank(row: RankRow, rs: Optional[RankStack]) -> list[Finding]:
+    where = f"in {row.collective}" if row.collective else f"in phase {row.phase}"
+    idle = f", no progress for {row.idle_s:.0f} s" if row.idle_s is not None else ""
+    life = "" if row.alive else f", process gone ({row.state})"
+    step = f" at step {row.step}" if row.step is not None else ""
+    source = f"ranks/{row.rank}/heartbeat.json" if row.step is not None else "manifest.json"
+    out = [Finding("observed", f"rank {row.rank} (pid {row.pid}){step}, {where}{idle}{life}", source)]
+    if rs is not None and row.top_frame:
+        out.append(Finding("observed", f"rank {row.rank}'s main thread is in {row.top_frame}", rs.source))
+    return out
+
+
 def _plural_ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
 
@@ -315,21 +357,13 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     suspects = _int_list(detection.get("suspects"))
     reason = str(detection.get("reason", ""))
     findings: list[Finding] = []
-    for row in rows:
-        where = f"in {row.collective}" if row.collective else f"in phase {row.phase}"
-        idle = f", no progress for {row.idle_s:.0f} s" if row.idle_s is not None else ""
-        life = "" if row.alive else f", process gone ({row.state})"
-        step = f" at step {row.step}" if row.step is not None else ""
-        source = f"ranks/{row.rank}/heartbeat.json" if row.step is not None else "manifest.json"
-        findings.append(Finding("observed", f"rank {row.rank} (pid {row.pid}){step}, {where}{idle}{life}", source))
+    for row in rows:  # each rank's own facts are summarised once the suspects are known (_rank_summary)
         rs = rank_stacks.get(row.rank)
-        if rs is not None and row.top_frame:
-            findings.append(Finding("observed", f"rank {row.rank}'s main thread is in {row.top_frame}", rs.source))
-            for pid, worker in rs.workers:
-                top = worker.top_user_frame()
-                if top is not None:
-                    text = f"rank {row.rank}'s DataLoader worker {pid} is in {top.describe()}"
-                    findings.append(Finding("observed", text, f"ranks/{row.rank}/py-spy-worker-{pid}.json"))
+        for pid, worker in rs.workers if rs is not None else ():
+            top = worker.top_user_frame()
+            if top is not None:
+                text = f"rank {row.rank}'s DataLoader worker {pid} is in {top.describe()}"
+                findings.append(Finding("observed", text, f"ranks/{row.rank}/py-spy-worker-{pid}.json"))
     job = m.get("job") if isinstance(m.get("job"), dict) else {}
     world = job.get("world_size") if isinstance(job, dict) else None
     if isinstance(world, int) and 0 < len(rows) < world:
@@ -479,6 +513,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         findings.append(Finding("observed", f"trigger: {reason}", "detection.json, console-tail.log"))
     elif reason:
         findings.append(Finding("inferred", f"suspects: {reason}", "detection.json: the supervisor's blame rule"))
+    findings = _rank_summary(rows, rank_stacks, suspects) + findings
     # the suspects' facts first: they are the ones a reader needs
     findings.sort(key=lambda f: not any(f.text.startswith(f"rank {r} ") or f.text.startswith(f"rank {r}'")
                                         for r in suspects))  # fmt: skip

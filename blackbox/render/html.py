@@ -46,9 +46,9 @@ def _timeline_svg(report: Report) -> str:
     shown = sorted(ranks, key=lambda r: (r["rank"] not in suspects, r["rank"]))[:MAX_TIMELINE_RANKS]
     shown.sort(key=lambda r: r["rank"])
     times = [s[0] for r in shown for s in r["samples"]]
-    t0 = min(times)
+    t0 = float(min(times))
     t1 = max([*times, tl.get("end") or 0.0, *(r["last_progress"] or 0.0 for r in shown)])
-    span = max(t1 - t0, 1e-3)
+    span = float(max(t1 - t0, 1e-3))
     width, left, row_h = 1000, 150, 22
 
     def x(t: float) -> float:

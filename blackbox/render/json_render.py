@@ -7,7 +7,9 @@ from typing import TextIO
 
 from ..analyze.model import Report
 
+INDENT_UP_TO_RANKS = 512  # bigger reports are written compact: the C encoder only runs without indentation
+
 
 def render_json(report: Report, out: TextIO) -> None:
-    json.dump(report.to_json(), out, indent=2)
-    out.write("\n")
+    indent = 2 if len(report.ranks) <= INDENT_UP_TO_RANKS else None
+    out.write(json.dumps(report.to_json(), indent=indent) + "\n")

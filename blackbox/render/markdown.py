@@ -6,6 +6,8 @@ from typing import TextIO
 
 from ..analyze.model import Report
 
+MAX_ROWS = 64
+
 
 def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
@@ -26,11 +28,18 @@ def render_markdown(report: Report, out: TextIO) -> None:
         w("\n")
     w("### Ranks\n\n| rank | node | pid | state | step | phase | where (main thread) |\n")
     w("| ---: | --- | ---: | --- | ---: | --- | --- |\n")
-    for r in report.ranks:
+    rows = report.ranks
+    if len(rows) > MAX_ROWS:
+        rows = [r for r in rows if r.rank in v.suspect_ranks] + [r for r in rows if r.rank not in v.suspect_ranks][
+            : MAX_ROWS - len(v.suspect_ranks)
+        ]
+    for r in rows:
         mark = "**" if r.rank in v.suspect_ranks else ""
         phase = f"{r.phase} ({r.collective})" if r.collective else r.phase
         w(f"| {mark}{r.rank}{mark} | {_cell(r.node)} | {r.pid} | {r.state} | {'-' if r.step is None else r.step} | "
           f"{_cell(phase)} | {_cell(r.top_frame or '')} |\n")  # fmt: skip
+    if len(rows) < len(report.ranks):
+        w(f"\n… {len(report.ranks) - len(rows)} more rank(s) (grouped under Evidence).\n")
     if report.stack_groups:
         w("\n### Stacks (identical main threads merged, odd ones first)\n\n")
         for g in report.stack_groups:

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from ..analyze.model import Report
 
+MAX_ROWS = 32  # rank rows in the terminal table; JSON and HTML have them all
 _STYLE = {"hang": "bold yellow", "crash": "bold red", "ok": "bold green"}
 
 
@@ -31,13 +32,21 @@ def render_terminal(report: Report, out: TextIO) -> None:
     table = Table(title=f"ranks (run {report.run_id}, node {report.node}, trigger {report.trigger})")
     for col in ("rank", "pid", "state", "step", "phase", "idle s", "alive", "where (main thread)"):
         table.add_column(col, justify="right" if col in ("rank", "pid", "step", "idle s") else "left")
-    for r in report.ranks:
+    shown = report.ranks
+    if len(shown) > MAX_ROWS:  # the suspects, then the first ranks; the rest are grouped in the evidence
+        keep = {r.rank for r in shown if r.rank in v.suspect_ranks}
+        keep.update(r.rank for r in shown[: MAX_ROWS - len(keep)])
+        shown = [r for r in shown if r.rank in keep]
+    for r in shown:
         phase = f"{r.phase} ({r.collective})" if r.collective else r.phase
         mark = "[bold]" if r.rank in v.suspect_ranks else ""
         table.add_row(f"{mark}{r.rank}", str(r.pid), r.state, "-" if r.step is None else str(r.step), phase,
                       "" if r.idle_s is None else f"{r.idle_s:.0f}", "yes" if r.alive else "no",
                       r.top_frame or "")  # fmt: skip
     console.print(table)
+    if len(shown) < len(report.ranks):
+        console.print(f"  … {len(report.ranks) - len(shown)} more rank(s): see the evidence below, or "
+                      "--format json / html for every rank", markup=False)  # fmt: skip
     if report.stack_groups:
         console.print("[bold]stacks[/] (main threads; identical stacks merged, odd ones first)")
         for g in report.stack_groups:

@@ -75,3 +75,70 @@ def test_a_pickle_that_would_run_code_is_refused() -> None:
         load_dump(payload)
     assert not Path("/tmp/blackbox-pwned").exists()
     assert load_dump(pickle.dumps({"entries": [{"a": (1, "b")}], "pg_config": {}}))["entries"][0]["a"] == (1, "b")
+
+
+def test_tar_bomb_is_refused_after_reading_at_most_the_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN an archive that is small on disk but unpacks to far more than the limit (zeros compress ~1000:1)
+    from blackbox.bundle import reader
+
+    monkeypatch.setattr(reader, "MAX_TOTAL_BYTES", 4 * 2**20)
+    bomb = tmp_path / "bomb.tar.gz"
+    make_tar(bomb, [tarfile.TarInfo("manifest.json"), tarfile.TarInfo("ranks/0/zeros")],
+             {"manifest.json": manifest(), "ranks/0/zeros": bytes(64 * 2**20)})  # fmt: skip
+    assert bomb.stat().st_size < 200_000
+    # THEN it is refused in one sentence
+    with pytest.raises(BlackboxError, match="unpacks to more than"):
+        read_bundle(str(bomb))
+
+
+def test_too_many_members_and_oversized_members(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from blackbox.bundle import reader
+
+    many = tmp_path / "many.tar.gz"
+    names = [f"ranks/{i}/x" for i in range(50)]
+    make_tar(many, [tarfile.TarInfo("manifest.json")] + [tarfile.TarInfo(n) for n in names],
+             {"manifest.json": manifest(), **{n: b"x" for n in names}})  # fmt: skip
+    monkeypatch.setattr(reader, "MAX_MEMBERS", 10)
+    with pytest.raises(BlackboxError, match="more than 10 members"):
+        read_bundle(str(many))
+    monkeypatch.setattr(reader, "MAX_MEMBERS", 1000)
+    monkeypatch.setattr(reader, "MAX_MEMBER_BYTES", 10)
+    big = tmp_path / "big.tar.gz"
+    make_tar(big, [tarfile.TarInfo("manifest.json"), tarfile.TarInfo("ranks/0/big")],
+             {"manifest.json": manifest()[:10], "ranks/0/big": b"y" * 100})  # fmt: skip
+    with pytest.raises(BlackboxError):  # the manifest itself was cut: not a bundle
+        read_bundle(str(big))
+
+
+def test_links_devices_and_long_names(tmp_path: Path) -> None:
+    # GIVEN a hard link, a FIFO, a device, and a member whose name needs a PAX header
+    long_name = "ranks/0/" + "n" * 150 + ".json"
+    hard = tarfile.TarInfo("ranks/0/hard")
+    hard.type, hard.linkname = tarfile.LNKTYPE, "manifest.json"
+    fifo = tarfile.TarInfo("ranks/0/fifo")
+    fifo.type = tarfile.FIFOTYPE
+    dev = tarfile.TarInfo("ranks/0/dev")
+    dev.type = tarfile.CHRTYPE
+    bundle = tmp_path / "b.tar.gz"
+    make_tar(bundle, [tarfile.TarInfo("manifest.json"), hard, fifo, dev, tarfile.TarInfo(long_name)],
+             {"manifest.json": manifest(), long_name: b"{}"})  # fmt: skip
+    b = read_bundle(str(bundle))
+    # THEN only the regular files are read, the long name intact; the others are named as skipped
+    assert set(b.files) == {"manifest.json", long_name}
+    assert sorted(s.split(":")[0] for s in b.skipped) == ["ranks/0/dev", "ranks/0/fifo", "ranks/0/hard"]
+
+
+def test_a_corrupt_header_is_one_sentence(tmp_path: Path) -> None:
+    import gzip
+
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tar:
+        info = tarfile.TarInfo("manifest.json")
+        info.size = len(manifest())
+        tar.addfile(info, io.BytesIO(manifest()))
+    data = bytearray(raw.getvalue())
+    data[10] ^= 0xFF  # inside the first header's name: its checksum no longer matches
+    bad = tmp_path / "bad.tar.gz"
+    bad.write_bytes(gzip.compress(bytes(data)))
+    with pytest.raises(BlackboxError, match="checksum"):
+        read_bundle(str(bad))

@@ -1,0 +1,117 @@
+"""Benchmark: `blackbox report` time and peak memory on generated bundles of 8, 512 and 4,096 ranks (one rank
+stuck in its dataset, the others in all_reduce, a stall detection; per rank a heartbeat, py-spy stacks, /proc
+state and the recorder's dump). Each report runs in a fresh process (the CLI, JSON output), timed from outside;
+peak memory is that process's max RSS. Prints a Markdown table; the README quotes it.
+`make_bundle` is also used by the tests (tests/unit/test_scale.py)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+TORCH = "/opt/venv/lib/python3.11/site-packages/torch"
+
+
+def _frame(name: str, filename: str, line: int) -> dict[str, object]:
+    return {"name": name, "filename": filename, "module": None, "short_filename": filename.rsplit("/", 1)[-1],
+            "line": line, "locals": None, "is_entry": False}  # fmt: skip
+
+
+def _stack(stuck: bool) -> list[dict[str, object]]:
+    frames = [_frame("<module>", "/job/train.py", 200), _frame("main", "/job/train.py", 88)]
+    if stuck:
+        frames += [_frame("__next__", f"{TORCH}/utils/data/dataloader.py", 733),
+                   _frame("fetch", f"{TORCH}/utils/data/_utils/fetch.py", 52),
+                   _frame("__getitem__", "/job/data.py", 31)]  # fmt: skip
+    else:
+        frames += [_frame("wrapper", f"{TORCH}/distributed/c10d_logger.py", 81),
+                   _frame("all_reduce", f"{TORCH}/distributed/distributed_c10d.py", 3252)]  # fmt: skip
+    return [{"pid": 1, "thread_id": 1, "thread_name": "MainThread", "owns_gil": False, "active": False,
+             "frames": list(reversed(frames))},
+            {"pid": 1, "thread_id": 2, "thread_name": "blackbox-liveness", "owns_gil": False, "active": False,
+             "frames": [_frame("wait", "/usr/lib/python3.11/threading.py", 324)]}]  # fmt: skip
+
+
+def make_bundle(ranks: int, out_dir: str, stuck: int = 1) -> str:
+    """A stall bundle of `ranks` ranks written by blackbox's own writer; rank `stuck` never arrived."""
+    from blackbox.bundle.writer import BundleWriter
+
+    w = BundleWriter("bench-run", "node0", "stall", total_cap=2**31)
+    now = time.time()
+    for r in range(ranks):
+        mine = r == stuck
+        phase = "data" if mine else "collective"
+        w.add_json(f"ranks/{r}/heartbeat.json", {
+            "version": 1, "pid": 10_000 + r, "rank": r, "local_rank": r % 8, "world_size": ranks, "mode": "rank",
+            "step": 100, "phase": phase, "collective": "none" if mine else "all_reduce", "state": "running",
+            "alive": True, "idle_s": 63.0 + (r % 7) * 0.1, "liveness_age_s": 0.3, "last_progress_wall": now - 63,
+            "phase_start_wall": now - 63,
+        })  # fmt: skip
+        w.add_json(f"ranks/{r}/py-spy.json", _stack(mine))
+        w.add_json(f"ranks/{r}/proc.json", {
+            "pid": 10_000 + r, "name": "python3", "state": "S (sleeping)", "wchan": "futex_wait_queue",
+            "threads": [{"tid": 10_000 + r + t, "name": "python3", "state": "S", "wchan": "futex_wait_queue"}
+                        for t in range(24)], "fd_count": 120, "unreadable": {},
+        })  # fmt: skip
+        w.add_json(f"ranks/{r}/history.json", [{"t": now - 600 + s * 5, "step": s, "phase": "compute",
+                                                "state": "running", "phase_t": now - 600 + s * 5}
+                                               for s in range(0, 101, 10)])  # fmt: skip
+    reason = f"ranks wait in all_reduce while rank {stuck} never arrived (phase data)"
+    w.add_json("detection.json", {"rule": "stall", "ranks": list(range(ranks)), "suspects": [stuck], "reason": reason})
+    local = [{"rank": r, "pid": 10_000 + r, "local_rank": r % 8, "recorder": True, "alive": True}
+             for r in range(ranks)]  # fmt: skip
+    return w.write(out_dir, {"job": {"run_id": "bench-run", "node": "node0", "world_size": ranks,
+                                     "local_ranks": local}})  # fmt: skip
+
+
+def one_report(bundle: str, fmt: str) -> tuple[float, float]:
+    """(seconds, peak RSS in MB) of one `blackbox report` process."""
+    code = ("import resource, sys, time; t = time.perf_counter(); from blackbox.cli.main import main; "
+            f"rc = main(['report', {bundle!r}, '--format', {fmt!r}, '--out', '/dev/null']); "
+            "print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024); "
+            "sys.exit(rc)")  # fmt: skip
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)
+    if res.returncode != 0:
+        raise SystemExit(f"report failed: {res.stderr.strip()}")
+    seconds, rss = res.stdout.split()
+    return float(seconds), float(rss)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--sizes", default="8,512,4096")
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in [int(s) for s in args.sizes.split(",")]:
+            bundle = make_bundle(n, tmp)
+            size = os.path.getsize(bundle)
+            for fmt in ("json", "terminal", "html"):
+                runs = [one_report(bundle, fmt) for _ in range(args.repeats)]
+                t = statistics.median(r[0] for r in runs)
+                rss = max(r[1] for r in runs)
+                rows.append((n, size, fmt, t, rss))
+                print(f"  {n} ranks, {fmt}: {t:.2f} s, {rss:.0f} MB", file=sys.stderr)
+    print("| ranks | bundle (KiB, gzip) | format | report time (s) | peak memory (MB) |")
+    print("| ---: | ---: | --- | ---: | ---: |")
+    for n, size, fmt, t, rss in rows:
+        print(f"| {n} | {size // 1024} | {fmt} | {t:.2f} | {rss:.0f} |")
+    print(
+        f"\n{os.cpu_count()} CPUs; median time and the largest peak of {args.repeats} runs each; "
+        f"time from the CLI's entry (imports included), in a fresh process."
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
