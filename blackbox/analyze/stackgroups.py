@@ -54,14 +54,21 @@ def waits_in(thread: stacks.ThreadStack) -> str:
             return "checkpoint"
         if "torch/utils/data" in path:
             return "data"
-        if f.function in COLLECTIVE_FUNCS and ("torch/distributed" in path or f.is_library):
+        if f.function in COLLECTIVE_FUNCS and "torch/distributed" in path:
             return "collective"
     return "compute"
 
 
-def _from_pyspy(bundle: Bundle, name: str) -> Optional[stacks.ThreadStack]:
+def _from_pyspy(bundle: Bundle, name: str, worker: bool = False) -> Optional[stacks.ThreadStack]:
     data = bundle.json(name)
-    return stacks.main_thread(pyspy.threads(data)) if isinstance(data, list) else None
+    if not isinstance(data, list):
+        return None
+    threads = pyspy.threads(data)
+    if worker:  # a forked DataLoader worker: the thread running its loop (others are the parent's leftovers)
+        for t in threads:
+            if any(f.function == "_worker_loop" for f in t.frames):
+                return t
+    return stacks.main_thread(threads)
 
 
 def rank_stack(bundle: Bundle, rank: int) -> Optional[RankStack]:
@@ -79,7 +86,7 @@ def rank_stack(bundle: Bundle, rank: int) -> Optional[RankStack]:
     head = f"ranks/{rank}/py-spy-worker-"
     for member in bundle.rank_files(rank):
         if member.startswith(head) and member.endswith(".json") and member[len(head) : -5].isdigit():
-            w = _from_pyspy(bundle, member)
+            w = _from_pyspy(bundle, member, worker=True)
             if w is not None:
                 workers.append((int(member[len(head) : -5]), w))
     return RankStack(rank, thread, source, waits_in(thread), tuple(workers))

@@ -15,7 +15,7 @@ from ..bundle.reader import Bundle
 from ..supervisor.rules import rank_ranges
 from .actions import Facts, next_actions
 from .model import Finding, RankRow, Report, Verdict
-from .stackgroups import COLLECTIVE_FUNCS, RankStack, group, rank_stack
+from .stackgroups import COLLECTIVE_FUNCS, RankStack, group, rank_stack, signature
 
 _HANG_BY_PHASE = {
     "data": "hang.data_loading",
@@ -141,6 +141,11 @@ _COMM_TIMEOUT = ("Timed out waiting", "Watchdog caught collective operation time
 _PEER_LOSS = re.compile(
     r"Connection (?:closed|reset) by peer|Broken pipe|remote process exit|"
     r"communicator was aborted|aborted|Socket closed",
+    re.IGNORECASE,
+)
+_CUDA_ERROR = re.compile(
+    r"CUDA error|CUBLAS_STATUS|cuDNN error|NCCL error|illegal memory access|"
+    r"device-side assert",
     re.IGNORECASE,
 )
 _CONSOLE_CATEGORY = {
@@ -325,6 +330,17 @@ def _rank_summary(rows: list[RankRow], rank_stacks: dict[int, RankStack], suspec
     return out
 
 
+def _workers(ranks: list[int], rank_stacks: dict[int, RankStack]) -> dict[str, list[str]]:
+    """Each rank's DataLoader workers, attached to its stack group: "pid: where its main thread is"."""
+    out: dict[str, list[str]] = {}
+    for rank in ranks:
+        rs = rank_stacks.get(rank)
+        for pid, worker in rs.workers if rs is not None else ():
+            top = worker.top_user_frame()
+            out.setdefault(str(rank), []).append(f"worker {pid}: {signature(worker)}" if top else f"worker {pid}")
+    return out
+
+
 def _one_rank(row: RankRow, rs: Optional[RankStack]) -> list[Finding]:
     where = f"in {row.collective}" if row.collective else f"in phase {row.phase}"
     idle = f", no progress for {row.idle_s:.0f} s" if row.idle_s is not None else ""
@@ -465,7 +481,8 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
                                         f"ranks/{r}/fatal.txt"))  # fmt: skip
         elif first is not None:
             oom = "OutOfMemoryError" in str(first.get("type")) or "out of memory" in str(first.get("message"))
-            category = "crash.oom" if oom else "crash.exception"
+            cuda = bool(_CUDA_ERROR.search(str(first.get("message"))))
+            category = "crash.oom" if oom else "crash.cuda_error" if cuda else "crash.exception"
             suspects = [first["rank"]]
             confidence = "high" if rule == "exception" or len(raised) == 1 else "medium"
             summary = f"Rank {first['rank']} raised {first.get('type')} first: {str(first.get('message'))[:200]}"
@@ -527,5 +544,6 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         collectives=[u.__dict__ for u in unjoined],
         timeline=_timeline(bundle, rows),
         stack_groups=[{"ranks": g.ranks, "waits_in": g.waits_in, "signature": g.signature, "frames": g.frames,
-                       "odd": g.odd, "sources": g.sources, "describe": g.describe()} for g in groups],
+                       "odd": g.odd, "sources": g.sources, "describe": g.describe(),
+                       "workers": _workers(g.ranks, rank_stacks)} for g in groups],
     )  # fmt: skip

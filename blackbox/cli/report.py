@@ -17,7 +17,10 @@ from ..errors import EXIT_CANT_CREATE, BlackboxError
               "`json` (the versioned schema), `markdown` (for an issue tracker), `html` (one self-contained "
               "file).")  # fmt: skip
 @click.option("--out", "out_path", default=None, metavar="FILE", help="Write the report to FILE instead of stdout.")
-def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str]) -> int:
+@click.option("--fr-analyzer/--no-fr-analyzer", default=True, show_default=True,
+              help="Also run PyTorch's flight-recorder analyzer (when torch is importable here) on normalised copies "
+                   "of the bundle's traces; blackbox reads `pg_status` itself either way.")  # fmt: skip
+def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyzer: bool) -> int:
     """Say what happened in a bundle: category, suspect ranks, phase, evidence, next steps.
 
     PATH is a bundle (.tar.gz), an extracted bundle directory, a run directory (its newest bundle), or a
@@ -26,14 +29,22 @@ def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str]) -> int:
 
         blackbox report blackbox-runs/20261129-120000-ab12cd
     """
-    from ..analyze.verdict import analyze
+    from .._recorder.protocol import FR_PREFIX
+    from ..adapters import flight_recorder as fr
+    from ..analyze.verdict import analyze, flight_recorder_dumps
     from ..bundle.reader import read_bundles
     from ..render.html import render_html
     from ..render.json_render import render_json
     from ..render.markdown import render_markdown
     from ..render.terminal import render_terminal
 
-    model = analyze(read_bundles(list(paths)))
+    bundle = read_bundles(list(paths))
+    torch_fr = None
+    if fr_analyzer:
+        dumps, _ = flight_recorder_dumps(bundle)
+        if len(dumps) > 1:
+            torch_fr = fr.torch_analyzer({f"{FR_PREFIX}{rank}": d for rank, d in dumps.items()})
+    model = analyze(bundle, torch_fr)
     render = {"json": render_json, "markdown": render_markdown, "html": render_html}.get(fmt, render_terminal)
     if out_path is None:
         render(model, sys.stdout)

@@ -53,6 +53,9 @@ def render_terminal(report: Report, out: TextIO) -> None:
             console.print(f"  {'*' if g.get('odd') else ' '} {g.get('describe')}  [{g.get('waits_in')}]", markup=False)
             for frame in g.get("frames", [])[-6:]:
                 console.print(f"        {frame}", markup=False)
+            for rank, workers in (g.get("workers") or {}).items():
+                for worker in workers:
+                    console.print(f"        rank {rank}'s {worker}", markup=False)
     console.print("[bold]evidence[/]")
     for f in report.findings:
         console.print(f"  [{f.kind}] {f.text}" + (f"  ({f.source})" if f.source else ""), markup=False)

@@ -1,5 +1,6 @@
-"""A 2-rank gloo training job where one rank meets a chosen end, for the recorder's last-words tests:
-data-hang, data-hang-workers, ckpt-hang, gil-hang, raise, oom, segv, skip-allreduce, comm-timeout, sigkill."""
+"""A 2-rank gloo training job where one rank meets a chosen end, for the recorder's last-words tests and the
+golden bundles: data-hang, data-hang-workers, ckpt-hang, gil-hang, raise, oom, segv, skip-allreduce,
+comm-timeout, sigkill, cuda-error."""
 
 import ctypes
 import os
@@ -57,6 +58,9 @@ def main() -> None:
         if mine and SCENARIO == "oom":
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
                                          "of 79.10 GiB of which 1.06 GiB is free.")  # fmt: skip
+        if mine and SCENARIO == "cuda-error":  # what a failed kernel raises (on the CPU: its message alone)
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nCUDA kernel errors might be "
+                               "asynchronously reported at some other API call.")  # fmt: skip
         if mine and SCENARIO == "segv":
             ctypes.string_at(0)
         loss = torch.nn.functional.mse_loss(model(x), y)

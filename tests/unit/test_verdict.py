@@ -220,3 +220,21 @@ def test_bundles_of_different_jobs_are_refused(tmp_path: Path) -> None:
     b = node_bundle(tmp_path, "run-2", "node-b", {1: IN_ALL_REDUCE}, 2)
     with pytest.raises(BlackboxError, match="belong to different jobs"):
         read_bundles([a, b])
+
+
+def test_a_healthy_job_collected_on_request_is_ok(tmp_path: Path) -> None:
+    in_compute = pyspy(frame("<module>", "/job/train.py", 120), frame("main", "/job/train.py", 60),
+                       frame("forward", "/job/model.py", 12))  # fmt: skip
+    report = analyze(read_bundle(str(bundle(tmp_path, "manual", {r: in_compute for r in range(4)}))))
+    assert report.verdict.category == "ok" and report.verdict.suspect_ranks == []
+    (only,) = report.stack_groups
+    assert only["ranks"] == [0, 1, 2, 3] and not only["odd"]
+
+
+def test_cuda_error_message_is_a_cuda_error(tmp_path: Path) -> None:
+    exc = {1: [{"time": 1.0, "thread": "MainThread", "type": "builtins.RuntimeError",
+                "message": "CUDA error: an illegal memory access was encountered"}]}  # fmt: skip
+    hbs = {0: {"state": "running", "phase": "collective"}, 1: {"state": "exception", "phase": "compute"}}
+    report = analyze(read_bundle(str(bundle(tmp_path, "exception", {}, hbs, exc))))
+    assert report.verdict.category == "crash.cuda_error" and report.verdict.suspect_ranks == [1]
+    assert "Xid" in report.next_actions[0]
