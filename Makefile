@@ -35,6 +35,7 @@ demo: $(STAMP)
 bench: $(STAMP)
 	$(PY) scripts/bench_overhead.py
 	$(PY) scripts/bench_collect.py
+	$(PY) scripts/bench_report.py
 
 clean:
 	rm -rf $(VENV) blackbox-runs .pytest_cache .mypy_cache .ruff_cache
