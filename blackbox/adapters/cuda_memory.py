@@ -1,14 +1,15 @@
 """CUDA out-of-memory evidence: PyTorch's OOM message (requested, capacity, free, allocated, reserved) and its
 memory snapshots (`torch.cuda.memory._snapshot()` pickles: read with a restricted unpickler that admits only
-plain data — nothing is executed). The one module that knows those formats. Imports the stdlib only."""
+plain data — nothing is executed). The one module that knows those formats. Imports the stdlib and
+adapters.plainpickle."""
 
 from __future__ import annotations
 
-import io
-import pickle
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from .plainpickle import PlainPickleError, load_plain
 
 MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
 MEMORY_VIZ_URL = "https://pytorch.org/memory_viz"
@@ -64,20 +65,11 @@ def parse_oom(message: str) -> Optional[OomMessage]:
     return OomMessage(int(gpu.group(1)) if gpu else None, sizes)
 
 
-class _PlainUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise SnapshotError(f"the snapshot references `{module}.{name}`; only plain data is read")
-
-
 def load_snapshot(data: bytes) -> dict[str, Any]:
-    if len(data) > MAX_SNAPSHOT_BYTES:
-        raise SnapshotError(f"the snapshot is {len(data)} bytes, over the {MAX_SNAPSHOT_BYTES} byte limit")
     try:
-        obj = _PlainUnpickler(io.BytesIO(data)).load()
-    except SnapshotError:
-        raise
-    except Exception as exc:
-        raise SnapshotError(f"the snapshot is not a readable pickle: {exc}") from None
+        obj = load_plain(data, MAX_SNAPSHOT_BYTES, "snapshot")
+    except PlainPickleError as exc:
+        raise SnapshotError(str(exc)) from None
     if not isinstance(obj, dict) or "segments" not in obj:
         raise SnapshotError("the file is not a CUDA memory snapshot (no `segments`)")
     return obj

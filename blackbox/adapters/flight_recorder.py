@@ -1,15 +1,16 @@
-"""PyTorch's flight recorder: reads raw per-rank dumps without executing anything (a restricted unpickler
-that admits only plain containers and numbers), normalises Gloo dumps so torch's own analyzer can read them,
-and reads `pg_status` directly. Imports the stdlib only; torch's analyzer is run as a separate process."""
+"""PyTorch's flight recorder: reads raw per-rank dumps without executing anything (adapters.plainpickle),
+normalises Gloo dumps so torch's own analyzer can read them, and reads `pg_status` directly. Imports the stdlib
+and adapters.plainpickle; torch's analyzer is run as a separate process."""
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from .plainpickle import PlainPickleError, load_plain
 
 MAX_DUMP_BYTES = 256 * 1024 * 1024
 _RANK_SUFFIX = re.compile(r"(\d+)$")
@@ -19,23 +20,11 @@ class FlightRecorderError(Exception):
     pass
 
 
-class _PlainUnpickler(pickle.Unpickler):
-    """Admits dicts, lists, tuples, sets, strings, bytes, numbers, booleans and None: any class or function
-    reference (the way a pickle runs code) is refused."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise FlightRecorderError(f"the dump references `{module}.{name}`; only plain data is read")
-
-
 def load_dump(data: bytes) -> dict[str, Any]:
-    if len(data) > MAX_DUMP_BYTES:
-        raise FlightRecorderError(f"the dump is {len(data)} bytes, over the {MAX_DUMP_BYTES} byte limit")
     try:
-        obj = _PlainUnpickler(io.BytesIO(data)).load()
-    except FlightRecorderError:
-        raise
-    except Exception as exc:
-        raise FlightRecorderError(f"the dump is not a readable pickle: {exc}") from None
+        obj = load_plain(data, MAX_DUMP_BYTES, "dump")
+    except PlainPickleError as exc:
+        raise FlightRecorderError(str(exc)) from None
     if not isinstance(obj, dict) or "entries" not in obj:
         raise FlightRecorderError("the dump is not a flight-recorder trace (no `entries`)")
     return obj
