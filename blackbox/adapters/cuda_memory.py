@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .plainpickle import PlainPickleError, load_plain
+from .plainpickle import PlainPickleError, load_plain_dict
 
 MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
 MEMORY_VIZ_URL = "https://pytorch.org/memory_viz"
@@ -67,12 +67,9 @@ def parse_oom(message: str) -> Optional[OomMessage]:
 
 def load_snapshot(data: bytes) -> dict[str, Any]:
     try:
-        obj = load_plain(data, MAX_SNAPSHOT_BYTES, "snapshot")
+        return load_plain_dict(data, MAX_SNAPSHOT_BYTES, "snapshot", "segments", "CUDA memory snapshot")
     except PlainPickleError as exc:
         raise SnapshotError(str(exc)) from None
-    if not isinstance(obj, dict) or "segments" not in obj:
-        raise SnapshotError("the file is not a CUDA memory snapshot (no `segments`)")
-    return obj
 
 
 @dataclass(frozen=True)

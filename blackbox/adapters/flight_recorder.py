@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .plainpickle import PlainPickleError, load_plain
+from .plainpickle import PlainPickleError, load_plain_dict
 
 MAX_DUMP_BYTES = 256 * 1024 * 1024
 _RANK_SUFFIX = re.compile(r"(\d+)$")
@@ -22,12 +22,9 @@ class FlightRecorderError(Exception):
 
 def load_dump(data: bytes) -> dict[str, Any]:
     try:
-        obj = load_plain(data, MAX_DUMP_BYTES, "dump")
+        return load_plain_dict(data, MAX_DUMP_BYTES, "dump", "entries", "flight-recorder trace")
     except PlainPickleError as exc:
         raise FlightRecorderError(str(exc)) from None
-    if not isinstance(obj, dict) or "entries" not in obj:
-        raise FlightRecorderError("the dump is not a flight-recorder trace (no `entries`)")
-    return obj
 
 
 def normalise(dump: dict[str, Any]) -> dict[str, Any]:

@@ -28,3 +28,11 @@ def load_plain(data: bytes, limit: int, what: str) -> Any:
         raise PlainPickleError(f"the {what} cannot be read: {exc}") from None
     except Exception as exc:
         raise PlainPickleError(f"the {what} is not a readable pickle: {exc}") from None
+
+
+def load_plain_dict(data: bytes, limit: int, what: str, key: str, kind: str) -> dict[str, Any]:
+    """A plain-data pickle that must be a dict holding `key` (else: "the dump is not a <kind> (no `key`)")."""
+    obj = load_plain(data, limit, what)
+    if not isinstance(obj, dict) or key not in obj:
+        raise PlainPickleError(f"the {what} is not a {kind} (no `{key}`)")
+    return obj
