@@ -32,6 +32,7 @@ SCENARIOS: dict[str, tuple[str, int, list[str], dict[str, object]]] = {
     "oom": ("oom", 0, [], {"category": "crash.oom", "suspect_ranks": [0], "phase": "compute"}),
     "segfault": ("segv", 1, [], {"category": "crash.signal", "suspect_ranks": [1]}),
     "sigkill": ("sigkill", 1, [], {"category": "crash.signal", "suspect_ranks": [1]}),
+    "mismatch": ("mismatch", 1, [], {"category": "hang.collective", "suspect_ranks": [0, 1], "phase": "collective"}),
     "cuda-error": ("cuda-error", 1, [], {"category": "crash.cuda_error", "suspect_ranks": [1], "phase": "compute"}),
     "comm-timeout": ("comm-timeout", 1, ["--stall-timeout", "60"],
                      {"category": "crash.comm_timeout", "suspect_ranks": [1], "phase": "compute"}),

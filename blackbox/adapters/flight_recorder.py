@@ -161,6 +161,45 @@ def unjoined(dumps: dict[int, dict[str, Any]]) -> list[Unjoined]:
     return out
 
 
+@dataclass(frozen=True)
+class Mismatch:
+    """A collective number every rank entered, but not as the same operation (or not with the same sizes)."""
+
+    group: str
+    group_name: str
+    seq: int
+    calls: dict[str, list[int]]  # "all_reduce [[1, 8]]" -> the ranks that called it so
+    where: dict[str, str]  # the same key -> the user frame it was called from
+
+
+def mismatches(dumps: dict[int, dict[str, Any]]) -> list[Mismatch]:
+    """Per group, the last collective all ranks enqueued, when they did not all enqueue the same one."""
+    statuses = [s for rank, d in dumps.items() for s in pg_status(rank, d)]
+    out = []
+    for group in sorted({s.group for s in statuses}):
+        members = [s for s in statuses if s.group == group]
+        seq = min(s.last_enqueued for s in members)
+        if seq < 0 or len(members) < 2:
+            continue
+        calls: dict[str, list[int]] = {}
+        where: dict[str, str] = {}
+        name = group
+        for s in members:
+            e = _entry(dumps[s.rank], group, seq)
+            if e is None:
+                continue
+            pg = e.get("process_group")
+            name = str(pg[1]) if isinstance(pg, (tuple, list)) and len(pg) == 2 else group
+            key = f"{str(e.get('profiling_name') or '?').split(':')[-1]} {e.get('input_sizes')}"
+            calls.setdefault(key, []).append(s.rank)
+            frame = _user_frame(e)
+            if frame:
+                where.setdefault(key, frame)
+        if len(calls) > 1:
+            out.append(Mismatch(group, name, seq, {k: sorted(v) for k, v in calls.items()}, where))
+    return out
+
+
 def torch_analyzer(dumps: dict[str, dict[str, Any]], timeout: float = 120.0) -> tuple[Optional[str], str]:
     """Run PyTorch's own analyzer (`python -m torch.distributed.flight_recorder.fr_trace`) on normalised
     copies of the dumps — re-pickled from plain data, so nothing from the bundle is unpickled by torch.

@@ -22,6 +22,7 @@ class Facts:
     stuck_workers: dict[int, list[int]] = field(default_factory=dict)  # rank -> DataLoader worker pids
     checkpoint_frame: Optional[str] = None
     missing_collective: Optional[str] = None  # "all_reduce #5 (group default_pg)"
+    mismatch: Optional[str] = None  # "rank 1 called broadcast at train.py:74; ranks 0, 2-7 called all_reduce ..."
     exception: Optional[str] = None  # "ValueError: bad batch at train.py:88"
     kernel_oom: bool = False
     disk_free: Optional[str] = None
@@ -54,6 +55,10 @@ def next_actions(v: Verdict, facts: Facts) -> list[str]:
         actions.append(f"The kernel's OOM killer ended {where}: check the node's memory (node.json) and host-side "
                        "memory per rank (DataLoader workers, pinned memory, dataset caches); "
                        "`dmesg -T | grep -i -e oom -e 'killed process'` on the node.")  # fmt: skip
+    elif cat == "hang.collective" and facts.mismatch:
+        actions.append(f"The ranks called different collectives: {facts.mismatch}. Find the rank-dependent branch "
+                       "or the skipped call before those lines; `TORCH_DISTRIBUTED_DEBUG=DETAIL` checks every "
+                       "collective's signature across ranks.")  # fmt: skip
     elif cat in ("crash.comm_timeout", "hang.collective"):
         what = f" never entered {facts.missing_collective}" if facts.missing_collective else " did not arrive"
         actions.append(f"Look at {where}: it{what}. Its stack is in the bundle"

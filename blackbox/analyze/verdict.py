@@ -201,11 +201,17 @@ def flight_recorder_dumps(bundle: Bundle) -> tuple[dict[int, dict[str, Any]], li
 
 def _collective_findings(
     bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]]
-) -> tuple[list[fr.Unjoined], list[Finding]]:
+) -> tuple[list[fr.Unjoined], list[fr.Mismatch], list[Finding]]:
     dumps, errors = flight_recorder_dumps(bundle)
     findings = [Finding("observed", f"a flight-recorder trace could not be read: {e}", "flight_recorder/")
                 for e in errors]  # fmt: skip
     unjoined = fr.unjoined(dumps) if dumps else []
+    mismatched = fr.mismatches(dumps) if dumps else []
+    for mm in mismatched:
+        calls = "; ".join(f"{_plural_ranks(r)} called {call}" + (f" at {mm.where[call]}" if call in mm.where else "")
+                          for call, r in sorted(mm.calls.items(), key=lambda kv: (len(kv[1]), kv[0])))  # fmt: skip
+        findings.append(Finding("observed", f"collective #{mm.seq} of group {mm.group_name} is not the same on every "
+                                f"rank: {calls}", "flight_recorder/: entries"))  # fmt: skip
     for u in unjoined:
         text = (f"{_plural_ranks(u.missing)} never entered {u.op} #{u.seq} (group {u.group_name}) that "
                 f"{_plural_ranks(u.waiting)} {'waits' if len(u.waiting) == 1 else 'wait'} in"
@@ -221,7 +227,7 @@ def _collective_findings(
             findings.append(Finding("observed", f"PyTorch's flight-recorder analyzer: missing ranks {missing}", source))
         elif output is None or how != "PyTorch's analyzer ran":
             findings.append(Finding("observed", how, "flight_recorder/"))
-    return unjoined, findings
+    return unjoined, mismatched, findings
 
 
 def _memory_findings(bundle: Bundle, ranks: list[int], findings: list[Finding], facts: Facts) -> list[int]:
@@ -411,7 +417,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         if rs.waits_in == "checkpoint":
             top = rs.thread.top_user_frame()
             facts.checkpoint_frame = top.describe() if top else None
-    unjoined, fr_findings = _collective_findings(bundle, torch_fr)
+    unjoined, mismatched, fr_findings = _collective_findings(bundle, torch_fr)
     findings.extend(fr_findings)
     never_joined = sorted({r for u in unjoined for r in u.missing})
 
@@ -521,6 +527,24 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     if unjoined:
         u = unjoined[0]
         facts.missing_collective = f"{u.op} #{u.seq} (group {u.group_name})"
+    if mismatched:
+        mm = mismatched[0]
+        facts.mismatch = (
+            "; ".join(
+                f"{_plural_ranks(r)} called {call.split(' ')[0]}"
+                + (f" at {mm.where[call]}" if call in mm.where else "")
+                for call, r in sorted(mm.calls.items(), key=lambda kv: (len(kv[1]), kv[0]))
+            )
+            + f" (collective #{mm.seq}, group {mm.group_name})"
+        )
+        if category.startswith("hang."):
+            category = "hang.collective"
+            smallest = min(len(r) for r in mm.calls.values())
+            odd = sorted(x for r in mm.calls.values() if len(r) == smallest for x in r)
+            if len(odd) < sum(len(r) for r in mm.calls.values()):
+                suspects = odd
+            if "mismatch" not in summary:
+                summary += " The ranks are in different collectives: a collective mismatch."
     if first is not None:
         tb = first.get("traceback") if isinstance(first.get("traceback"), list) else []
         at = f" at {tb[-1].get('file', '?').rsplit('/', 1)[-1]}:{tb[-1].get('line')}" if tb and isinstance(

@@ -124,6 +124,16 @@ def blame(stalled: list[RankView], everyone: list[RankView]) -> tuple[tuple[int,
             f"{_plural('rank', _ids(elsewhere))} {rank_ranges(_ids(elsewhere))} never arrived "
             f"(phase {'/'.join(phases)})"
         )
+    by_op: dict[str, list[RankView]] = {}
+    for v in waiting:
+        by_op.setdefault(v.hb.collective, []).append(v)
+    if len(by_op) > 1 and not elsewhere:  # every rank waits, but not in the same collective: a mismatch
+        smallest = min(len(group) for group in by_op.values())
+        odd = [v for group in by_op.values() if len(group) == smallest for v in group]
+        calls = "; ".join(f"{_plural('rank', _ids(g))} {rank_ranges(_ids(g))} in {op}"
+                          for op, g in sorted(by_op.items()))  # fmt: skip
+        suspects = _ids(odd) if len(odd) < len(waiting) else _ids(waiting)
+        return suspects, f"the ranks wait in different collectives ({calls}): a collective mismatch"
     steps = {v.hb.step for v in stalled}
     if len(steps) > 1:
         low = min(steps)

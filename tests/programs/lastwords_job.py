@@ -1,6 +1,6 @@
 """A 2-rank gloo training job where one rank meets a chosen end, for the recorder's last-words tests and the
 golden bundles: data-hang, data-hang-workers, ckpt-hang, gil-hang, raise, oom, segv, skip-allreduce,
-comm-timeout, sigkill, cuda-error."""
+comm-timeout, sigkill, cuda-error, mismatch."""
 
 import ctypes
 import os
@@ -70,6 +70,9 @@ def main() -> None:
             time.sleep(3600)
         if mine and SCENARIO == "sigkill":  # as the kernel's OOM killer would
             os.kill(os.getpid(), signal.SIGKILL)
+        if mine and SCENARIO == "mismatch":  # rank 1 calls a different collective than the others
+            dist.broadcast(model.weight.grad, src=0)
+            time.sleep(3600)
         for p in model.parameters():
             dist.all_reduce(p.grad)
         opt.step()

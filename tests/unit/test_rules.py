@@ -85,6 +85,13 @@ def test_a_quiet_rank_in_a_long_checkpoint_is_blamed_when_the_others_wait_for_it
     assert "rank 1 waits in all_reduce while rank 0 never arrived (phase checkpoint)" in d.reason
 
 
+def test_the_rank_in_another_collective_is_the_suspect_of_a_mismatch() -> None:
+    stalled = [RankView(hb(r, phase="collective", collective="broadcast" if r == 2 else "all_reduce"), True)
+               for r in range(4)]  # fmt: skip
+    suspects, reason = blame(stalled, stalled)
+    assert suspects == (2,) and "a collective mismatch" in reason and "rank 2 in broadcast" in reason
+
+
 def test_behind_by_a_step_is_the_suspect() -> None:
     stalled = [RankView(hb(0, step=12), True), RankView(hb(1, step=11), True), RankView(hb(2, step=12), True)]
     suspects, reason = blame(stalled, stalled)
