@@ -238,3 +238,11 @@ def test_cuda_error_message_is_a_cuda_error(tmp_path: Path) -> None:
     report = analyze(read_bundle(str(bundle(tmp_path, "exception", {}, hbs, exc))))
     assert report.verdict.category == "crash.cuda_error" and report.verdict.suspect_ranks == [1]
     assert "Xid" in report.next_actions[0]
+
+
+def test_a_stall_before_the_first_step_is_unknown(tmp_path: Path) -> None:
+    hbs = {0: {"state": "running", "phase": "startup", "step": 0}, 1: {"state": "running", "phase": "startup",
+                                                                        "step": 0}}  # fmt: skip
+    det = {"rule": "stall", "ranks": [0, 1], "suspects": [0, 1], "reason": "no rank stands out"}
+    report = analyze(read_bundle(str(bundle(tmp_path, "stall", {}, hbs, detection=det))))
+    assert report.verdict.category == "hang.unknown" and report.verdict.confidence == "low"
