@@ -1,5 +1,6 @@
-"""`make demo`: run the demo job under `blackbox run`, let blackbox catch the hang, then report the bundle.
-Run from the repository root inside the project's virtual environment."""
+"""`make demo`: run one scenario of the gallery (scripts/scenarios/: rank 1's dataset read blocks forever, like
+a dead network filesystem, while rank 0 waits in all_reduce) under `blackbox run`, let blackbox catch the hang,
+then report the bundle. Run from the repository root inside the project's virtual environment."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ def main() -> int:
     run_dir = ROOT / "blackbox-runs" / ("demo-" + datetime.now().strftime("%Y%m%d-%H%M%S"))
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
     cmd = ["blackbox", "run", "--run-dir", str(run_dir), "--stall-timeout", "10", "--kill-grace", "10", "--",
-           "torchrun", "--standalone", "--nproc-per-node", "2", str(ROOT / "scripts" / "demo_train.py")]  # fmt: skip
-    print("$ " + " ".join([*cmd[:7], "--", "torchrun --standalone --nproc-per-node 2 scripts/demo_train.py"]))
-    print("(rank 1 will block reading a dataset shard at step 8; blackbox should notice within ~10 s)\n", flush=True)
+           "torchrun", "--standalone", "--nproc-per-node", "2", str(ROOT / "scripts" / "scenarios" / "train.py"),
+           "data-hang", "1"]  # fmt: skip
+    print("$ " + " ".join([*cmd[:7], "--", "torchrun --standalone --nproc-per-node 2 scripts/scenarios/train.py "
+                           "data-hang 1"]))  # fmt: skip
+    print("(rank 1 will block reading a dataset shard at step 3; blackbox should notice within ~10 s)\n", flush=True)
     code = subprocess.call(cmd, env=env, cwd=ROOT)
     print(f"\nblackbox run exited with {code} (86 = blackbox ended the job after a stall)\n", flush=True)
     print(f"$ blackbox report {run_dir.relative_to(ROOT)}\n", flush=True)

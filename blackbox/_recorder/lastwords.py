@@ -123,6 +123,15 @@ class LastWords:
             chain = handler not in (signal.SIG_DFL, signal.SIG_IGN)
         faulthandler.register(sig, file=self._file_for(sig), all_threads=True, chain=chain)
 
+    def step_aside(self) -> None:
+        """This process no longer records (the ranks it started do): its signal dumps stop, and SIGUSR1 and
+        SIGTERM do again what they did before."""
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            try:
+                faulthandler.unregister(sig)
+            except Exception:
+                pass
+
     def rotate_stack_file(self) -> None:
         """After a served dump request the next SIGUSR1 dump goes to a new `stacks-<n>.txt`."""
         self.stack_dump_index += 1

@@ -31,8 +31,9 @@ class Recorder:
         self.rank_dir = os.path.join(run_dir, "ranks", str(rank))
         os.makedirs(self.rank_dir, mode=0o700, exist_ok=True)
         self._failed: set[str] = set()
+        self.hb_path = os.path.join(self.rank_dir, "heartbeat")
         self.hb = HeartbeatWriter(
-            os.path.join(self.rank_dir, "heartbeat"),
+            self.hb_path,
             pid=self.pid,
             start_ticks=_own_start_ticks(),
             rank=rank,
@@ -40,6 +41,7 @@ class Recorder:
             world_size=world_size,
             mode=mode,
         )
+        self.hb_ino = os.stat(self.hb_path).st_ino
         # step accounting
         self.step_count = 0
         self._last_step_time = self.hb.mono0
@@ -263,6 +265,8 @@ class Recorder:
                 if not self.enabled:
                     return
                 counter += 1
+                if self.mode == P.MODE_SINGLE and self._taken_over():
+                    return
                 self.hb.liveness(counter, _monotonic())
                 if "flush" not in self._failed:
                     try:
@@ -276,6 +280,20 @@ class Recorder:
                 self.fail("liveness", exc)
                 return
             self._stop.wait(self._liveness_interval)
+
+    def _taken_over(self) -> bool:
+        """A single process that started the job's ranks itself (torch.multiprocessing.spawn): once its rank 0
+        records, it has replaced this process's heartbeat. This process is their launcher: it steps aside."""
+        try:
+            current = os.stat(self.hb_path).st_ino
+        except OSError:
+            return False
+        if current == self.hb_ino:
+            return False
+        self.enabled = False
+        self.lastwords.note("stepped_aside", reason="rank 0 of the ranks this process started records now")
+        self.lastwords.step_aside()
+        return True
 
     # --- dumps and state files (daemon thread only) -------------------------------------------------
     def _serve_dump_request(self) -> None:
@@ -747,6 +765,33 @@ def activate(run_dir: str, rank: int, local_rank: int, world_size: int, mode: st
     rec.start()
     ACTIVE = rec
     return rec
+
+
+def defer(run_dir: str) -> None:
+    """A process started by a single-process recorder (torch.multiprocessing.spawn and the like) that sets its
+    rank in code: record it as that rank once it has joined the process group. Until then, and if it never
+    does (a helper, a compile worker), it costs one import watcher."""
+
+    def wrap(dist: Any) -> None:
+        original = getattr(dist, "init_process_group", None)
+        if original is None or getattr(original, "_blackbox", False):
+            return
+
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            try:
+                rank, world = dist.get_rank(), dist.get_world_size()
+                local = int(os.environ.get("LOCAL_RANK", rank))
+                activate(run_dir, rank, local, world, P.MODE_RANK)
+            except Exception:
+                pass  # never the job's problem
+            return result
+
+        init_process_group._blackbox = True  # type: ignore[attr-defined]
+        init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+        dist.init_process_group = init_process_group
+
+    _watch_imports({"torch.distributed": wrap})
 
 
 def _claim_single(run_dir: str) -> bool:

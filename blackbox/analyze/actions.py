@@ -24,6 +24,7 @@ class Facts:
     missing_collective: Optional[str] = None  # "all_reduce #5 (group default_pg)"
     mismatch: Optional[str] = None  # "rank 1 called broadcast at train.py:74; ranks 0, 2-7 called all_reduce ..."
     exception: Optional[str] = None  # "ValueError: bad batch at train.py:88"
+    exception_path: Optional[str] = None  # a file the exception names: "/data/shard-0003.bin"
     kernel_oom: bool = False
     disk_free: Optional[str] = None
 
@@ -76,6 +77,10 @@ def next_actions(v: Verdict, facts: Facts) -> list[str]:
         actions.append(f"Check the GPU of {where}: `nvidia-smi -q` (ECC errors, retired pages, throttling).")
         actions.append("Rerun with `CUDA_LAUNCH_BLOCKING=1` to find the kernel that failed.")
     elif cat == "crash.exception":
+        if facts.exception_path:
+            path = facts.exception_path
+            actions.append(f"Check `{path}`, the file {where}'s exception names: `ls -l {path}` as the job's "
+                           "user (permissions, existence, the filesystem).")  # fmt: skip
         actions.append(f"Read {where}'s exception" + (f": {facts.exception}." if facts.exception else ".")
                        + " The traceback is in ranks/<rank>/exceptions.jsonl and the console tail.")  # fmt: skip
         actions.append("The other ranks' errors (connection reset, timeouts) are consequences: they lost a peer.")
@@ -109,6 +114,9 @@ def next_actions(v: Verdict, facts: Facts) -> list[str]:
         actions.append(
             f"Rerun with `blackbox run --on-stall keep` to keep the job alive for a debugger on rank {ranks}."
         )
+    if cat == "ok" and v.suspect_ranks:
+        actions.append(f"R{where[1:]} is the slowest (a straggler): compare its data, its node's load and its "
+                       "GPU's temperature and clocks with the others'; it sets every collective's pace.")  # fmt: skip
     if not actions:
         actions.append("Compare steps and phases across ranks; the slowest rank is the first to look at.")
     return actions

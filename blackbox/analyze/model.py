@@ -30,6 +30,7 @@ class RankRow:
     idle_s: Optional[float] = None
     alive: Optional[bool] = None
     collective: Optional[str] = None
+    last_step_s: Optional[float] = None  # how long its last step took (recorder only)
 
 
 @dataclass

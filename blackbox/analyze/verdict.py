@@ -80,6 +80,7 @@ def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack]) -> list[
                 top_frame=_top_frame(rank_stacks.get(rank)),
                 idle_s=_float(hb.get("idle_s")), alive=bool(hb.get("alive")),
                 collective=str(hb.get("collective")) if hb.get("phase") == "collective" else None,
+                last_step_s=_float(hb.get("last_step_dt")),
             )  # fmt: skip
         except (KeyError, TypeError, ValueError):
             continue
@@ -158,6 +159,33 @@ _CRASH_SUMMARY = {
     "crash.comm_timeout": "A collective timed out", "crash.oom": "A rank ran out of memory",
     "crash.cuda_error": "A CUDA or NCCL error", "crash.signal": "A rank crashed with a fatal signal",
 }  # fmt: skip
+
+
+def _exception_line(exc: dict[str, Any]) -> str:
+    """`Type: message` in one line. An exception re-raised from a DataLoader worker carries the worker's whole
+    traceback in its message: its last line is the one that says what went wrong."""
+    message = str(exc.get("message", ""))
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if "Original Traceback" in message and lines:
+        return lines[-1][:300]
+    return f"{str(exc.get('type')).rsplit('.', 1)[-1]}: {lines[0] if lines else ''}"[:300]
+
+
+def _exception_phase(exc: dict[str, Any]) -> Optional[str]:
+    """Where the exception came from, by its traceback (innermost first): data, checkpoint or a collective."""
+    tb = exc.get("traceback")
+    frames: list[Any] = tb if isinstance(tb, list) else []
+    for f in reversed(frames):
+        if not isinstance(f, dict):
+            continue
+        path = str(f.get("file", ""))
+        if "torch/utils/data" in path:
+            return "data"
+        if "torch/distributed/checkpoint" in path or path.endswith("torch/serialization.py"):
+            return "checkpoint"
+        if f.get("function") in COLLECTIVE_FUNCS and "torch/distributed" in path:
+            return "collective"
+    return None
 
 
 def _raised_in_collective(exc: dict[str, Any]) -> bool:
@@ -395,7 +423,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
                                 "manifest.json: job.world_size"))  # fmt: skip
     raised = _exceptions(bundle, list(by_rank) or _rank_ids(bundle))
     for exc in raised[:3]:
-        text = f"rank {exc['rank']} raised {exc.get('type')}: {str(exc.get('message'))[:300]}"
+        text = f"rank {exc['rank']} raised {_exception_line(exc)}"
         findings.append(Finding("observed", text, f"ranks/{exc['rank']}/exceptions.jsonl"))
 
     facts = Facts(node, by_rank)
@@ -491,7 +519,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
             category = "crash.oom" if oom else "crash.cuda_error" if cuda else "crash.exception"
             suspects = [first["rank"]]
             confidence = "high" if rule == "exception" or len(raised) == 1 else "medium"
-            summary = f"Rank {first['rank']} raised {first.get('type')} first: {str(first.get('message'))[:200]}"
+            summary = f"Rank {first['rank']} raised {_exception_line(first)} first."
         else:
             category = "crash.signal"
             suspects = suspects or [r.rank for r in dead]
@@ -499,10 +527,27 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
             summary = f"Rank(s) {', '.join(map(str, suspects)) or '?'} ended abnormally" + (
                 f": {reason}." if reason else ".")  # fmt: skip
         phase = phase_of(suspects[0]) if suspects else None
+        if first is not None and suspects == [first["rank"]]:
+            phase = _exception_phase(first) or phase
     else:
         # Collected on request: no rule fired. The stacks say who holds the others up, if anyone does.
         elsewhere = _not_in_collective(rows, rank_stacks)
-        if elsewhere:
+        idles = [r.idle_s for r in rows if r.idle_s is not None]
+        step_s = max([r.last_step_s for r in rows if r.last_step_s] or [0.0])
+        progressing = bool(idles) and max(idles) < max(30.0, 5 * step_s)
+        if progressing:
+            # Not a hang: the job steps. The ranks the others wait for are the slowest: a straggler.
+            slow = elsewhere or never_joined
+            suspects, phase, category, confidence = slow, phase_of(slow[0]) if slow else None, "ok", "low"
+            summary = (f"Collected on request ({trigger}): the job is progressing (last step {max(idles):.0f} s ago, "
+                       f"steps take {step_s:.2f} s)") + (
+                f"; rank(s) {', '.join(map(str, slow))} are the slowest: the others wait for them in a collective."
+                if slow else ".")  # fmt: skip
+            if slow:
+                text = (f"rank(s) {', '.join(map(str, slow))} are the slowest: the ones the others wait for in a "
+                        "collective while the job progresses")  # fmt: skip
+                findings.append(Finding("inferred", text, "stack groups, flight recorder"))
+        elif elsewhere:
             suspects = elsewhere
             phase = phase_of(elsewhere[0])
             category = _HANG_BY_PHASE.get(phase or "", "hang.unknown")
@@ -549,7 +594,9 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         tb = first.get("traceback") if isinstance(first.get("traceback"), list) else []
         at = f" at {tb[-1].get('file', '?').rsplit('/', 1)[-1]}:{tb[-1].get('line')}" if tb and isinstance(
             tb[-1], dict) else ""  # fmt: skip
-        facts.exception = f"{str(first.get('type')).rsplit('.', 1)[-1]}: {str(first.get('message'))[:200]}{at}"
+        facts.exception = _exception_line(first) + at
+        path = re.search(r"'(/[^']+)'", _exception_line(first))
+        facts.exception_path = path.group(1) if path else None
     if reason and detection.get("rule") == "console":
         findings.append(Finding("observed", f"trigger: {reason}", "detection.json, console-tail.log"))
     elif reason:

@@ -26,12 +26,14 @@ def cli() -> None:
 
 def _register() -> None:
     from .collect import collect
+    from .doctor import doctor
     from .report import report
     from .run import run
 
     cli.add_command(run)
     cli.add_command(collect)
     cli.add_command(report)
+    cli.add_command(doctor)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -68,7 +68,8 @@ class Detection:
     def message(self) -> str:
         ranks = rank_ranges(self.suspects or self.ranks)
         if self.rule == "stall":
-            f = next(f for f in self.findings if f.rank == (self.suspects or self.ranks)[0])
+            first = (self.suspects or self.ranks)[0]
+            f = next((f for f in self.findings if f.rank == first), self.findings[0])
             head = (
                 f"stall: {_plural('rank', self.suspects or self.ranks)} {ranks} made no progress for "
                 f"{f.idle_s:.0f} s ({f.timeout_rule} timeout {f.timeout_s:g} s)"
@@ -209,8 +210,10 @@ class Rules:
             for v in stalled:
                 self._stall_reported[v.rank] = v.hb.last_progress
             suspects, reason = blame(stalled, views)
+            # a suspect under a longer phase timeout is not "stalled" yet, but its facts belong to the finding
+            involved = stalled + [v for v in views if v.rank in suspects and v not in stalled]
             findings = tuple(
-                self._finding(v, now, now - v.hb.last_progress, *stall_timeout(v.hb, self.cfg)[::-1]) for v in stalled
+                self._finding(v, now, now - v.hb.last_progress, *stall_timeout(v.hb, self.cfg)[::-1]) for v in involved
             )
             out.append(Detection("stall", _ids(stalled), suspects, reason, findings))
         return out

@@ -17,9 +17,9 @@ import pytest
 
 from blackbox.adapters import flight_recorder as fr
 from blackbox.heartbeat import HeartbeatState, decode
-from tests.conftest import PROGRAMS, TORCHRUN, bundles, run_blackbox
+from tests.conftest import ROOT, TORCHRUN, bundles, run_blackbox
 
-JOB = str(PROGRAMS / "lastwords_job.py")
+JOB = str(ROOT / "scripts" / "scenarios" / "train.py")
 
 
 def run_scenario(
@@ -106,7 +106,7 @@ def test_checkpoint_hang(tmp_path: Path) -> None:
     assert read_heartbeat(run_dir, 0).phase == "checkpoint"
     # torch.save opens the file from C++ holding the GIL: only the C-level dump can see it
     text = (run_dir / "ranks" / "0" / "stacks-0.txt").read_text()
-    assert "in save" in text and "lastwords_job.py" in text
+    assert "in save" in text and "train.py" in text
     assert "rank 0 made no progress" in res.stderr.decode()
 
 
@@ -115,7 +115,7 @@ def test_gil_held_in_c_still_dumps_on_sigusr1(tmp_path: Path) -> None:
     assert res.returncode == 86, res.stderr
     text = (run_dir / "ranks" / "1" / "stacks-0.txt").read_text()
     # faulthandler dumped from C while the rank's own Python thread could not run
-    assert "Current thread" in text and "lastwords_job.py" in text and "in main" in text
+    assert "Current thread" in text and "train.py" in text and "in main" in text
     threads = json.loads((run_dir / "ranks" / "1" / "threads.json").read_text())
     assert "MainThread" in threads.values()
     assert any(tid in text for tid in threads)  # the map names the hex ids faulthandler prints
@@ -170,7 +170,7 @@ def test_segfault_leaves_a_native_dump(tmp_path: Path) -> None:
     run_dir, res = run_scenario(tmp_path, "segv", 1)
     assert res.returncode != 0
     text = (run_dir / "ranks" / "1" / "fatal.txt").read_text()
-    assert "Segmentation fault" in text and "lastwords_job.py" in text
+    assert "Segmentation fault" in text and "train.py" in text
 
 
 def test_user_sigusr1_handler_is_kept_behind_faulthandler(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ def test_markdown_has_the_verdict_table_and_stacks(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr
     md = res.stdout
     assert md.startswith("## blackbox: `hang.data_loading` — suspect rank(s) 1")
-    assert "| **1** |" in md and "### Stacks" in md and "__getitem__ (lastwords_job.py:31)" in md
+    assert "| **1** |" in md and "### Stacks" in md and "__getitem__ (train.py:" in md
     assert re.search(r"\*observed\*: rank 1's DataLoader worker \d+ is in __getitem__", md)
 
 

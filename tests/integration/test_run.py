@@ -261,3 +261,30 @@ def test_secrets_printed_by_the_job_stay_off_disk(tmp_path: Path, run_dir: Path)
         for member in tar.getmembers():
             data = tar.extractfile(member).read() if member.isfile() else b""  # type: ignore[union-attr]
             assert token.encode() not in data and b"sk-x" not in data, member.name
+
+
+# --- launchers ------------------------------------------------------------------------------------------
+def test_ranks_started_by_torch_multiprocessing_spawn_are_found(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN a job that starts its 2 ranks with mp.spawn and sets the rank in code (no RANK in any environment)
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--stall-timeout", "4", "--poll-interval", "0.5",
+                        "--kill-grace", "5", "--", sys.executable, str(PROGRAMS / "spawn_job.py"), "--hang-rank", "1"],
+                       tmp_path)  # fmt: skip
+    # THEN each spawned rank records as itself once it joined the process group, the parent steps aside, and
+    # the stall names rank 1
+    assert res.returncode == 86, res.stderr
+    (stall,) = events(run_dir, "stall")
+    assert stall["suspects"] == [1] and stall["ranks"] == [0, 1]
+    launcher = int(events(run_dir, "launched")[0]["pid"])  # type: ignore[call-overload]
+    pids = heartbeat_pids(run_dir)
+    assert sorted(pids) == [0, 1] and launcher not in pids.values()
+    stepped = (run_dir / "ranks" / "0" / "recorder-events.jsonl").read_text()
+    assert '"what": "stepped_aside"' in stepped
+
+
+def test_python_m_torch_distributed_run(tmp_path: Path, run_dir: Path) -> None:
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--", sys.executable, "-m", "torch.distributed.run",
+                        "--standalone", "--nproc-per-node", "2", GLOO_JOB, "--steps", "5"], tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert sorted(heartbeat_pids(run_dir)) == [0, 1]
+    launcher = int(events(run_dir, "launched")[0]["pid"])  # type: ignore[call-overload]
+    assert launcher not in heartbeat_pids(run_dir).values() and not bundles(run_dir)

@@ -83,6 +83,7 @@ def test_a_quiet_rank_in_a_long_checkpoint_is_blamed_when_the_others_wait_for_it
     # THEN only rank 1 is stalled, but rank 0 is the suspect: rank 1 waits for it
     assert d.ranks == (1,) and d.suspects == (0,)
     assert "rank 1 waits in all_reduce while rank 0 never arrived (phase checkpoint)" in d.reason
+    assert d.message().startswith("stall: rank 0 made no progress for 10 s (checkpoint timeout 300 s)")
 
 
 def test_the_rank_in_another_collective_is_the_suspect_of_a_mismatch() -> None:

@@ -30,7 +30,9 @@ def _blackbox_is_launcher() -> bool:
 
 
 def _blackbox_mode(env: "os._Environ[str]") -> "str | None":
-    """'rank', 'single' or None: whether this process records, decided from its environment alone."""
+    """'rank', 'single', 'deferred' or None: whether this process records, decided from its environment alone.
+    'deferred': a new interpreter started by a single-process recorder (torch.multiprocessing.spawn, a
+    multiprocessing 'spawn' child): it records as a rank only if it calls init_process_group."""
     if not env.get(_RUN_DIR) or env.get(_DISABLE) == "1":
         return None
     parent_pid, _, parent_mode = env.get(_RECORDER, "").partition(":")
@@ -39,7 +41,9 @@ def _blackbox_mode(env: "os._Environ[str]") -> "str | None":
         # A child of an active rank (DataLoader worker, helper) inherits RANK: it is not a second rank.
         # A child of a single-process recorder that has RANK was started by a launcher we did not know.
         return None if inherited and parent_mode == "rank" else "rank"
-    if inherited or _blackbox_is_launcher():
+    if inherited:
+        return "deferred" if parent_mode == "single" else None
+    if _blackbox_is_launcher():
         return None
     return "single"
 
@@ -73,6 +77,9 @@ def _blackbox_activate(mode: str, env: "os._Environ[str]") -> None:
         recorder = sys.modules.get(name + ".recorder") or _blackbox_load(
             name + ".recorder", os.path.join(pkg_dir, "recorder.py")
         )
+        if mode == "deferred":
+            recorder.defer(run_dir)  # type: ignore[attr-defined]
+            return
         if mode == "rank":
             rank, local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
             world_size = int(env.get("WORLD_SIZE", "0") or 0)

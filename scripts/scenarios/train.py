@@ -1,6 +1,12 @@
-"""A 2-rank gloo training job where one rank meets a chosen end, for the recorder's last-words tests and the
-golden bundles: data-hang, data-hang-workers, ckpt-hang, gil-hang, raise, oom, segv, skip-allreduce,
-comm-timeout, sigkill, cuda-error, mismatch."""
+"""The scenario gallery's training job: a small real model step on the CPU with gloo (a DataLoader, forward,
+backward, gradient all_reduce, SGD), in which one rank meets a chosen failure at step 3. The verdict each
+scenario must get is in scenarios.json beside this file; tests/integration/test_scenarios.py runs them all
+under `blackbox run`.
+
+    torchrun --standalone --nproc-per-node 2 scripts/scenarios/train.py SCENARIO RANK
+
+Scenarios: healthy, straggler, data-hang, data-hang-workers, read-failure, ckpt-hang, spin, gil-hang,
+skip-allreduce, collective-hang, mismatch, comm-timeout, raise, oom, cuda-error, segv, sigkill, sigusr1-user."""
 
 import ctypes
 import os
@@ -16,22 +22,37 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Dataset
 
 SCENARIO, RANK_AT, STEP_AT = sys.argv[1], int(sys.argv[2]), 3
-FIFO = os.path.join(tempfile.mkdtemp(prefix="bb-lastwords-"), "fifo")
+STEPS = 30 if SCENARIO in ("healthy", "straggler") else 1000
+WORK = tempfile.mkdtemp(prefix="bb-scenario-")
+FIFO = os.path.join(WORK, "fifo")  # opening it blocks until a peer comes: a dead network filesystem
 os.mkfifo(FIFO)
+SHARD = os.path.join(WORK, "shard-0003.bin")  # read-failure: a shard the job may not read
 
 
-class Data(Dataset):
+class Shards(Dataset):
     def __init__(self, rank: int) -> None:
         self.rank = rank
 
     def __len__(self) -> int:
-        return 1000
+        return STEPS * 4
 
     def __getitem__(self, i: int) -> tuple:
-        if SCENARIO.startswith("data-hang") and self.rank == RANK_AT and i == STEP_AT * 4:
-            with open(FIFO, "rb") as f:  # no writer will ever come
-                f.read()
+        if self.rank == RANK_AT and i == STEP_AT * 4:
+            if SCENARIO.startswith("data-hang"):
+                with open(FIFO, "rb") as f:  # no writer will ever come
+                    f.read()
+            if SCENARIO == "read-failure":
+                with open(SHARD, "rb") as f:  # mode 000: PermissionError
+                    f.read()
         return torch.randn(8), torch.randn(1)
+
+
+def drop_root(worker_id: int) -> None:
+    """read-failure: root reads any file whatever its mode; a training job's user does not. The worker takes
+    the `nobody` user so the permission check applies here as it would for them."""
+    if os.geteuid() == 0:
+        os.setgid(65534)
+        os.setuid(65534)
 
 
 def main() -> None:
@@ -41,8 +62,14 @@ def main() -> None:
     torch.manual_seed(1234 + rank)
     if SCENARIO == "sigusr1-user":
         signal.signal(signal.SIGUSR1, lambda *_: print(f"rank {rank}: user SIGUSR1 handler ran", flush=True))
-    workers = 2 if SCENARIO == "data-hang-workers" else 0
-    loader = DataLoader(Data(rank), batch_size=4, num_workers=workers)
+    if SCENARIO == "read-failure":
+        with open(SHARD, "wb") as f:
+            f.write(b"\0" * 64)
+        os.chmod(SHARD, 0)
+        os.chmod(WORK, 0o755)
+    workers = 2 if SCENARIO in ("data-hang-workers", "read-failure") else 0
+    loader = DataLoader(Shards(rank), batch_size=4, num_workers=workers,
+                        worker_init_fn=drop_root if SCENARIO == "read-failure" else None)  # fmt: skip
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step, (x, y) in enumerate(loader, 1):
@@ -51,6 +78,8 @@ def main() -> None:
             torch.save(model.state_dict(), FIFO)  # opening a FIFO for writing blocks until a reader comes
         if mine and SCENARIO == "gil-hang":
             ctypes.PyDLL(None).sleep(1000)  # a C call that keeps the GIL
+        if mine and SCENARIO == "spin":
+            spin()
         if mine and SCENARIO == "raise":
             raise ValueError(f"bad sample at step {step}")
         if SCENARIO == "raise" and step == STEP_AT:  # the survivor is busy, not in a collective the dead peer
@@ -70,19 +99,33 @@ def main() -> None:
             time.sleep(3600)
         if mine and SCENARIO == "sigkill":  # as the kernel's OOM killer would
             os.kill(os.getpid(), signal.SIGKILL)
-        if mine and SCENARIO == "mismatch":  # rank 1 calls a different collective than the others
+        if mine and SCENARIO == "mismatch":  # this rank calls a different collective than the others
             dist.broadcast(model.weight.grad, src=0)
             time.sleep(3600)
+        if mine and SCENARIO == "collective-hang":  # skips this step's all_reduce, goes on to the epoch's barrier
+            dist.barrier()
+            time.sleep(3600)
+        if SCENARIO == "straggler" and rank == RANK_AT:
+            time.sleep(0.3)  # slow, not stuck: a slower disk, a hotter GPU
         for p in model.parameters():
             dist.all_reduce(p.grad)
         opt.step()
+        if SCENARIO in ("healthy", "straggler"):
+            print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
         if SCENARIO == "sigusr1-user" and step == 2:
             print(f"rank {rank}: ready", flush=True)
             signal.pause() if rank == RANK_AT else None
     dist.destroy_process_group()
 
 
+def spin() -> None:
+    """A Python loop that never ends: the GIL is released now and then, so the rank still answers."""
+    n = 0
+    while True:
+        n += 1
+
+
 if __name__ == "__main__":
     # torchelastic's @record writes its error file, and also points faulthandler's fatal dumps at stderr:
-    # only the scenario that checks the error file uses it
-    (record(main) if SCENARIO == "raise" else main)()
+    # only the scenarios whose error file is checked use it
+    (record(main) if SCENARIO in ("raise", "read-failure") else main)()

@@ -1,0 +1,228 @@
+"""`blackbox doctor`: what this machine will let blackbox capture, each check tried for real (py-spy attaching
+to a child, a recorder activating in a sample rank, the job's torch asked what it has) with the fix where one
+fails. The core never prints. Imports the stdlib and blackbox's host side."""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ._recorder import protocol as P
+from .adapters import gpu, host, procfs, pyspy
+from .heartbeat import decode
+
+MIN_FREE_BYTES = 1 << 30  # below this, bundles and heartbeats may not fit
+INJECT_DIR = os.path.join(os.path.dirname(os.path.abspath(P.__file__)), "inject")
+CHECKS = ("recorder", "run-dir", "signals", "py-spy", "torch", "gpu", "kernel-messages")
+ESSENTIAL = ("recorder", "run-dir", "signals")  # without these `blackbox run` cannot do its job
+
+
+@dataclass
+class Check:
+    name: str
+    status: str  # ok | warn | fail
+    detail: str
+    fix: Optional[str] = None
+
+
+_SLEEPER = "import sys, time; sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)"
+_HANDLER = ("import faulthandler, signal, sys, time; faulthandler.register(signal.SIGUSR1); "
+            "sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)")  # fmt: skip
+_TORCH_PROBE = r"""
+import json, sys
+out = {"python": sys.version.split()[0]}
+try:
+    import torch
+except Exception as exc:
+    out["error"] = repr(exc)
+else:
+    out["torch"] = torch.__version__
+    c10d = getattr(getattr(torch, "_C", None), "_distributed_c10d", None)
+    out["fr_gloo"] = bool(c10d and (hasattr(c10d, "_dump_fr_trace") or hasattr(c10d, "_dump_fr_trace_json")))
+    out["fr_nccl"] = bool(c10d and hasattr(c10d, "_dump_nccl_trace"))
+    out["memory_history"] = hasattr(getattr(torch.cuda, "memory", None), "_record_memory_history")
+    out["oom_error"] = hasattr(torch, "OutOfMemoryError")
+    out["cuda"] = bool(torch.cuda.is_available())
+    out["fr_analyzer"] = True
+    try:
+        import torch.distributed.flight_recorder.fr_trace  # noqa: F401
+    except Exception:
+        out["fr_analyzer"] = False
+print(json.dumps(out))
+"""
+
+
+def _child(code: str, env: Optional[dict[str, str]] = None, python: str = sys.executable) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                            env=env)  # fmt: skip
+    assert proc.stdout is not None
+    proc.stdout.readline()  # "ready": the child is set up
+    return proc
+
+
+def _end(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def check_recorder(python: str) -> Check:
+    """A sample rank process: the injected sitecustomize must activate and write a heartbeat."""
+    with tempfile.TemporaryDirectory(prefix="blackbox-doctor-") as run_dir:
+        os.makedirs(os.path.join(run_dir, "ranks"), mode=0o700)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOX_")}
+        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", PYTHONPATH=INJECT_DIR, **{P.ENV_RUN_DIR: run_dir})
+        try:
+            proc = _child(_SLEEPER, env, python)
+        except OSError as exc:
+            return Check("recorder", "fail", f"`{python}` could not be started: {exc.strerror}",
+                         "Give the job's interpreter with --python.")  # fmt: skip
+        try:
+            path = os.path.join(run_dir, "ranks", "0", "heartbeat")
+            deadline = time.monotonic() + 10
+            while not os.path.exists(path) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not os.path.exists(path):
+                log = os.path.join(run_dir, "ranks", "0", "recorder.log")
+                why = "no heartbeat and no recorder log"
+                if os.path.exists(log):
+                    with open(log) as logf:
+                        why = logf.read().strip()[-300:]
+                return Check("recorder", "fail", f"the recorder did not activate in a sample rank: {why}",
+                             "Run with BLACKBOX_DEBUG=1 and report it; check that nothing else sets PYTHONPATH "
+                             "or disables sitecustomize (python -S, -I).")  # fmt: skip
+            with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                hb = decode(mm)
+            if hb.pid != proc.pid:
+                return Check("recorder", "fail", f"the heartbeat names pid {hb.pid}, not the sample rank {proc.pid}")
+            return Check("recorder", "ok", f"activates in a sample rank of `{python}` (heartbeat v{hb.version}, "
+                         f"mode {hb.mode})")  # fmt: skip
+        finally:
+            _end(proc)
+
+
+def check_run_dir(path: str) -> Check:
+    target = os.path.abspath(path)
+    probe_dir = target
+    while not os.path.exists(probe_dir):
+        probe_dir = os.path.dirname(probe_dir)
+    if not os.path.isdir(probe_dir):
+        return Check("run-dir", "fail", f"`{probe_dir}` is a file, so `{target}` cannot be created",
+                     "Give a writable --run-dir (or BLACKBOX_RUN_DIR).")  # fmt: skip
+    if not os.access(probe_dir, os.W_OK):
+        return Check("run-dir", "fail", f"`{probe_dir}` is not writable, so `{target}` cannot be created",
+                     "Give a writable --run-dir (or BLACKBOX_RUN_DIR).")  # fmt: skip
+    free = host.disk_free(probe_dir).get("free")
+    if isinstance(free, int) and free < MIN_FREE_BYTES:
+        return Check("run-dir", "warn", f"only {free / 2**20:.0f} MiB free at `{probe_dir}`",
+                     "Free space, or point --run-dir elsewhere: bundles with snapshots can be large.")  # fmt: skip
+    free_text = f"{free / 2**30:.1f} GiB free" if isinstance(free, int) else "free space unknown"
+    return Check("run-dir", "ok", f"`{target}` can be created ({free_text})")
+
+
+def check_signals() -> Check:
+    """faulthandler on SIGUSR1 in a child, seen from outside the way the collector looks before signalling."""
+    proc = _child(_HANDLER)
+    try:
+        if not procfs.has_handler(proc.pid, signal.SIGUSR1):
+            return Check(
+                "signals",
+                "fail",
+                "a SIGUSR1 handler installed in a child is not visible in /proc/PID/status (SigCgt)",
+                "blackbox needs Linux's /proc; run it on the job's host.",
+            )
+        os.kill(proc.pid, signal.SIGUSR1)
+        time.sleep(0.2)
+        if proc.poll() is not None:
+            return Check("signals", "fail", "a child with a SIGUSR1 handler died of SIGUSR1")
+        return Check("signals", "ok", "SIGUSR1 handlers install, show in SigCgt, and a dump leaves the process alive")
+    finally:
+        _end(proc)
+
+
+def check_pyspy() -> Check:
+    exe, why = pyspy.find()
+    if exe is None:
+        return Check("py-spy", "fail", why, "pip install py-spy (it comes with torch-blackbox), or set BLACKBOX_PYSPY.")
+    proc = _child(_SLEEPER)
+    try:
+        result = pyspy.dump(proc.pid, timeout=15, exe=exe)
+    finally:
+        _end(proc)
+    if result.threads is None:
+        return Check("py-spy", "fail", f"{exe} cannot attach to a child: {result.error}", pyspy.PTRACE_HINT)
+    native = pyspy.dump(os.getpid(), native=True, timeout=15, exe=exe)
+    extra = "; --native works" if native.threads is not None else f"; --native does not: {native.error}"
+    return Check("py-spy", "ok", f"{exe} ({why}) attaches to a child{extra}")
+
+
+def check_torch(python: str) -> Check:
+    try:
+        out = subprocess.run([python, "-c", _TORCH_PROBE], capture_output=True, text=True, timeout=120, check=False)
+        facts = json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as exc:
+        return Check("torch", "fail", f"`{python}` could not be asked about torch: {exc}",
+                     "Give the job's interpreter with --python.")  # fmt: skip
+    if "error" in facts:
+        return Check("torch", "warn", f"torch does not import in `{python}`: {facts['error']}",
+                     "Give the job's interpreter with --python.")  # fmt: skip
+    recorder = "flight recorder (Gloo and NCCL)" if facts.get("fr_gloo") else "flight recorder (NCCL only)"
+    have = {recorder: facts.get("fr_gloo") or facts.get("fr_nccl"),
+            "CUDA memory history": facts.get("memory_history"), "torch.OutOfMemoryError": facts.get("oom_error"),
+            "flight-recorder analyzer": facts.get("fr_analyzer"), "CUDA": facts.get("cuda")}  # fmt: skip
+    yes = [k for k, v in have.items() if v]
+    no = [k for k, v in have.items() if not v]
+    detail = f"torch {facts.get('torch')} on Python {facts.get('python')}: has {', '.join(yes) or 'none of'}"
+    detail += f"; lacks {', '.join(no)}" if no else ""
+    old = not facts.get("fr_gloo") and not facts.get("fr_nccl")
+    return Check("torch", "warn" if old else "ok", detail,
+                 "torch >= 2.5 records collectives in its flight recorder" if old else None)  # fmt: skip
+
+
+def check_gpu() -> Check:
+    readings, how = gpu.query_gpus(5.0)
+    if readings:
+        return Check("gpu", "ok", f"{how}: {len(readings)} GPU(s): " + "; ".join(g.describe() for g in readings))
+    return Check("gpu", "warn", how, "pip install 'torch-blackbox[gpu]' for NVML, or put nvidia-smi on PATH "
+                 "(nothing to do on a machine without GPUs).")  # fmt: skip
+
+
+def check_kernel() -> Check:
+    lines, how = host.kernel_messages(5.0)
+    if lines is None:
+        return Check("kernel-messages", "warn", how, host.DMESG_HINT)
+    return Check("kernel-messages", "ok", how)
+
+
+def run_checks(run_dir: str, python: str, only: Optional[list[str]] = None) -> list[Check]:
+    table: dict[str, Callable[[], Check]] = {
+        "recorder": lambda: check_recorder(python), "run-dir": lambda: check_run_dir(run_dir),
+        "signals": check_signals, "py-spy": check_pyspy, "torch": lambda: check_torch(python), "gpu": check_gpu,
+        "kernel-messages": check_kernel,
+    }  # fmt: skip
+    out = []
+    for name in only or list(CHECKS):
+        try:
+            out.append(table[name]())
+        except Exception as exc:  # a check that breaks is itself a finding, never a traceback
+            out.append(Check(name, "fail", f"the check itself failed: {exc!r}", "Run with BLACKBOX_DEBUG=1."))
+    return out
+
+
+def job_python() -> str:
+    """The interpreter the job will most likely use: blackbox's own when torch is installed beside it, else
+    `python` on PATH (blackbox installed with pipx, the job in its own environment)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        return sys.executable
+    return shutil.which("python") or shutil.which("python3") or sys.executable
