@@ -76,7 +76,7 @@ def _end(proc: subprocess.Popen[str]) -> None:
 
 
 def check_recorder(python: str) -> Check:
-    """A sample rank process: the injected sitecustomize must activate and write a heartbeat."""
+    """A sample rank process: the injected start-up hook must activate the recorder and write a heartbeat."""
     with tempfile.TemporaryDirectory(prefix="blackbox-doctor-") as run_dir:
         os.makedirs(os.path.join(run_dir, "ranks"), mode=0o700)
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOX_")}
@@ -99,7 +99,7 @@ def check_recorder(python: str) -> Check:
                         why = logf.read().strip()[-300:]
                 return Check("recorder", "fail", f"the recorder did not activate in a sample rank: {why}",
                              "Run with BLACKBOX_DEBUG=1 and report it; check that nothing else sets PYTHONPATH "
-                             "or disables sitecustomize (python -S, -I).")  # fmt: skip
+                             "or turns off site customisation (python -S, -I).")  # fmt: skip
             with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
                 hb = decode(mm)
             if hb.pid != proc.pid:
