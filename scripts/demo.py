@@ -20,7 +20,7 @@ def main() -> int:
     cmd = ["blackbox", "run", "--run-dir", str(run_dir), "--stall-timeout", "10", "--kill-grace", "10", "--",
            "torchrun", "--standalone", "--nproc-per-node", "2", str(ROOT / "scripts" / "scenarios" / "train.py"),
            "data-hang", "1"]  # fmt: skip
-    print("$ " + " ".join([*cmd[:7], "--", "torchrun --standalone --nproc-per-node 2 scripts/scenarios/train.py "
+    print("$ " + " ".join([*cmd[:8], "--", "torchrun --standalone --nproc-per-node 2 scripts/scenarios/train.py "
                            "data-hang 1"]))  # fmt: skip
     print("(rank 1 will block reading a dataset shard at step 3; blackbox should notice within ~10 s)\n", flush=True)
     code = subprocess.call(cmd, env=env, cwd=ROOT)
