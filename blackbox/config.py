@@ -65,6 +65,17 @@ def _path(value: Any) -> str:
     return os.path.expanduser(text)
 
 
+def _text(value: Any) -> str:
+    return str(value)
+
+
+def _url(value: Any) -> str:
+    text = str(value)
+    if text and not text.startswith(("http://", "https://")):
+        raise ValueError(value)
+    return text
+
+
 @dataclass(frozen=True)
 class Option:
     name: str  # attribute and config-file key
@@ -111,6 +122,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "Add native (C/C++) frames to the py-spy stacks (`py-spy dump --native`: about 1 s a process)."),
     Option("pyspy_locals", _flag, False, "`true` or `false`",
            "Add local variables to the py-spy stacks (values are redacted; they may still hold data)."),
+    Option("on_incident", _text, "", "a shell command",
+           "Run this command after each bundle is written, with BLACKBOX_BUNDLE, BLACKBOX_RUN_ID, BLACKBOX_NODE, "
+           "BLACKBOX_TRIGGER, BLACKBOX_CATEGORY, BLACKBOX_SUSPECTS and BLACKBOX_SUMMARY in its environment "
+           "(60 s at most; its failure never touches the job)."),
+    Option("notify_url", _url, "", "an http:// or https:// URL",
+           "POST the verdict of each bundle as JSON to this webhook (10 s timeout, one retry; failures are logged)."),
+    Option("status_interval", _seconds, 0.0, "a number of seconds",
+           "Every this many seconds print a status line to stderr: each rank's step, steps/s and phase, and each "
+           "GPU's temperature and utilisation (0: off)."),
     Option("cuda_memory_history", _count, 0, "a whole number of entries",
            "Record this many CUDA allocation events per rank once CUDA is initialised, for memory snapshots "
            "(0: off; it costs GPU-side time)."),
@@ -132,6 +152,9 @@ class RunConfig:
     collect_budget: float
     pyspy_native: bool
     pyspy_locals: bool
+    on_incident: str
+    notify_url: str
+    status_interval: float
     cuda_memory_history: int
     sources: Mapping[str, str]  # option name -> where its value came from (for the events log)
 

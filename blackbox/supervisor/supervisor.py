@@ -23,6 +23,8 @@ from typing import Callable, Optional
 from .. import __version__
 from .._recorder import protocol as P
 from ..adapters import gpu, host, procfs
+from ..alerts import Alerts
+from ..analyze.model import Report
 from ..collect.collector import CollectOptions, Collector
 from ..collect.job import Job, RankTarget, job_python
 from ..config import RunConfig
@@ -168,6 +170,9 @@ class Supervisor:
         self._console_kinds: set[str] = set()  # fatal-line kinds already acted on
         self._wake_fd: Optional[int] = None
         self._last_crash: Optional[tuple[float, str]] = None  # (when, bundle) of the last crash collection
+        self._alerts = Alerts(cfg.on_incident, cfg.notify_url, self.event, self.say_once)
+        self._status_at: Optional[float] = None  # when the next status line is due
+        self._status_steps: dict[int, tuple[float, int]] = {}  # rank -> (time, step) at the last status line
 
     # --- speaking -------------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -482,8 +487,32 @@ class Supervisor:
 
     def _poll(self) -> None:
         now = time.monotonic()
-        for detection in self._rules.evaluate(self.read_views(), now):
+        views = self.read_views()
+        for detection in self._rules.evaluate(views, now):
             self._act(detection)
+        if self.cfg.status_interval > 0:
+            if self._status_at is None:
+                self._status_at = now + self.cfg.status_interval
+            elif now >= self._status_at:
+                self._status_at = now + self.cfg.status_interval
+                self._status_line(views, now)
+
+    def _status_line(self, views: list[RankView], now: float) -> None:
+        """So that a log read weeks later says what the job was doing: step, steps/s, phase; GPUs and heat."""
+        parts = []
+        for v in views:
+            if not v.alive:
+                continue
+            before = self._status_steps.get(v.rank)
+            rate = (v.hb.step - before[1]) / (now - before[0]) if before and now > before[0] else None
+            self._status_steps[v.rank] = (now, v.hb.step)
+            parts.append(f"rank {v.rank} step {v.hb.step}" + (f" ({rate:.2f}/s)" if rate is not None else "")
+                         + f" {v.hb.phase}")  # fmt: skip
+        readings, _ = gpu.query_gpus(2.0)
+        gpus = " | ".join(g.describe() for g in readings)
+        line = "status: " + ("; ".join(parts) or "no live rank") + (f" | {gpus}" if gpus else "")
+        self.say(line)
+        self.event("status", line=line)
 
     def _act(self, d: Detection) -> None:
         if d.rule == "rank_death" and self.terminating:  # the teardown we asked for: a record, no alarm
@@ -551,18 +580,25 @@ class Supervisor:
         self.bundles.append(path)
         self.event("bundle", path=path, trigger=trigger)
         self.say(f"evidence bundle: {path}")
-        self._say_verdict(path)
+        report = self._say_verdict(path)
+        try:
+            self._alerts.incident(path, report, self.run_id, self.node, trigger)
+        except Exception as exc:
+            self._internal_error("alerts", exc)
 
-    def _say_verdict(self, path: str) -> None:
+    def _say_verdict(self, path: str) -> Optional[Report]:
         """The report's one-screen verdict under the bundle path; a failure here is blackbox's, said once."""
         try:
             from ..analyze.verdict import analyze
             from ..bundle.reader import read_bundle
 
-            for line in analyze(read_bundle(path)).headline():
+            report = analyze(read_bundle(path))
+            for line in report.headline():
                 self.say(f"  {line}")
+            return report
         except Exception as exc:
             self._internal_error("report", exc)
+            return None
 
     # --- ending ------------------------------------------------------------------------------------
     def _job_processes(self) -> list[tuple[int, int]]:
@@ -632,6 +668,7 @@ class Supervisor:
                 self._poll_guarded()  # deaths at the very end still get their record
         if code != 0 and not self.bundles and self.watching:
             self._collect("exit", None)
+        self._alerts.join(10.0)  # a slow command or webhook is left behind rather than holding the job's exit
         final = EXIT_STALL_ENDED if self.ended_after_stall else code
         self.event("end", launcher_status=describe_status(status), job_exit_code=code, exit_code=final,
                    bundles=self.bundles)  # fmt: skip

@@ -1,0 +1,85 @@
+"""Raising the alarm: `--on-incident` runs once per bundle with the verdict in its environment, `--notify-url`
+POSTs one JSON per incident to a real local HTTP server, and neither a failing command nor an unreachable URL
+changes the job's exit code. The periodic status line shows each rank and (through the fake GPU adapter) each
+GPU's temperature and utilisation."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import PROGRAMS, TORCHRUN, bundles, run_blackbox
+
+GLOO_JOB = str(PROGRAMS / "gloo_job.py")
+STALL = ["--stall-timeout", "3", "--poll-interval", "0.5", "--kill-grace", "5"]
+
+
+def stalling_job(tmp_path: Path) -> list[str]:
+    return [TORCHRUN, "--standalone", "--nproc-per-node", "2", GLOO_JOB, "--steps", "100000", "--misbehave-rank",
+            "1", "--at-step", "3", "--marker-dir", str(tmp_path)]  # fmt: skip
+
+
+class _Hook(BaseHTTPRequestHandler):
+    received: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        type(self).received.append(json.loads(body))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_one_webhook_and_one_command_per_incident(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN a local webhook and an on-incident command that records its environment
+    _Hook.received = []
+    server = HTTPServer(("127.0.0.1", 0), _Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    seen = tmp_path / "incident.env"
+    cmd = f"env | grep ^BLACKBOX_ >> {seen}"
+    try:
+        url = f"http://127.0.0.1:{server.server_port}/hook"
+        res = run_blackbox(["run", "--run-dir", str(run_dir), *STALL, "--on-incident", cmd, "--notify-url", url,
+                            "--", *stalling_job(tmp_path)], tmp_path)  # fmt: skip
+    finally:
+        server.shutdown()
+    # THEN the job's outcome is the stall's, one bundle, one POST with its verdict, one command run
+    assert res.returncode == 86, res.stderr
+    (bundle,) = bundles(run_dir)
+    (post,) = _Hook.received
+    assert post["bundle"] == str(bundle) and post["verdict"]["suspect_ranks"] == [1]
+    assert post["verdict"]["category"] == "hang.compute" and post["run_id"] and post["host"]
+    env = dict(line.split("=", 1) for line in seen.read_text().splitlines())
+    assert env["BLACKBOX_BUNDLE"] == str(bundle) and env["BLACKBOX_SUSPECTS"] == "1"
+    assert env["BLACKBOX_CATEGORY"] == "hang.compute" and env["BLACKBOX_TRIGGER"] == "stall"
+
+
+def test_failing_command_and_unreachable_url_leave_the_exit_code_alone(tmp_path: Path, run_dir: Path) -> None:
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--on-incident", "exit 7", "--notify-url",
+                        "http://127.0.0.1:9/nobody-listens", "--", sys.executable, "-c", "import sys; sys.exit(3)"],
+                       tmp_path)  # fmt: skip
+    err = res.stderr.decode()
+    assert res.returncode == 3, err
+    assert "--on-incident command exit code 7; the job is not affected" in err
+    assert "--notify-url could not be reached" in err and "Traceback" not in err
+
+
+def test_status_line_shows_ranks_and_gpus(tmp_path: Path, run_dir: Path) -> None:
+    fake = tmp_path / "gpus.json"
+    fake.write_text(json.dumps([{"index": 0, "name": "H100", "temperature_c": 71, "utilization_pct": 99,
+                                 "memory_used_mib": 1000, "memory_total_mib": 81559}]))  # fmt: skip
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--status-interval", "1", "--poll-interval", "0.25", "--",
+                        TORCHRUN, "--standalone", "--nproc-per-node", "2", GLOO_JOB, "--steps", "300",
+                        "--step-sleep", "0.02"], tmp_path, BLACKBOX_FAKE_GPUS=str(fake))  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    lines = [line for line in res.stderr.decode().splitlines() if line.startswith("blackbox: status: ")]
+    assert lines, res.stderr
+    assert any("rank 0 step" in line and "rank 1 step" in line and "/s)" in line for line in lines), lines
+    assert all("GPU0 H100 71C util 99%" in line for line in lines)
+    assert b"GPU0 H100 71C" in (run_dir / "console.log").read_bytes()  # the header says which GPU, how hot
