@@ -122,6 +122,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "Add native (C/C++) frames to the py-spy stacks (`py-spy dump --native`: about 1 s a process)."),
     Option("pyspy_locals", _flag, False, "`true` or `false`",
            "Add local variables to the py-spy stacks (values are redacted; they may still hold data)."),
+    Option("gpu_idle_timeout", _seconds, 600.0, "a number of seconds",
+           "Every GPU of the job at 0 % utilisation this long: supporting evidence of a stall, and a trigger of its "
+           "own when no rank has a heartbeat (the recorder could not activate)."),
     Option("on_incident", _text, "", "a shell command",
            "Run this command after each bundle is written, with BLACKBOX_BUNDLE, BLACKBOX_RUN_ID, BLACKBOX_NODE, "
            "BLACKBOX_TRIGGER, BLACKBOX_CATEGORY, BLACKBOX_SUSPECTS and BLACKBOX_SUMMARY in its environment "
@@ -152,6 +155,7 @@ class RunConfig:
     collect_budget: float
     pyspy_native: bool
     pyspy_locals: bool
+    gpu_idle_timeout: float
     on_incident: str
     notify_url: str
     status_interval: float

@@ -28,6 +28,8 @@ class GpuReading:
     memory_total_mib: Optional[float]
     power_w: Optional[float] = None
     ecc_uncorrected: Optional[float] = None
+    throttle: Optional[str] = None  # active clock throttle reasons, comma-separated ("hw_thermal,sw_power")
+    slowdown_temp_c: Optional[float] = None  # where the GPU starts slowing itself down
 
     def describe(self) -> str:
         def num(v: Optional[float], unit: str) -> str:
@@ -49,13 +51,40 @@ def _num(text: str) -> Optional[float]:
         return None  # "[N/A]", "[Not Supported]"
 
 
+_fake_calls: dict[str, int] = {}
+
+
 def _fake(path: str) -> tuple[list[GpuReading], str]:
+    """A list of readings (the same every time), or {"samples": [[...], [...]]}: one list per call, in order,
+    the last one repeated — scripted GPU behaviour for tests."""
     try:
         with open(path) as f:
-            rows = json.load(f)
+            data = json.load(f)
+        if isinstance(data, dict):
+            samples = data["samples"]
+            n = _fake_calls.get(path, 0)
+            _fake_calls[path] = n + 1
+            rows = samples[min(n, len(samples) - 1)]
+        else:
+            rows = data
         return [GpuReading(**row) for row in rows], f"fake GPUs from {ENV_FAKE}={path}"
-    except (OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError, KeyError, IndexError) as exc:
         return [], f"{ENV_FAKE}={path} could not be read: {exc}"
+
+
+_THROTTLE_BITS = {0x2: "sw_power", 0x4: "sw_thermal", 0x8: "hw_slowdown", 0x20: "sw_power_cap", 0x40: "hw_thermal",
+                  0x80: "hw_power_brake"}  # fmt: skip
+
+
+def is_fake() -> bool:
+    return bool(os.environ.get(ENV_FAKE))
+
+
+def cheap() -> bool:
+    """Whether a reading costs no process start (NVML or the fake): then it may be taken every poll."""
+    import importlib.util
+
+    return is_fake() or importlib.util.find_spec("pynvml") is not None
 
 
 def _nvml() -> Optional[tuple[list[GpuReading], str]]:
@@ -83,11 +112,15 @@ def _nvml() -> Optional[tuple[list[GpuReading], str]]:
             util = get(pynvml.nvmlDeviceGetUtilizationRates)
             power = get(pynvml.nvmlDeviceGetPowerUsage)
             ecc = get(pynvml.nvmlDeviceGetTotalEccErrors, 1, 0)  # uncorrected, volatile
+            mask = get(pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
+            slowdown = get(pynvml.nvmlDeviceGetTemperatureThreshold, 1)  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+            throttle = ",".join(n for bit, n in _THROTTLE_BITS.items() if mask and mask & bit) or None
             readings.append(GpuReading(
                 i, name.decode() if isinstance(name, bytes) else str(name),
                 get(pynvml.nvmlDeviceGetTemperature, 0), None if util is None else float(util.gpu),
                 None if mem is None else mem.used / 2**20, None if mem is None else mem.total / 2**20,
-                None if power is None else power / 1000.0, None if ecc is None else float(ecc),
+                None if power is None else power / 1000.0, None if ecc is None else float(ecc), throttle,
+                None if slowdown is None else float(slowdown),
             ))  # fmt: skip
         return readings, "NVML"
     finally:
@@ -123,7 +156,7 @@ def query_gpus(timeout: float = 3.0) -> tuple[list[GpuReading], str]:
         if len(parts) != 8:
             continue
         idx = _num(parts[0])
-        readings.append(GpuReading(
-            int(idx) if idx is not None else len(readings), parts[1], *(_num(p) for p in parts[2:8]),
-        ))  # fmt: skip
+        temp, util, used, total, power, ecc = (_num(p) for p in parts[2:8])
+        readings.append(GpuReading(int(idx) if idx is not None else len(readings), parts[1], temp, util, used, total,
+                                   power, ecc))  # fmt: skip
     return readings, "nvidia-smi"

@@ -387,6 +387,40 @@ def _one_rank(row: RankRow, rs: Optional[RankStack]) -> list[Finding]:
     return out
 
 
+def _gpu_findings(bundle: Bundle, findings: list[Finding]) -> None:
+    """From the supervisor's GPU history: each GPU's last reading, how long it sat at 0 %, and any throttling,
+    heat or ECC errors seen."""
+    history = bundle.json("node/gpu-history.json")
+    if not isinstance(history, dict):
+        return
+    source = "node/gpu-history.json"
+    for index, samples in sorted(history.items()):
+        samples = [x for x in samples if isinstance(x, dict)] if isinstance(samples, list) else []
+        if not samples:
+            continue
+        last = samples[-1]
+        idle = 0
+        for x in reversed(samples):
+            if x.get("utilization_pct") != 0:
+                break
+            idle += 1
+        span = ""
+        if idle > 1 and isinstance(samples[-idle].get("t"), (int, float)) and isinstance(last.get("t"), (int, float)):
+            span = f", at 0 % for the last {last['t'] - samples[-idle]['t']:.0f} s"
+        findings.append(Finding("observed", f"GPU {index} ({last.get('name')}): {last.get('utilization_pct')} % "
+                                f"utilisation, {last.get('temperature_c')}C, {last.get('memory_used_mib')} of "
+                                f"{last.get('memory_total_mib')} MiB{span}", source))  # fmt: skip
+        throttled = {str(x["throttle"]) for x in samples if x.get("throttle")}
+        if throttled:
+            hottest = max((x.get("temperature_c") or 0) for x in samples)
+            findings.append(Finding("observed", f"GPU {index} throttled its clocks ({', '.join(sorted(throttled))}); "
+                                    f"hottest reading {hottest}C", source))  # fmt: skip
+        ecc = [x.get("ecc_uncorrected") or 0 for x in samples]
+        if ecc and max(ecc) > min(ecc):
+            findings.append(Finding("observed", f"GPU {index}: uncorrected ECC errors rose from {min(ecc):g} to "
+                                    f"{max(ecc):g}", source))  # fmt: skip
+
+
 def _plural_ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
 
@@ -462,7 +496,8 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     confidence = "low"
     first = raised[0] if raised else None
     comm_timeout = first is not None and any(t in f"{first.get('type')} {first.get('message')}" for t in _COMM_TIMEOUT)
-    if rule in ("stall", "frozen"):
+    _gpu_findings(bundle, findings)
+    if rule in ("stall", "frozen", "gpu_idle"):
         suspects = suspects or never_joined
         elsewhere = _not_in_collective(rows, rank_stacks)
         if suspects and elsewhere and not set(suspects) & set(elsewhere):
@@ -477,7 +512,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
             "crash.signal" if any(r.rank in suspects for r in dead) else _HANG_BY_PHASE.get(phase or "", "hang.unknown")
         )
         confidence = "medium" if suspects and len(suspects) < len(rows) else "low"
-        what = "stalled" if rule == "stall" else "stopped answering"
+        what = "stopped answering" if rule == "frozen" else "stalled"
         summary = f"The job {what}: {reason}." if reason else f"The job {what}."
     elif trigger in _CONSOLE_CATEGORY or (rule in ("exception", "rank_death", "exit", "console") and comm_timeout):
         category = _CONSOLE_CATEGORY.get(trigger, "crash.comm_timeout")

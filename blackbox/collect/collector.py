@@ -451,6 +451,8 @@ class Collector:
                 w.add_json(f"ranks/{r.rank}/heartbeat.json", heartbeat_record(r, now))
             for rank, samples in job.history.items():
                 w.add_json(f"ranks/{rank}/history.json", samples)
+            if job.gpu_history:
+                w.add_json("node/gpu-history.json", job.gpu_history)
             if recorded:
                 w.step("heartbeats", "ok", t, f"{len(recorded)} rank(s)")
             self.rank_files(ranks, w)

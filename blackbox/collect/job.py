@@ -49,6 +49,7 @@ class Job:
     mode: str = "run"  # run | collect
     notes: list[str] = field(default_factory=list)  # what discovery could not do, in sentences
     history: dict[int, list[dict[str, object]]] = field(default_factory=dict)  # rank -> heartbeat changes
+    gpu_history: dict[str, list[dict[str, object]]] = field(default_factory=dict)  # GPU index -> readings
 
     def identity(self) -> dict[str, object]:
         return {

@@ -76,6 +76,8 @@ class Detection:
             )
         elif self.rule == "exception":
             return f"exception: {self.reason}"
+        elif self.rule == "gpu_idle":
+            return f"GPU idle: {self.reason}"
         elif self.rule == "console":
             return f"fatal output: {self.reason}; collecting before the launcher tears the ranks down"
         elif self.rule == "frozen":

@@ -32,6 +32,7 @@ from ..errors import EXIT_CANT_CREATE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT
 from ..events import EventLog
 from ..heartbeat import HeartbeatState, HeartbeatTable
 from ..redact import redact_argv, redact_text, remember_secrets
+from .gpuwatch import GpuWatch
 from .launch import ConsoleLog, Launched, resize_ptys, spawn
 from .rules import Detection, FatalLines, RankView, Rules
 
@@ -171,6 +172,8 @@ class Supervisor:
         self._wake_fd: Optional[int] = None
         self._last_crash: Optional[tuple[float, str]] = None  # (when, bundle) of the last crash collection
         self._alerts = Alerts(cfg.on_incident, cfg.notify_url, self.event, self.say_once)
+        self._gpus = GpuWatch()
+        self._gpu_idle_said = False
         self._status_at: Optional[float] = None  # when the next status line is due
         self._status_steps: dict[int, tuple[float, int]] = {}  # rank -> (time, step) at the last status line
 
@@ -490,12 +493,39 @@ class Supervisor:
         views = self.read_views()
         for detection in self._rules.evaluate(views, now):
             self._act(detection)
+        self._watch_gpus(views, now)
         if self.cfg.status_interval > 0:
             if self._status_at is None:
                 self._status_at = now + self.cfg.status_interval
             elif now >= self._status_at:
                 self._status_at = now + self.cfg.status_interval
                 self._status_line(views, now)
+
+    def _watch_gpus(self, views: list[RankView], now: float) -> None:
+        """Hot, throttling or erroring GPUs are events; every GPU at 0 % for the GPU-idle timeout while no rank
+        progresses is evidence of a stall — and the trigger itself when no rank has a heartbeat."""
+        for e in self._gpus.sample(now):
+            name = e.pop("event")
+            self.event(name, **e)
+            self.say_once(f"{name}:{e['gpu']}", e["message"])
+        idle = self._gpus.idle_for(now)
+        if idle < self.cfg.gpu_idle_timeout or not self._gpus.seen_gpus:
+            self._gpu_idle_said = False
+            return
+        if self._gpu_idle_said:
+            return
+        self._gpu_idle_said = True
+        live = [v for v in views if v.alive]
+        if any(now - v.hb.last_progress < idle for v in live):
+            return  # a rank still progresses: the GPUs are idle for another reason (CPU work, data)
+        reason = f"every GPU of the job has been at 0 % utilisation for {idle:.0f} s"
+        if views:
+            self.event("gpu_idle", idle_s=round(idle, 1), supporting=True)
+            self.say(f"{reason}, and no rank has progressed since")
+            return
+        d = Detection("gpu_idle", (), (), reason + " and no rank has a heartbeat (the recorder could not activate)",
+                      ())  # fmt: skip
+        self._act(d)
 
     def _status_line(self, views: list[RankView], now: float) -> None:
         """So that a log read weeks later says what the job was doing: step, steps/s, phase; GPUs and heat."""
@@ -508,7 +538,7 @@ class Supervisor:
             self._status_steps[v.rank] = (now, v.hb.step)
             parts.append(f"rank {v.rank} step {v.hb.step}" + (f" ({rate:.2f}/s)" if rate is not None else "")
                          + f" {v.hb.phase}")  # fmt: skip
-        readings, _ = gpu.query_gpus(2.0)
+        readings = self._gpus.latest() if self._gpus.seen_gpus else gpu.query_gpus(2.0)[0]
         gpus = " | ".join(g.describe() for g in readings)
         line = "status: " + ("; ".join(parts) or "no live rank") + (f" | {gpus}" if gpus else "")
         self.say(line)
@@ -527,11 +557,12 @@ class Supervisor:
         for f in d.findings:
             self.say(f"  {f.describe()}: idle {f.idle_s:.0f} s" if d.rule != "rank_death"
                      else f"  {f.describe()}: {f.exit_status or f.state}")  # fmt: skip
-        ending = d.rule == "stall" and self.cfg.on_stall == "kill"
+        hang = d.rule in ("stall", "gpu_idle")
+        ending = hang and self.cfg.on_stall == "kill"
         self._collect(d.rule.replace("_", "-"), d, job_ends=ending)
         if crash:
             self._last_crash = (time.monotonic(), self.bundles[-1] if self.bundles else "")
-        if d.rule == "stall":
+        if hang:
             if self.cfg.on_stall == "kill":
                 self.ended_after_stall = True
                 self._end_job(f"stall, --on-stall kill; exit code will be {EXIT_STALL_ENDED}")
@@ -561,6 +592,7 @@ class Supervisor:
                 world_size=max((v.hb.world_size for v in views), default=0),
                 agent_pid=self.launched.pid if self.launched else None,
                 history={rank: list(samples) for rank, samples in self.history.items()},
+                gpu_history=self._gpus.samples(),
             )
             options = CollectOptions(
                 dump_timeout=self.cfg.dump_timeout,

@@ -6,13 +6,14 @@ GPU's temperature and utilisation."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
-from tests.conftest import PROGRAMS, TORCHRUN, bundles, run_blackbox
+from tests.conftest import BLACKBOX, PROGRAMS, TORCHRUN, bundles, job_env, run_blackbox
 
 GLOO_JOB = str(PROGRAMS / "gloo_job.py")
 STALL = ["--stall-timeout", "3", "--poll-interval", "0.5", "--kill-grace", "5"]
@@ -83,3 +84,48 @@ def test_status_line_shows_ranks_and_gpus(tmp_path: Path, run_dir: Path) -> None
     assert any("rank 0 step" in line and "rank 1 step" in line and "/s)" in line for line in lines), lines
     assert all("GPU0 H100 71C util 99%" in line for line in lines)
     assert b"GPU0 H100 71C" in (run_dir / "console.log").read_bytes()  # the header says which GPU, how hot
+
+
+# --- the GPU watch (through the fake GPU adapter) --------------------------------------------------------------
+def gpu(util: float, temp: float = 40.0, throttle: str | None = None) -> dict[str, Any]:
+    return {"index": 0, "name": "H100", "temperature_c": temp, "utilization_pct": util, "memory_used_mib": 5000,
+            "memory_total_mib": 81559, "throttle": throttle, "slowdown_temp_c": 90.0}  # fmt: skip
+
+
+def test_idle_gpus_trigger_when_no_rank_has_a_heartbeat(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN a job the recorder cannot see (a shell, no Python rank) while every GPU sits at 0 %
+    fake = tmp_path / "gpus.json"
+    fake.write_text(json.dumps([gpu(0.0)]))
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--gpu-idle-timeout", "2", "--poll-interval", "0.25",
+                        "--kill-grace", "3", "--", "sh", "-c", "sleep 600"], tmp_path,
+                       BLACKBOX_FAKE_GPUS=str(fake))  # fmt: skip
+    # THEN blackbox collects on the GPU-idle rule alone and ends the job like a stall
+    err = res.stderr.decode()
+    assert res.returncode == 86, err
+    assert "GPU idle: every GPU of the job has been at 0 % utilisation" in err
+    (bundle,) = bundles(run_dir)
+    assert "gpu-idle" in bundle.name
+    rep = subprocess.run([*BLACKBOX, "report", str(bundle), "--format", "json"], capture_output=True, text=True,
+                         env=job_env(), timeout=60)  # fmt: skip
+    report = json.loads(rep.stdout)
+    assert report["verdict"]["category"] == "hang.unknown"
+    assert any("GPU 0 (H100): 0.0 % utilisation" in f["text"] and "at 0 % for the last" in f["text"]
+               for f in report["findings"])  # fmt: skip
+
+
+def test_a_throttling_gpu_is_an_event_and_a_finding(tmp_path: Path, run_dir: Path) -> None:
+    fake = tmp_path / "gpus.json"
+    fake.write_text(json.dumps({"samples": [[gpu(95.0)], [gpu(97.0, 93.0, "hw_thermal")]]}))
+    job = [sys.executable, "-c", "import time, sys; time.sleep(2); sys.exit(5)"]
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--poll-interval", "0.25", "--", *job], tmp_path,
+                       BLACKBOX_FAKE_GPUS=str(fake))  # fmt: skip
+    err = res.stderr.decode()
+    assert res.returncode == 5, err
+    assert "GPU 0 is throttling its clocks (hw_thermal)" in err and "GPU 0 is at 93C (slows down at 90C)" in err
+    names = [json.loads(line)["event"] for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert names.count("gpu_throttle") == 1 and names.count("gpu_hot") == 1
+    (bundle,) = bundles(run_dir)  # the job failed: its exit bundle carries the GPU history
+    rep = subprocess.run([*BLACKBOX, "report", str(bundle), "--format", "json"], capture_output=True, text=True,
+                         env=job_env(), timeout=60)  # fmt: skip
+    assert any("GPU 0 throttled its clocks (hw_thermal); hottest reading 93.0C" in f["text"]
+               for f in json.loads(rep.stdout)["findings"])  # fmt: skip
