@@ -89,7 +89,7 @@ def cheap() -> bool:
 
 def _nvml() -> Optional[tuple[list[GpuReading], str]]:
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml
     except ImportError:
         return None
     try:
@@ -160,3 +160,57 @@ def query_gpus(timeout: float = 3.0) -> tuple[list[GpuReading], str]:
         readings.append(GpuReading(int(idx) if idx is not None else len(readings), parts[1], temp, util, used, total,
                                    power, ecc))  # fmt: skip
     return readings, "nvidia-smi"
+
+
+def process_gpus() -> Optional[dict[int, list[int]]]:
+    """pid -> the GPU indices it holds a context on, from NVML's per-process lists; None without NVML."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    out: dict[int, list[int]] = {}
+    try:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            try:
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+            except Exception:
+                continue
+            for p in procs:
+                out.setdefault(int(p.pid), []).append(i)
+        return out
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def rank_gpus(ranks: dict[int, tuple[int, dict[str, str]]]) -> tuple[dict[int, list[int]], str]:
+    """rank -> GPU indices, and which method said so: NVML's per-process list (the truth, where NVML is there),
+    else the rank's CUDA_VISIBLE_DEVICES and LOCAL_RANK (the usual one-GPU-per-local-rank layout).
+    `ranks`: rank -> (pid, environment)."""
+    by_pid = process_gpus()
+    if by_pid:
+        found = {rank: by_pid[pid] for rank, (pid, _) in ranks.items() if pid in by_pid}
+        if found:
+            return found, "NVML per-process list"
+    out: dict[int, list[int]] = {}
+    for rank, (_, env) in ranks.items():
+        try:
+            local = int(env.get("LOCAL_RANK", ""))
+        except ValueError:
+            continue
+        visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+        if visible:
+            if local < len(visible) and visible[local].isdigit():
+                out[rank] = [int(visible[local])]
+            elif len(visible) == 1 and visible[0].isdigit():
+                out[rank] = [int(visible[0])]
+        else:
+            out[rank] = [local]
+    return out, "CUDA_VISIBLE_DEVICES and LOCAL_RANK"

@@ -381,6 +381,7 @@ class Collector:
             "hostname": job.node, "ips": got.get("ips"), "collector_pid": os.getpid(), "cwd": job.cwd,
             "command": redact_argv(job.argv), "python": job.python, **(got.get("system") or {}),
             "run_dir_disk": got.get("disk"), "gpus": [g.to_json() for g in gpus], "gpu_source": gpu_how,
+            "rank_gpus": {str(r): g for r, g in job.rank_gpus[0].items()}, "rank_gpus_method": job.rank_gpus[1],
             "kernel_messages_source": kernel_how,
             "git": None if git is None else {**git.__dict__, "describe": git.describe()},
         })  # fmt: skip

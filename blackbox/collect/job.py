@@ -50,6 +50,7 @@ class Job:
     notes: list[str] = field(default_factory=list)  # what discovery could not do, in sentences
     history: dict[int, list[dict[str, object]]] = field(default_factory=dict)  # rank -> heartbeat changes
     gpu_history: dict[str, list[dict[str, object]]] = field(default_factory=dict)  # GPU index -> readings
+    rank_gpus: tuple[dict[int, list[int]], str] = ({}, "not mapped")  # rank -> GPU indices, and how it was found
 
     def identity(self) -> dict[str, object]:
         return {

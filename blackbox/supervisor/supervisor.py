@@ -527,17 +527,32 @@ class Supervisor:
                       ())  # fmt: skip
         self._act(d)
 
+    def _rank_gpus(self, views: list[RankView]) -> tuple[dict[int, list[int]], str]:
+        """Which GPU each local rank uses, and how that was found (only where the job has GPUs)."""
+        if not self._gpus.seen_gpus:
+            return {}, "no GPU"
+        ranks = {}
+        for v in views:
+            if v.alive:
+                try:
+                    ranks[v.rank] = (v.hb.pid, procfs.environ(v.hb.pid))
+                except (OSError, procfs.ProcAccessError):
+                    continue
+        return gpu.rank_gpus(ranks)
+
     def _status_line(self, views: list[RankView], now: float) -> None:
         """So that a log read weeks later says what the job was doing: step, steps/s, phase; GPUs and heat."""
         parts = []
+        mapping, _ = self._rank_gpus(views)
         for v in views:
             if not v.alive:
                 continue
             before = self._status_steps.get(v.rank)
             rate = (v.hb.step - before[1]) / (now - before[0]) if before and now > before[0] else None
             self._status_steps[v.rank] = (now, v.hb.step)
+            on = mapping.get(v.rank)
             parts.append(f"rank {v.rank} step {v.hb.step}" + (f" ({rate:.2f}/s)" if rate is not None else "")
-                         + f" {v.hb.phase}")  # fmt: skip
+                         + f" {v.hb.phase}" + (f" GPU{','.join(map(str, on))}" if on else ""))  # fmt: skip
         readings = self._gpus.latest() if self._gpus.seen_gpus else gpu.query_gpus(2.0)[0]
         gpus = " | ".join(g.describe() for g in readings)
         line = "status: " + ("; ".join(parts) or "no live rank") + (f" | {gpus}" if gpus else "")
@@ -593,6 +608,7 @@ class Supervisor:
                 agent_pid=self.launched.pid if self.launched else None,
                 history={rank: list(samples) for rank, samples in self.history.items()},
                 gpu_history=self._gpus.samples(),
+                rank_gpus=self._rank_gpus(views),
             )
             options = CollectOptions(
                 dump_timeout=self.cfg.dump_timeout,

@@ -6,6 +6,7 @@ GPU's temperature and utilisation."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -82,6 +83,8 @@ def test_status_line_shows_ranks_and_gpus(tmp_path: Path, run_dir: Path) -> None
     lines = [line for line in res.stderr.decode().splitlines() if line.startswith("blackbox: status: ")]
     assert lines, res.stderr
     assert any("rank 0 step" in line and "rank 1 step" in line and "/s)" in line for line in lines), lines
+    # each rank's GPU, from LOCAL_RANK (no CUDA_VISIBLE_DEVICES here, no NVML)
+    assert any(re.search(r"rank 1 step \d+ \([\d.]+/s\) \w+ GPU1", line) for line in lines), lines
     assert all("GPU0 H100 71C util 99%" in line for line in lines)
     assert b"GPU0 H100 71C" in (run_dir / "console.log").read_bytes()  # the header says which GPU, how hot
 

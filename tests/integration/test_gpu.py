@@ -27,3 +27,12 @@ def test_cuda_oom_leaves_record_and_memory_snapshot(tmp_path: Path) -> None:
     assert snapshot.stat().st_size > 0
     versions = json.loads((rank_dir / "rank.json").read_text())["versions"]
     assert versions["cuda"] and versions.get("nccl")
+
+
+def test_gpu_facts_come_from_nvml_or_nvidia_smi() -> None:
+    from blackbox.adapters import gpu
+
+    readings, how = gpu.query_gpus(10.0)
+    assert how in ("NVML", "nvidia-smi") and readings
+    g = readings[0]
+    assert g.name and g.memory_total_mib and g.temperature_c is not None and g.utilization_pct is not None
