@@ -56,6 +56,8 @@ class Report:
     # per rank: {"rank", "node", "samples": [[wall time, step, phase]], "last_progress": wall time | None}, and
     # which rank stopped progressing first; "end": when the bundle was made
     timeline: dict[str, Any] = field(default_factory=dict)
+    # per GPU: {"index", "name", "samples": [[wall time, utilisation %, temperature C]]} (the supervisor's watch)
+    gpus: list[Any] = field(default_factory=list)
     similar_incidents: list[Any] = field(default_factory=list)
     schema_version: int = REPORT_SCHEMA_VERSION
 

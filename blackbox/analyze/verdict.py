@@ -387,6 +387,18 @@ def _one_rank(row: RankRow, rs: Optional[RankStack]) -> list[Finding]:
     return out
 
 
+def _gpu_series(bundle: Bundle) -> list[dict[str, Any]]:
+    history = bundle.json("node/gpu-history.json")
+    out = []
+    for index, samples in sorted(history.items()) if isinstance(history, dict) else []:
+        good = [x for x in samples if isinstance(x, dict)] if isinstance(samples, list) else []
+        rows = [[x["t"], x.get("utilization_pct"), x.get("temperature_c")] for x in good
+                if isinstance(x.get("t"), (int, float))]  # fmt: skip
+        if rows:
+            out.append({"index": index, "name": good[-1].get("name"), "samples": rows[-500:]})
+    return out
+
+
 def _gpu_findings(bundle: Bundle, findings: list[Finding]) -> None:
     """From the supervisor's GPU history: each GPU's last reading, how long it sat at 0 %, and any throttling,
     heat or ECC errors seen."""
@@ -649,6 +661,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         ranks=rows, findings=findings, next_actions=next_actions(verdict, facts), console_tail=tail,
         collectives=[u.__dict__ for u in unjoined],
         timeline=_timeline(bundle, rows),
+        gpus=_gpu_series(bundle),
         stack_groups=[{"ranks": g.ranks, "waits_in": g.waits_in, "signature": g.signature, "frames": g.frames,
                        "odd": g.odd, "sources": g.sources, "describe": g.describe(),
                        "workers": _workers(g.ranks, rank_stacks)} for g in groups],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from html import escape
+from html import escape as e
 from typing import Any, TextIO
 
 from ..analyze.model import Report
@@ -76,6 +77,31 @@ def _timeline_svg(report: Report) -> str:
     return "".join(parts) + (f"<p class='meta'>{more} more rank(s) not drawn.</p>" if more > 0 else "")
 
 
+def _gpu_svg(report: Report) -> str:
+    """Each GPU's utilisation over time, on the rank timeline's clock (0 % sustained is the silent hang)."""
+    series = [g for g in report.gpus if g.get("samples")]
+    if not series:
+        return ""
+    times = [float(s[0]) for g in series for s in g["samples"]]
+    t0, t1 = min(times), max(times)
+    span = max(t1 - t0, 1e-3)
+    width, left, row_h = 1000, 150, 40
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{row_h * len(series) + 24}' "
+             "role='img' aria-label='GPU utilisation over time'>"]  # fmt: skip
+    for i, g in enumerate(series):
+        y = 8 + i * row_h
+        points = " ".join(f"{left + (float(t) - t0) / span * (width - left - 20):.1f},"
+                          f"{y + 30 - 30 * float(u or 0) / 100:.1f}" for t, u, _ in g["samples"])  # fmt: skip
+        last = g["samples"][-1]
+        parts.append(f"<text x='4' y='{y + 20}'>GPU {e(str(g['index']))} {e(str(g.get('name') or ''))}</text>")
+        parts.append(f"<line x1='{left}' y1='{y + 30}' x2='{width - 20}' y2='{y + 30}' stroke='#ccc'/>")
+        parts.append(f"<polyline fill='none' stroke='#1565c0' stroke-width='1.5' points='{points}'/>")
+        parts.append(f"<text x='{width - 140}' y='{y + 10}'>{last[1]}% {last[2]}C</text>")
+    parts.append(f"<text x='{left}' y='{row_h * len(series) + 20}'>{span:.0f} s of GPU utilisation (0-100 %)</text>"
+                 "</svg>")  # fmt: skip
+    return "<h2>GPUs</h2>" + "".join(parts)
+
+
 def render_html(report: Report, out: TextIO) -> None:
     v = report.verdict
     kind = v.category.split(".")[0]
@@ -100,7 +126,7 @@ def render_html(report: Report, out: TextIO) -> None:
         w(f"<tr{cls} data-rank='{r.rank}'><td class='n'>{r.rank}</td><td>{e(r.node)}</td><td class='n'>{r.pid}</td>"
           f"<td>{e(r.state)}</td><td class='n'>{'-' if r.step is None else r.step}</td><td>{e(phase)}</td>"
           f"<td class='n'>{idle}</td><td><code>{e(r.top_frame or '')}</code></td></tr>")  # fmt: skip
-    w("</table><h2>Timeline</h2>" + _timeline_svg(report))
+    w("</table><h2>Timeline</h2>" + _timeline_svg(report) + _gpu_svg(report))
     if report.stack_groups:
         w("<h2>Stacks</h2><p class='meta'>Main threads; identical stacks merged, the odd ones first.</p>")
         for g in report.stack_groups:

@@ -50,3 +50,26 @@ def test_html_opens_in_headless_chromium_without_console_errors(tmp_path: Path, 
     assert re.search(r'id="suspect-count">1<', run.stdout), run.stdout[-2000:]
     assert "suspect rank(s) 1" in run.stdout or "suspect rank(s) 0" in run.stdout
     assert "<svg" in run.stdout and "stopped first" in run.stdout
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)")
+def test_html_draws_the_gpu_history(tmp_path: Path) -> None:
+    from blackbox.bundle.writer import BundleWriter
+
+    # GIVEN a bundle whose supervisor watched one GPU go from busy to 0 %
+    w = BundleWriter("run-g", "node7", "gpu-idle")
+    samples = [{"t": 1000.0 + i, "index": 0, "name": "H100", "utilization_pct": 90.0 if i < 5 else 0.0,
+                "temperature_c": 60.0, "memory_used_mib": 1, "memory_total_mib": 2} for i in range(20)]  # fmt: skip
+    w.add_json("node/gpu-history.json", {"0": samples})
+    w.add_json("detection.json", {"rule": "gpu_idle", "ranks": [], "suspects": [], "reason": "every GPU idle"})
+    bundle = w.write(str(tmp_path), {})
+    out = tmp_path / "r.html"
+    assert report([bundle, "--format", "html", "--out", str(out)], tmp_path).returncode == 0
+    assert CHROMIUM is not None
+    run = subprocess.run([CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
+                          "--v=0", f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", out.as_uri()],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert not [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
+    # THEN the page has the GPU chart, and the report says how long the GPU sat at 0 %
+    assert "GPU utilisation over time" in run.stdout and "GPU 0 H100" in run.stdout
+    assert "at 0 % for the last 14 s" in run.stdout
