@@ -274,7 +274,9 @@ class Recorder:
                     except Exception as exc:
                         self.fail("flush", exc)
                 self.guard("dump", self._serve_dump_request)
-                if counter % 4 == 1:  # every few ticks: facts the collector wants before anything happens
+                # every few ticks (and at once when torch has just been imported): facts the collector wants
+                # before anything happens
+                if counter % 4 == 1 or (self.torch is not None and not self._versions_written):
                     self.guard("state_files", self._write_state_files)
             except Exception as exc:
                 self.fail("liveness", exc)

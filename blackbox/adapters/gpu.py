@@ -4,10 +4,12 @@ May import the stdlib, and pynvml when it is installed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
@@ -87,16 +89,32 @@ def cheap() -> bool:
     return is_fake() or importlib.util.find_spec("pynvml") is not None
 
 
-def _nvml() -> Optional[tuple[list[GpuReading], str]]:
+@contextlib.contextmanager
+def _nvml_session() -> Iterator[Any]:
+    """NVML initialised for the block, or None where it is not installed or there is no driver."""
     try:
         import pynvml
     except ImportError:
-        return None
+        yield None
+        return
     try:
         pynvml.nvmlInit()
     except Exception:
-        return None  # no driver: fall back to nvidia-smi, which says why
+        yield None  # no driver: the caller falls back (nvidia-smi says why)
+        return
     try:
+        yield pynvml
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _nvml() -> Optional[tuple[list[GpuReading], str]]:
+    with _nvml_session() as pynvml:
+        if pynvml is None:
+            return None
         readings = []
         for i in range(pynvml.nvmlDeviceGetCount()):
             h = pynvml.nvmlDeviceGetHandleByIndex(i)
@@ -123,11 +141,6 @@ def _nvml() -> Optional[tuple[list[GpuReading], str]]:
                 None if slowdown is None else float(slowdown),
             ))  # fmt: skip
         return readings, "NVML"
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def query_gpus(timeout: float = 3.0) -> tuple[list[GpuReading], str]:
@@ -164,30 +177,18 @@ def query_gpus(timeout: float = 3.0) -> tuple[list[GpuReading], str]:
 
 def process_gpus() -> Optional[dict[int, list[int]]]:
     """pid -> the GPU indices it holds a context on, from NVML's per-process lists; None without NVML."""
-    try:
-        import pynvml
-    except ImportError:
-        return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:
-        return None
-    out: dict[int, list[int]] = {}
-    try:
+    with _nvml_session() as pynvml:
+        if pynvml is None:
+            return None
+        out: dict[int, list[int]] = {}
         for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
             try:
-                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+                procs = pynvml.nvmlDeviceGetComputeRunningProcesses(pynvml.nvmlDeviceGetHandleByIndex(i))
             except Exception:
                 continue
             for p in procs:
                 out.setdefault(int(p.pid), []).append(i)
         return out
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
 
 
 def rank_gpus(ranks: dict[int, tuple[int, dict[str, str]]]) -> tuple[dict[int, list[int]], str]:

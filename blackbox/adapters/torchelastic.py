@@ -44,9 +44,8 @@ def same_job(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
 
 
 def error_file(env: Mapping[str, str]) -> Optional[str]:
-    """The file torchelastic's `@record` writes a worker's exception to, where one exists."""
-    path = env.get("TORCHELASTIC_ERROR_FILE")
-    return path if path and os.path.isfile(path) else None
+    """Where torchelastic's `@record` writes a worker's exception (the file may not exist yet, or ever)."""
+    return env.get("TORCHELASTIC_ERROR_FILE") or None
 
 
 def is_launcher(argv: list[str]) -> bool:

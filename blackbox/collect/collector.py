@@ -166,19 +166,24 @@ def _rank_files(record_dir: str, ranks: Iterable[int]) -> list[tuple[str, str]]:
 
 
 def _torchelastic_error_file(record_dir: Optional[str], t: RankTarget) -> Optional[str]:
-    """Where the rank's torchelastic error file is: from the recorder's rank.json, else the live environment."""
+    """Where the rank's torchelastic error file goes: from its live environment (read at the start of a
+    collection: a rank that raised may be gone by the time files are copied), else the recorder's rank.json.
+    The file itself may appear only later, while the rank dies."""
+    if t.alive:
+        try:
+            path = torchelastic.error_file(procfs.environ(t.pid))
+            if path:
+                return path
+        except (OSError, procfs.ProcAccessError):
+            pass
     if record_dir:
         try:
             with open(os.path.join(record_dir, "ranks", str(t.rank), "rank.json")) as f:
                 path = json.load(f).get("torchelastic_error_file")
-            if isinstance(path, str) and os.path.isfile(path):
-                return path
+            return path if isinstance(path, str) and path else None
         except (OSError, ValueError, AttributeError):
             pass
-    try:
-        return torchelastic.error_file(procfs.environ(t.pid)) if t.alive else None
-    except (OSError, procfs.ProcAccessError):
-        return None
+    return None
 
 
 def _is_python(pid: int) -> bool:
@@ -319,13 +324,12 @@ class Collector:
             detail += f"; no answer within {wait:g} s from rank(s) {sorted(pending)}"
         w.step("rank dumps", "ok" if not pending else "partial", t, detail)
 
-    def rank_files(self, ranks: list[RankTarget], w: BundleWriter) -> None:
+    def rank_files(self, ranks: list[RankTarget], w: BundleWriter, error_files: dict[int, str]) -> None:
         t = time.monotonic()
         files = _rank_files(self.job.record_dir, [r.rank for r in ranks]) if self.job.record_dir else []
-        for r in ranks:
-            error_file = _torchelastic_error_file(self.job.record_dir, r)
-            if error_file:
-                files.append((error_file, f"ranks/{r.rank}/torchelastic-error.json"))
+        for rank, error_file in sorted(error_files.items()):
+            if os.path.isfile(error_file):
+                files.append((error_file, f"ranks/{rank}/torchelastic-error.json"))
         if not files:
             return
         self.progress(f"copying {len(files)} recorder file(s)")
@@ -435,6 +439,8 @@ class Collector:
         job = self.job
         w = BundleWriter(job.run_id, job.node, trigger)
         ranks = job.ranks
+        # read while the ranks live: a rank that raised may be gone by the time its files are copied
+        error_files = {r.rank: p for r in ranks if (p := _torchelastic_error_file(job.record_dir, r))}
         procs = [_Proc(r.rank, r.pid, False) for r in ranks if r.alive]
         procs += [_Proc(r.rank, pid, True) for r in ranks for pid in _helpers(r)]
         if job.agent_pid is not None and job.mode == "collect" and _is_python(job.agent_pid):
@@ -456,7 +462,7 @@ class Collector:
                 w.add_json("node/gpu-history.json", job.gpu_history)
             if recorded:
                 w.step("heartbeats", "ok", t, f"{len(recorded)} rank(s)")
-            self.rank_files(ranks, w)
+            self.rank_files(ranks, w, error_files)
             t = time.monotonic()
             console, where = self._console_source()
             if console is not None:
