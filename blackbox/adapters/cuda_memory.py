@@ -1,7 +1,7 @@
 """CUDA out-of-memory evidence: PyTorch's OOM message (requested, capacity, free, allocated, reserved) and its
 memory snapshots (`torch.cuda.memory._snapshot()` pickles: read with a restricted unpickler that admits only
-plain data — nothing is executed). The one module that knows those formats. Imports the stdlib and
-adapters.plainpickle."""
+plain data — nothing is executed). The one module that knows those formats. Imports the stdlib,
+adapters.plainpickle and adapters.stacks."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .plainpickle import PlainPickleError, load_plain_dict
+from .stacks import first_user_frame
 
 MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
 MEMORY_VIZ_URL = "https://pytorch.org/memory_viz"
@@ -79,18 +80,6 @@ class Allocation:
     frame: Optional[str]  # the innermost user frame that allocated it: "train.py:88 (forward)"
 
 
-_LIBRARY = ("/site-packages/", "/dist-packages/", "/lib/python3", "/_recorder/")
-
-
-def _user_frame(frames: Any) -> Optional[str]:
-    for f in frames if isinstance(frames, list) else []:  # innermost first
-        if isinstance(f, dict) and not any(m in str(f.get("filename", "")) for m in _LIBRARY):
-            if str(f.get("filename", "")).startswith("??"):
-                continue
-            return f"{str(f.get('filename', '?')).rsplit('/', 1)[-1]}:{f.get('line')} ({f.get('name')})"
-    return None
-
-
 def largest_allocations(snapshot: dict[str, Any], n: int = 5) -> tuple[list[Allocation], int, int]:
     """The n largest live allocations, and the totals (bytes allocated, bytes reserved) over all segments."""
     live: list[Allocation] = []
@@ -103,7 +92,7 @@ def largest_allocations(snapshot: dict[str, Any], n: int = 5) -> tuple[list[Allo
             if isinstance(block, dict) and block.get("state") == "active_allocated":
                 size = int(block.get("size") or 0)
                 allocated += size
-                live.append(Allocation(size, seg.get("device"), _user_frame(block.get("frames"))))
+                live.append(Allocation(size, seg.get("device"), first_user_frame(block.get("frames"))))
     live.sort(key=lambda a: a.size, reverse=True)
     return live[:n], allocated, reserved
 

@@ -1,6 +1,6 @@
 """PyTorch's flight recorder: reads raw per-rank dumps without executing anything (adapters.plainpickle),
-normalises Gloo dumps so torch's own analyzer can read them, and reads `pg_status` directly. Imports the stdlib
-and adapters.plainpickle; torch's analyzer is run as a separate process."""
+normalises Gloo dumps so torch's own analyzer can read them, and reads `pg_status` directly. Imports the stdlib,
+adapters.plainpickle and adapters.stacks; torch's analyzer is run as a separate process."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from .plainpickle import PlainPickleError, load_plain_dict
+from .stacks import first_user_frame
 
 MAX_DUMP_BYTES = 256 * 1024 * 1024
 _RANK_SUFFIX = re.compile(r"(\d+)$")
@@ -109,14 +110,8 @@ class Unjoined:
     last_seen: dict[int, str]  # per missing rank: the user frame of its last recorded collective
 
 
-_LIBRARY = ("/site-packages/", "/dist-packages/", "/_recorder/", "/lib/python3")
-
-
 def _user_frame(entry: dict[str, Any]) -> Optional[str]:
-    for f in entry.get("frames") or []:  # innermost first
-        if isinstance(f, dict) and not any(m in str(f.get("filename", "")) for m in _LIBRARY):
-            return f"{str(f.get('filename', '?')).rsplit('/', 1)[-1]}:{f.get('line')} ({f.get('name')})"
-    return None
+    return first_user_frame(entry.get("frames"))
 
 
 def _entry(dump: dict[str, Any], group: str, seq: int) -> Optional[dict[str, Any]]:

@@ -87,3 +87,16 @@ def main_thread(threads: list[ThreadStack]) -> Optional[ThreadStack]:
         if t.name == "MainThread":
             return t
     return next((t for t in threads if t.current), None)
+
+
+def first_user_frame(frames: Any) -> Optional[str]:
+    """From PyTorch's recorded frames (flight-recorder entries, memory-snapshot blocks: dicts with filename,
+    line and name, innermost first), the innermost one in the user's code: "train.py:88 (forward)"."""
+    for f in frames if isinstance(frames, list) else []:
+        if not isinstance(f, dict):
+            continue
+        filename = str(f.get("filename", ""))
+        if any(m in filename for m in LIBRARY_MARKERS) or filename.startswith("??"):
+            continue
+        return f"{filename.rsplit('/', 1)[-1] or '?'}:{f.get('line')} ({f.get('name')})"
+    return None
