@@ -15,7 +15,7 @@ from ..bundle.reader import Bundle
 from ..supervisor.rules import rank_ranges
 from .actions import Facts, next_actions
 from .model import Finding, RankRow, Report, Verdict
-from .stackgroups import COLLECTIVE_FUNCS, RankStack, group, rank_stack, signature
+from .stackgroups import RankStack, group, rank_stack, signature, waits_in
 
 _HANG_BY_PHASE = {
     "data": "hang.data_loading",
@@ -172,28 +172,18 @@ def _exception_line(exc: dict[str, Any]) -> str:
 
 
 def _exception_phase(exc: dict[str, Any]) -> Optional[str]:
-    """Where the exception came from, by its traceback (innermost first): data, checkpoint or a collective."""
+    """Where the exception came from, read from its traceback the way a stack is read (waits_in): data,
+    checkpoint or a collective; None for plain compute."""
     tb = exc.get("traceback")
-    frames: list[Any] = tb if isinstance(tb, list) else []
-    for f in reversed(frames):
-        if not isinstance(f, dict):
-            continue
-        path = str(f.get("file", ""))
-        if "torch/utils/data" in path:
-            return "data"
-        if "torch/distributed/checkpoint" in path or path.endswith("torch/serialization.py"):
-            return "checkpoint"
-        if f.get("function") in COLLECTIVE_FUNCS and "torch/distributed" in path:
-            return "collective"
-    return None
+    frames = tuple(stacks.Frame(str(f.get("file", "")), int(f.get("line") or 0), str(f.get("function", "")))
+                   for f in (tb if isinstance(tb, list) else []) if isinstance(f, dict))  # fmt: skip
+    where = waits_in(stacks.ThreadStack("exception", None, False, frames))
+    return None if where == "compute" else where
 
 
 def _raised_in_collective(exc: dict[str, Any]) -> bool:
-    """The exception came out of a collective (its traceback ends in one): the rank was waiting, a victim."""
-    tb = exc.get("traceback")
-    frames: list[Any] = tb if isinstance(tb, list) else []
-    return any(isinstance(f, dict) and f.get("function") in COLLECTIVE_FUNCS and "torch/distributed" in
-               str(f.get("file", "")) for f in frames[-4:])  # fmt: skip
+    """The exception came out of a collective: the rank was waiting in it, a victim."""
+    return _exception_phase(exc) == "collective"
 
 
 def _not_in_collective(
