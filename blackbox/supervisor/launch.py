@@ -65,14 +65,9 @@ class ConsoleLog:
             self._pending.clear()
 
     def tail(self, limit: int) -> bytes:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                size = f.tell()
-                f.seek(max(0, size - limit))
-                return f.read()
-        except OSError:
-            return b""
+        from ..collect.collector import FileTail
+
+        return FileTail(self.path).tail(limit)
 
     def close(self) -> None:
         self.flush_pending()
