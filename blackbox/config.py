@@ -69,6 +69,22 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _coord(value: Any) -> str:
+    text = str(value).strip()
+    if text and text.lower() != "off" and not (":" in text and text.rpartition(":")[2].isdigit()):
+        raise ValueError(value)
+    return text
+
+
+def _port(value: Any) -> Union[int, str]:
+    if isinstance(value, str) and value.strip().lower() == AUTO:
+        return AUTO
+    port = int(value)
+    if not 0 < port < 65536 or port != float(value):
+        raise ValueError(value)
+    return port
+
+
 def _url(value: Any) -> str:
     text = str(value)
     if text and not text.startswith(("http://", "https://")):
@@ -134,6 +150,12 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("status_interval", _seconds, 0.0, "a number of seconds",
            "Every this many seconds print a status line to stderr: each rank's step, steps/s and phase, and each "
            "GPU's temperature and utilisation (0: off)."),
+    Option("coord", _coord, "", "`HOST:PORT` or `off`",
+           "Multi-node: where node 0's supervisor serves the coordination store (default: torchrun's rendezvous "
+           "host, or the first host of the Slurm job); `off`: no coordination, each node alone."),
+    Option("coord_port", _port, AUTO, "a port number (1-65535) or `auto`",
+           "Multi-node: the coordination store's port, the same on every node; `auto` = torchrun's rendezvous or "
+           "master port + 1000 (- 1000 above 64535)."),
     Option("cuda_memory_history", _count, 0, "a whole number of entries",
            "Record this many CUDA allocation events per rank once CUDA is initialised, for memory snapshots "
            "(0: off; it costs GPU-side time)."),
@@ -159,6 +181,8 @@ class RunConfig:
     on_incident: str
     notify_url: str
     status_interval: float
+    coord: str
+    coord_port: Union[int, str]
     cuda_memory_history: int
     sources: Mapping[str, str]  # option name -> where its value came from (for the events log)
 

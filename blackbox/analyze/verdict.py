@@ -427,6 +427,43 @@ def _plural_ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
 
 
+def _node_findings(bundle: Bundle) -> list[Finding]:
+    """Multi-node: nodes whose bundle is not among those given, and nodes whose supervisor had fallen silent."""
+    m = bundle.manifest
+    mn: dict[str, Any] = m["multinode"] if isinstance(m.get("multinode"), dict) else {}
+    states = {name: bundle.json(name) for name in bundle.files if name.endswith("node/coordination.json")}
+    silent: dict[str, Any] = {}
+    out: list[Finding] = []
+    for name, state in states.items():
+        if not isinstance(state, dict):
+            continue
+        if state.get("status") == "alone" and state.get("why_alone"):
+            out.append(Finding("observed", f"node {state.get('node')} was not coordinated with the others "
+                               f"({state['why_alone']}): they did not collect at the same moment", name))  # fmt: skip
+        gone = state.get("silent")
+        for node, info in gone.items() if isinstance(gone, dict) else ():
+            silent.setdefault(str(node), (info, name))
+    nodes: list[Any] = m["nodes"] if isinstance(m.get("nodes"), list) else [{"node_rank": mn.get("node_rank")}]
+    present = {str(n.get("node_rank")) for n in nodes if isinstance(n, dict)}
+    nnodes = mn.get("nnodes")
+    missing = [str(i) for i in range(nnodes) if str(i) not in present] if isinstance(nnodes, int) else []
+    for node, (info, source) in silent.items():
+        last = info.get("summary") if isinstance(info, dict) else None
+        ranks: dict[str, Any] = last["ranks"] if isinstance(last, dict) and isinstance(last.get("ranks"), dict) else {}
+        seen = ", ".join(f"rank {r} step {v.get('step')} {v.get('phase')}" for r, v in sorted(
+            ranks.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0) if isinstance(v, dict))  # fmt: skip
+        quiet = info.get("silent_s") if isinstance(info, dict) else None
+        out.append(Finding("observed", f"node {node}'s blackbox supervisor fell silent (no liveness for {quiet} s: "
+                           "killed, or its host is down); that node was not watched and has no bundle for this "
+                           "incident" + (f"; last seen: {seen}" if seen else ""), source))  # fmt: skip
+    lost = [n for n in missing if n not in silent]
+    if lost:
+        out.append(Finding("observed", f"node(s) {', '.join(lost)} of {nnodes} have no bundle among those given: "
+                           "each node writes its own under its run directory's bundles/ — give them all",
+                           "manifest.json: multinode"))  # fmt: skip
+    return out
+
+
 def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None) -> Report:
     """`torch_fr`: PyTorch's own analyzer's output and how it went, when the caller ran it
     (adapters.flight_recorder.torch_analyzer); the analysis itself stays pure."""
@@ -439,6 +476,12 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     groups = group(list(rank_stacks.values()))
     detection = bundle.json("detection.json")
     detection = detection if isinstance(detection, dict) else {}
+    incident = m.get("incident") if isinstance(m.get("incident"), dict) else {}
+    if trigger.startswith("remote-"):  # collected because another node posted an incident: judged by its rule
+        trigger = trigger[len("remote-") :]
+        if not detection and incident:
+            detection = {"rule": incident.get("rule"), "suspects": incident.get("suspects"),
+                         "reason": f"node {incident.get('origin')} reported: {incident.get('reason')}"}  # fmt: skip
     rule = str(detection.get("rule") or trigger.replace("-", "_"))
     suspects = _int_list(detection.get("suspects"))
     reason = str(detection.get("reason", ""))
@@ -457,6 +500,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         findings.append(Finding("observed", f"{_plural_ranks(absent)} of {world} are in none of the bundles given: "
                                 "their node's bundle is missing (give every node's bundle to merge them)",
                                 "manifest.json: job.world_size"))  # fmt: skip
+    findings.extend(_node_findings(bundle))
     raised = _exceptions(bundle, list(by_rank) or _rank_ids(bundle))
     for exc in raised[:3]:
         text = f"rank {exc['rank']} raised {_exception_line(exc)}"
@@ -647,7 +691,8 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     _, marker, body = console.partition("\n# ---\n")  # after console.log's header, when the tail still has it
     tail = [line for line in (body if marker else console).splitlines() if line.strip()][-CONSOLE_LINES:]
     return Report(
-        run_id=str(m.get("run_id", "unknown")), node=node, trigger=trigger, bundle=bundle.path, verdict=verdict,
+        run_id=str(m.get("run_id", "unknown")), node=node, trigger=str(m.get("trigger", "unknown")), bundle=bundle.path,
+        verdict=verdict,
         ranks=rows, findings=findings, next_actions=next_actions(verdict, facts), console_tail=tail,
         collectives=[u.__dict__ for u in unjoined],
         timeline=_timeline(bundle, rows),

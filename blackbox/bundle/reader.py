@@ -277,8 +277,19 @@ def _expand(path: str) -> list[str]:
     return [path]
 
 
+def _multinode(b: Bundle) -> dict[str, Any]:
+    mn = b.manifest.get("multinode")
+    return mn if isinstance(mn, dict) else {}
+
+
+def job_of(b: Bundle) -> str:
+    """The job a bundle belongs to: a multi-node job's id (node 0's run id, shared through the coordinator),
+    else the run id."""
+    return str(_multinode(b).get("job_id") or b.manifest.get("run_id"))
+
+
 def read_bundles(paths: list[str]) -> Bundle:
-    """One view of what the user named: a bundle, or the node bundles of one job merged by run id (each rank's
+    """One view of what the user named: a bundle, or the node bundles of one job merged by job id (each rank's
     files under ranks/<rank>/, each node's own files under nodes/<node>/). Bundles of different jobs are refused;
     of two bundles from the same node, the newest is used."""
     bundles = [read_bundle(p) for path in paths for p in _expand(path)]
@@ -286,33 +297,57 @@ def read_bundles(paths: list[str]) -> Bundle:
         return bundles[0]
     runs: dict[str, str] = {}
     for b in bundles:
-        runs.setdefault(str(b.manifest.get("run_id")), b.path)
+        runs.setdefault(job_of(b), b.path)
     if len(runs) > 1:
         (r1, p1), (r2, p2) = list(runs.items())[:2]
         raise BlackboxError(
-            f"The bundles belong to different jobs: `{p1}` is run `{r1}`, `{p2}` is run `{r2}`.",
-            hint="Give the bundles of one job (the same run id), one per node.",
+            f"The bundles belong to different jobs: `{p1}` is job `{r1}`, `{p2}` is job `{r2}`.",
+            hint="Give the bundles of one job (the same job or run id), one per node.",
         )
-    by_node: dict[str, Bundle] = {}
+    by_node: dict[tuple[str, Any], Bundle] = {}
     skipped: list[str] = []
     for b in sorted(bundles, key=lambda b: str(b.manifest.get("created", ""))):
-        node = str(b.manifest.get("node", "unknown"))
-        if node in by_node:
-            skipped.append(f"{by_node[node].path}: an older bundle of node {node}; the newest is used")
-        by_node[node] = b
+        key = (str(b.manifest.get("node", "unknown")), _multinode(b).get("node_rank"))
+        if key in by_node:
+            skipped.append(f"{by_node[key].path}: an older bundle of node {key[0]}; the newest is used")
+        by_node[key] = b
+    incidents = sorted({str(b.manifest["incident"].get("id")) for b in by_node.values()
+                        if isinstance(b.manifest.get("incident"), dict)})  # fmt: skip
+    if len(incidents) > 1:
+        skipped.append(f"the bundles are of {len(incidents)} incidents ({', '.join(incidents)}): each node's newest "
+                       "is used; give the bundles of one incident for one moment of the job")  # fmt: skip
     return merge(list(by_node.values()), skipped)
 
 
+def _node_names(bundles: list[Bundle]) -> list[str]:
+    """Each bundle's node name; nodes that share a host name (several nodes of one job on one machine) are told
+    apart by their node rank."""
+    hosts = [str(b.manifest.get("node", "unknown")) for b in bundles]
+    return [
+        f"{h}-node{_multinode(b).get('node_rank')}" if hosts.count(h) > 1 and _multinode(b).get("node_rank") is not None
+        else h
+        for h, b in zip(hosts, bundles)
+    ]  # fmt: skip
+
+
 def merge(bundles: list[Bundle], skipped: list[str]) -> Bundle:
-    # The bundle that saw the incident first speaks for it (its trigger and detection), the others add ranks.
-    primary = next((b for b in bundles if "detection.json" in b.files), bundles[0])
+    # The bundle of the node that saw the incident speaks for it (its trigger and detection), the others add ranks.
+    def originated(b: Bundle) -> bool:
+        incident = b.manifest.get("incident")
+        return isinstance(incident, dict) and str(incident.get("origin")) == str(_multinode(b).get("node"))
+
+    primary = next((b for b in bundles if originated(b) and "detection.json" in b.files), None) or next(
+        (b for b in bundles if "detection.json" in b.files), bundles[0]
+    )
     files: dict[str, bytes] = {}
     local_ranks: list[Any] = []
     nodes: list[dict[str, Any]] = []
     rank_nodes: dict[str, str] = {}  # rank -> the node whose bundle holds it
-    for b in bundles:
-        node = str(b.manifest.get("node", "unknown"))
-        nodes.append({"node": node, "bundle": b.path, "trigger": b.manifest.get("trigger")})
+    for b, node in zip(bundles, _node_names(bundles)):
+        incident = b.manifest.get("incident")
+        nodes.append({"node": node, "bundle": b.path, "trigger": b.manifest.get("trigger"),
+                      "node_rank": _multinode(b).get("node_rank"),
+                      "incident": incident.get("id") if isinstance(incident, dict) else None})  # fmt: skip
         for name, data in b.files.items():
             if name.startswith(_PER_NODE_PREFIXES):
                 files[name] = data

@@ -460,6 +460,8 @@ class Collector:
                 w.add_json(f"ranks/{rank}/history.json", samples)
             if job.gpu_history:
                 w.add_json("node/gpu-history.json", job.gpu_history)
+            if job.coordination is not None:
+                w.add_json("node/coordination.json", job.coordination)
             if recorded:
                 w.step("heartbeats", "ok", t, f"{len(recorded)} rank(s)")
             self.rank_files(ranks, w, error_files)
@@ -485,6 +487,9 @@ class Collector:
         elapsed = time.monotonic() - start
         extra = {
             "job": {**job.identity(), "command": redact_argv(job.argv), "notes": job.notes},
+            "incident": job.incident,
+            "multinode": None if job.coordination is None else {
+                k: job.coordination.get(k) for k in ("job_id", "node", "node_rank", "nnodes", "status")},
             "detection": None if detection is None else {
                 "rule": detection.rule, "ranks": list(detection.ranks), "suspects": list(detection.suspects),
                 "reason": detection.reason,

@@ -51,6 +51,8 @@ class Job:
     history: dict[int, list[dict[str, object]]] = field(default_factory=dict)  # rank -> heartbeat changes
     gpu_history: dict[str, list[dict[str, object]]] = field(default_factory=dict)  # GPU index -> readings
     rank_gpus: tuple[dict[int, list[int]], str] = ({}, "not mapped")  # rank -> GPU indices, and how it was found
+    incident: Optional[dict[str, object]] = None  # the incident this collection is for (every node's bundle has it)
+    coordination: Optional[dict[str, object]] = None  # multi-node: the coordination's state and the other nodes
 
     def identity(self) -> dict[str, object]:
         return {

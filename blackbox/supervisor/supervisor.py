@@ -28,6 +28,8 @@ from ..analyze.model import Report
 from ..collect.collector import CollectOptions, Collector
 from ..collect.job import Job, RankTarget, job_python
 from ..config import RunConfig
+from ..coord.client import Coordination
+from ..coord.topology import Topology, topology
 from ..errors import EXIT_CANT_CREATE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
 from ..events import EventLog
 from ..heartbeat import HeartbeatState, HeartbeatTable
@@ -176,6 +178,10 @@ class Supervisor:
         self._gpu_idle_said = False
         self._status_at: Optional[float] = None  # when the next status line is due
         self._status_steps: dict[int, tuple[float, int]] = {}  # rank -> (time, step) at the last status line
+        self._topology: Optional[Topology] = None  # this node's place in a multi-node job (None: one node)
+        self._coord: Optional[Coordination] = None
+        self._incidents: dict[str, str] = {}  # incident id -> the bundle this node wrote for it
+        self._local_incidents = 0
 
     # --- speaking -------------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -198,6 +204,12 @@ class Supervisor:
             self.say(f"cannot watch on {sys.platform} (blackbox reads /proc, which only Linux has); "
                      "running the job unwatched")  # fmt: skip
             return _run_plain(self.argv, exe)
+        port = self.cfg.coord_port if isinstance(self.cfg.coord_port, int) else 0
+        try:
+            self._topology = topology(self.argv, self.env, self.cfg.coord, port)
+        except BlackboxError as exc:  # the launcher will say what is wrong with its options; the job runs
+            self.say(f"{exc.message[:-1] if exc.message.endswith('.') else exc.message}: no multi-node "
+                     "coordination, this node watches and collects on its own")  # fmt: skip
         remember_secrets(self.env)  # the job's credentials, scrubbed from everything blackbox writes
         self.run_dir = prepare_run_dir(self.run_dir)
         self.events = EventLog(os.path.join(self.run_dir, "events.jsonl"))
@@ -217,6 +229,7 @@ class Supervisor:
         old_wakeup = signal.set_wakeup_fd(wfd, warn_on_full_buffer=False)
         old_handlers = {s: signal.signal(s, self._on_signal) for s in _HANDLED}
         try:
+            self._start_coordination()
             try:
                 self.launched = spawn(self.argv, self._job_env(), self.console, [self._watch_console])
             except OSError as exc:
@@ -236,6 +249,8 @@ class Supervisor:
             self._wake_fd = None
             os.close(rfd)
             os.close(wfd)
+            if self._coord is not None:
+                self._coord.close()
             if self._table is not None:
                 self._table.close()
             if self.console is not None:
@@ -358,6 +373,11 @@ class Supervisor:
                     self._handle_console()
                 except Exception as exc:
                     self._internal_error("console", exc)
+            if self._coord is not None:
+                try:
+                    self._handle_coordination()
+                except Exception as exc:
+                    self._internal_error("coordination", exc)
             now = time.monotonic()
             if now >= next_poll:
                 self._poll_guarded()
@@ -381,10 +401,14 @@ class Supervisor:
         hits = self._fatal.feed(data, stream)
         if hits:
             self._console_hits.extend(hits)
-            fd = self._wake_fd
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.write(fd, b"\0")
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake the loop from another thread (a fatal console line, a message from the other nodes)."""
+        fd = self._wake_fd
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(fd, b"\0")
 
     def _handle_console(self) -> None:
         hits, self._console_hits[:] = list(self._console_hits), []
@@ -493,6 +517,10 @@ class Supervisor:
         views = self.read_views()
         for detection in self._rules.evaluate(views, now):
             self._act(detection)
+        if self._coord is not None:
+            self._coord.publish({"host": self.node, "ranks": {str(v.rank): {
+                "step": v.hb.step, "phase": v.hb.phase, "state": v.hb.state, "alive": v.alive,
+                "quiet_s": round(max(0.0, now - v.hb.last_progress), 1)} for v in views}})  # fmt: skip
         self._watch_gpus(views, now)
         if self.cfg.status_interval > 0:
             if self._status_at is None:
@@ -563,6 +591,9 @@ class Supervisor:
         if d.rule == "rank_death" and self.terminating:  # the teardown we asked for: a record, no alarm
             self.event(d.rule, ranks=list(d.ranks), expected=True)
             return
+        if d.rule in ("stall", "gpu_idle") and self.ending_since is not None:  # the job is being ended already
+            self.event(d.rule, ranks=list(d.ranks), reason=d.reason, expected=True)
+            return
         crash = d.rule in ("exception", "rank_death")
         if crash and self._crash_collected_recently(d):
             return
@@ -585,9 +616,20 @@ class Supervisor:
                 pids = ", ".join(str(f.pid) for f in d.findings if f.rank in d.suspects)
                 self.say(f"leaving the job running (--on-stall keep); inspect it with: py-spy dump --pid {pids}")
 
-    def _collect(self, trigger: str, detection: Optional[Detection], job_ends: bool = False) -> None:
+    def _collect(
+        self, trigger: str, detection: Optional[Detection], job_ends: bool = False,
+        incident: Optional[dict[str, object]] = None,
+    ) -> None:  # fmt: skip
         """Bundle this node's evidence. `job_ends`: the job is about to be ended anyway, so the ranks may be
-        signalled freely; otherwise the non-invasive ways go first (DESIGN.md §7)."""
+        signalled freely; otherwise the non-invasive ways go first (DESIGN.md §7). `incident`: another node's,
+        which this node collects for; otherwise this node's trigger is posted to every node first."""
+        own = incident is None
+        if incident is None:
+            incident, own = self._post_incident(trigger, detection)
+        iid = str(incident.get("id"))
+        if iid in self._incidents:  # joined an incident this node has already collected for
+            self.event("same_episode", rule=trigger, incident=iid, bundle=self._incidents[iid])
+            return
         try:
             views = self.read_views() if self.watching else []
             live = [v for v in views if v.alive]
@@ -609,6 +651,8 @@ class Supervisor:
                 history={rank: list(samples) for rank, samples in self.history.items()},
                 gpu_history=self._gpus.samples(),
                 rank_gpus=self._rank_gpus(views),
+                incident=incident,
+                coordination=self._coord.state() if self._coord is not None else None,
             )
             options = CollectOptions(
                 dump_timeout=self.cfg.dump_timeout,
@@ -626,13 +670,92 @@ class Supervisor:
             self._internal_error("collect", exc)
             return
         self.bundles.append(path)
-        self.event("bundle", path=path, trigger=trigger)
+        self._incidents[iid] = path
+        self.event("bundle", path=path, trigger=trigger, incident=iid)
         self.say(f"evidence bundle: {path}")
         report = self._say_verdict(path)
+        if not own:  # the node that posted the incident raises the alarm, once for the whole job
+            return
         try:
             self._alerts.incident(path, report, self.run_id, self.node, trigger)
         except Exception as exc:
             self._internal_error("alerts", exc)
+
+    # --- other nodes -----------------------------------------------------------------------------------
+    def _start_coordination(self) -> None:
+        if self._topology is None:
+            return
+        coord = Coordination(self._topology, self.run_id, self.node, self.run_dir, self.cfg.poll_interval,
+                             self.event, self.say_once, self._wake)  # fmt: skip
+        try:
+            coord.start()
+        except Exception as exc:
+            self._internal_error("coordination", exc)
+            return
+        self._coord = coord
+
+    def _post_incident(self, trigger: str, detection: Optional[Detection]) -> tuple[dict[str, object], bool]:
+        """Tell every node (each collects its own evidence under the same incident id); or, alone, an id of
+        this node's own. (incident, whether this node is the one that posted it)."""
+        rule = detection.rule if detection is not None else trigger
+        kind = ("hang" if rule in ("stall", "gpu_idle") else "crash" if rule in ("exception", "rank_death", "console",
+                "exit") else rule)  # fmt: skip
+        body: dict[str, object] = {
+            "trigger": trigger, "rule": rule, "kind": kind, "node": self.node,
+            "node_rank": self._topology.node_rank if self._topology else None,
+            "reason": detection.reason if detection is not None else trigger,
+            "suspects": list(detection.suspects) if detection is not None else [],
+        }  # fmt: skip
+        if self._coord is not None:
+            posted = self._coord.post(body)
+            if posted is not None:
+                return posted[0], posted[1]
+        self._local_incidents += 1
+        return {**body, "id": f"{self.run_id}-i{self._local_incidents}", "time": time.time()}, True
+
+    def _handle_coordination(self) -> None:
+        assert self._coord is not None
+        for msg in self._coord.take():
+            node = msg.get("node")
+            if msg["ev"] == "silent":
+                self.event("node_silent", node=node, silent_s=msg.get("silent_s"), last_summary=msg.get("summary"))
+                self.say(f"the blackbox supervisor of node {node} has been silent for {msg.get('silent_s')} s "
+                         "(killed, or its host is down): that node is no longer watched; this one goes on")  # fmt: skip
+            elif msg["ev"] == "back":
+                self.event("node_back", node=node)
+                self.say(f"the blackbox supervisor of node {node} is back")
+            elif msg["ev"] == "incident":
+                self._remote_incident(msg["incident"])
+
+    def _remote_incident(self, incident: dict[str, object]) -> None:
+        """Another node posted an incident: collect this node's side of it at once (its ranks may be the
+        victims waiting on the suspect, or the suspect itself)."""
+        iid, origin = str(incident.get("id")), incident.get("origin")
+        fields = {"incident": iid, "origin": origin, "trigger": incident.get("trigger"),
+                  "reason": incident.get("reason")}  # fmt: skip
+        if iid in self._incidents:
+            return
+        if self.launcher_status is not None or self.ending_since is not None:
+            self.event("remote_incident", **fields, action="none: this node's job is ending")
+            return
+        if (
+            incident.get("kind") == "crash"
+            and self._last_crash is not None
+            and (time.monotonic() - self._last_crash[0] <= CRASH_WINDOW_S)
+        ):
+            self.event("same_episode", rule="remote", incident=iid, bundle=self._last_crash[1])
+            return
+        self.event("remote_incident", **fields, action="collect")
+        self.say(f"node {origin} reports an incident ({incident.get('trigger')}: {str(incident.get('reason'))[:200]}); "
+                 f"collecting this node's evidence for incident {iid}")  # fmt: skip
+        hang = incident.get("kind") == "hang"
+        ending = hang and self.cfg.on_stall == "kill"
+        self._collect(f"remote-{incident.get('trigger')}", None, job_ends=ending, incident=incident)
+        if incident.get("kind") == "crash":
+            self._last_crash = (time.monotonic(), self.bundles[-1] if self.bundles else "")
+        if ending:
+            self.ended_after_stall = True
+            self._end_job(f"node {origin}'s stall, --on-stall kill; exit code will be {EXIT_STALL_ENDED}")
 
     def _say_verdict(self, path: str) -> Optional[Report]:
         """The report's one-screen verdict under the bundle path; a failure here is blackbox's, said once."""
@@ -653,7 +776,10 @@ class Supervisor:
         """(pid, start ticks) of every live process of the job: our descendants (orphans are handed
         to us, a subreaper) and the ranks whose heartbeats we read. Nothing else is ever signalled."""
         procs: dict[int, int] = {}
+        helper = self._coord.pid if self._coord is not None else None
         for pid in procfs.descendants(os.getpid()):
+            if pid == helper:
+                continue
             st = procfs.proc_stat(pid)
             if st is not None:
                 procs[pid] = st.start_ticks

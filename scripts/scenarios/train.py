@@ -5,6 +5,9 @@ under `blackbox run`.
 
     torchrun --standalone --nproc-per-node 2 scripts/scenarios/train.py SCENARIO RANK
 
+With BB_FAIL_WHEN=PATH in the environment, steps take 0.1 s and the failure comes once PATH exists rather than
+at step 3 (the multi-node tests choose the moment).
+
 Scenarios: healthy, straggler, data-hang, data-hang-workers, read-failure, ckpt-hang, spin, gil-hang,
 skip-allreduce, collective-hang, mismatch, comm-timeout, raise, oom, cuda-error, segv, sigkill, sigusr1-user."""
 
@@ -22,7 +25,8 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Dataset
 
 SCENARIO, RANK_AT, STEP_AT = sys.argv[1], int(sys.argv[2]), 3
-STEPS = 30 if SCENARIO in ("healthy", "straggler") else 1000
+FAIL_WHEN = os.environ.get("BB_FAIL_WHEN")
+STEPS = 30 if SCENARIO in ("healthy", "straggler") else 100_000 if FAIL_WHEN else 1000
 WORK = tempfile.mkdtemp(prefix="bb-scenario-")
 FIFO = os.path.join(WORK, "fifo")  # opening it blocks until a peer comes: a dead network filesystem
 os.mkfifo(FIFO)
@@ -37,7 +41,7 @@ class Shards(Dataset):
         return STEPS * 4
 
     def __getitem__(self, i: int) -> tuple:
-        if self.rank == RANK_AT and i == STEP_AT * 4:
+        if self.rank == RANK_AT and (os.path.exists(FAIL_WHEN) if FAIL_WHEN else i == STEP_AT * 4):
             if SCENARIO.startswith("data-hang"):
                 with open(FIFO, "rb") as f:  # no writer will ever come
                     f.read()
@@ -73,7 +77,9 @@ def main() -> None:
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step, (x, y) in enumerate(loader, 1):
-        mine = rank == RANK_AT and step == STEP_AT
+        mine = rank == RANK_AT and (os.path.exists(FAIL_WHEN) if FAIL_WHEN else step == STEP_AT)
+        if FAIL_WHEN:
+            time.sleep(0.1)
         if mine and SCENARIO == "ckpt-hang":
             torch.save(model.state_dict(), FIFO)  # opening a FIFO for writing blocks until a reader comes
         if mine and SCENARIO == "gil-hang":

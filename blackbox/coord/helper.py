@@ -1,0 +1,252 @@
+"""The coordination helper: a small process beside each node's supervisor that serves (node 0) or joins the
+job's `torch.distributed.TCPStore`, publishes this node's summary and liveness, posts incidents and relays
+the other nodes' incidents and silences. It speaks JSON lines: commands on stdin, events on stdout; its
+stderr (torch's own log lines) goes to the run dir. It runs in its own process so that torch's import, its
+memory and any crash in it stay away from the supervisor, which is the parent of the user's job.
+Imports the stdlib, torch.distributed (the store) and nothing else of blackbox but the protocol below."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any, Optional
+
+# The store's keys, under blackbox/<job key>/:
+#   job                 {"job_id", "nnodes", "host"} set by the hosting node
+#   roster, roster/<k>  join counter and the k-th node to join
+#   beat/<node>         a counter each node bumps every poll (liveness without comparing clocks)
+#   summary/<node>      the node's last summary (ranks' step, phase, liveness age)
+#   incident/<n>        the n-th incident; compare_set makes the first poster of a number win
+OP_TIMEOUT_S = 5.0
+RECONNECT_S = 10.0
+
+
+def emit(event: str, **fields: Any) -> None:
+    sys.stdout.write(json.dumps({"ev": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+class Helper:
+    def __init__(self, cfg: dict[str, Any]) -> None:
+        self.cfg = cfg
+        self.me = str(cfg["node"])  # the node's label in the store: its node rank, else its host name
+        self.poll = float(cfg["poll_interval"])
+        self.silent_after = float(cfg["silent_after"])
+        self.commands: queue.Queue[Optional[dict[str, Any]]] = queue.Queue()
+        self.store: Any = None
+        self.job_id = ""
+        self.next_incident = 1
+        self.latest: Optional[dict[str, Any]] = None  # the last incident posted by any node
+        self.summary: dict[str, Any] = {}
+        self.peers: dict[str, dict[str, Any]] = {}  # node -> {"beat", "changed", "silent", "summary"}
+        self.down_said = False
+
+    # --- the store --------------------------------------------------------------------------------
+    def connect(self) -> bool:
+        from torch.distributed import PrefixStore, TCPStore  # type: ignore[attr-defined]
+
+        cfg = self.cfg
+        timeout = timedelta(seconds=OP_TIMEOUT_S)
+        if cfg["hosting"]:
+            try:
+                base = TCPStore(cfg["host"], cfg["port"], is_master=True, wait_for_workers=False, timeout=timeout)
+            except Exception as exc:
+                taken = "EADDRINUSE" in str(exc) or "address already in use" in str(exc)
+                emit("failed", reason="port_taken" if taken else "serve", message=_first_line(exc),
+                     retry=False)  # fmt: skip
+                return False
+        else:
+            try:
+                base = TCPStore(cfg["host"], cfg["port"], is_master=False,
+                                timeout=timedelta(seconds=float(cfg["connect_timeout"])))  # fmt: skip
+            except Exception as exc:
+                emit("failed", reason="unreachable", message=_first_line(exc), retry=True)
+                return False
+        store = PrefixStore(f"blackbox/{cfg['job_key']}/", base)
+        if cfg["hosting"]:
+            store.set("job", json.dumps({"job_id": cfg["run_id"], "nnodes": cfg["nnodes"], "host": cfg["hostname"]}))
+        try:
+            store.set_timeout(timedelta(seconds=float(cfg["connect_timeout"])))
+            job = json.loads(store.get("job"))  # the hosting node's supervisor may start later than this one
+            store.set_timeout(timeout)
+        except Exception as exc:
+            emit("failed", reason="no_host", message=_first_line(exc), retry=True)
+            return False
+        self.store, self.job_id = store, str(job["job_id"])
+        k = store.add("roster", 1)
+        store.set(f"roster/{k}", self.me)
+        while store.check([f"incident/{self.next_incident}"]):  # incidents before this node joined are not ours
+            self.next_incident += 1
+        emit("connected", job_id=self.job_id, nnodes=job.get("nnodes"), hosting=bool(cfg["hosting"]),
+             address=f"{cfg['host']}:{cfg['port']}", job_host=job.get("host"))  # fmt: skip
+        return True
+
+    def same_episode(self, incident: dict[str, Any], other: Optional[dict[str, Any]]) -> bool:
+        """Two nodes seeing one failure (every rank of a hung collective stalls at once; a crash on one node
+        breaks the others): one incident. A collection asked for by hand is always its own."""
+        return (
+            other is not None
+            and incident.get("kind") != "manual"
+            and other.get("kind") == incident.get("kind")
+            and time.time() - float(other.get("time", 0)) < float(self.cfg["episode_s"])
+        )
+
+    def post(self, ref: int, incident: dict[str, Any]) -> None:
+        """Post an incident; or join the one another node posted just before, for the same failure."""
+        store = self.store
+        if self.same_episode(incident, self.latest):
+            emit("posted", ref=ref, incident=self.latest, own=False)
+            return
+        while True:
+            n = self.next_incident
+            incident = {**incident, "id": f"{self.job_id}-i{n}", "n": n, "origin": self.me}
+            mine = json.dumps(incident, sort_keys=True)
+            won = store.compare_set(f"incident/{n}", "", mine).decode()
+            self.next_incident = n + 1
+            if won == mine:
+                self.latest = incident
+                emit("posted", ref=ref, incident=incident, own=True)
+                return
+            other = json.loads(won)
+            self.latest = other
+            if self.same_episode(incident, other):
+                emit("posted", ref=ref, incident=other, own=False)
+                return
+            emit("incident", incident=other)  # another node's, not read yet: pass it on, then post after it
+
+    def tick(self) -> None:
+        store = self.store
+        store.set(f"summary/{self.me}", json.dumps({**self.summary, "time": time.time()}))
+        store.add(f"beat/{self.me}", 1)
+        while store.check([f"incident/{self.next_incident}"]):
+            incident = json.loads(store.get(f"incident/{self.next_incident}"))
+            self.next_incident += 1
+            self.latest = incident
+            if incident.get("origin") != self.me:
+                emit("incident", incident=incident)
+        now = time.monotonic()
+        joined = int(store.add("roster", 0))
+        names = [n.decode() for n in store.multi_get([f"roster/{k}" for k in range(1, joined + 1)])] if joined else []
+        for name in names:
+            if name == self.me:
+                continue
+            beat = int(store.add(f"beat/{name}", 0))
+            peer = self.peers.setdefault(name, {"beat": -1, "changed": now, "silent": False})
+            if beat != peer["beat"]:
+                peer.update(beat=beat, changed=now)
+                if peer["silent"]:
+                    peer["silent"] = False
+                    emit("back", node=name)
+            elif not peer["silent"] and now - peer["changed"] > self.silent_after:
+                peer["silent"] = True
+                summary = _loads(store.get(f"summary/{name}")) if store.check([f"summary/{name}"]) else None
+                emit("silent", node=name, silent_s=round(now - peer["changed"], 1), summary=summary)
+            if store.check([f"summary/{name}"]):
+                peer["summary"] = _loads(store.get(f"summary/{name}"))
+        emit("peers", joined=names, peers={
+            name: {"silent": p["silent"], "quiet_s": round(now - p["changed"], 1), "summary": p.get("summary")}
+            for name, p in self.peers.items()})  # fmt: skip
+
+    # --- the loop --------------------------------------------------------------------------------
+    def read_commands(self) -> None:
+        for line in sys.stdin:
+            try:
+                self.commands.put(json.loads(line))
+            except ValueError:
+                continue
+        self.commands.put(None)  # the supervisor is gone
+
+    def run(self) -> int:
+        threading.Thread(target=self.read_commands, daemon=True).start()
+        while self.store is None:
+            if self.connect():
+                break
+            if self.cfg["hosting"]:
+                return self._drain()  # a store that cannot be served stays unserved: this node goes alone
+            if self._wait(RECONNECT_S):
+                return 0
+        while True:
+            deadline = time.monotonic() + self.poll
+            try:
+                self.tick()
+                while True:
+                    try:
+                        cmd = self.commands.get(timeout=max(0.0, deadline - time.monotonic()))
+                    except queue.Empty:
+                        break
+                    if cmd is None:
+                        return 0
+                    if cmd.get("op") == "summary":
+                        self.summary = cmd.get("data") or {}
+                    elif cmd.get("op") == "post":
+                        self.post(int(cmd["ref"]), cmd["incident"])
+            except Exception as exc:  # the hosting node's store is gone (or broken): local from now on
+                emit("failed", reason="lost", message=_first_line(exc), retry=False)
+                return self._drain()
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep between connection attempts, still taking commands; True when the supervisor has gone."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                cmd = self.commands.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return False
+            if cmd is None:
+                return True
+            if cmd.get("op") == "post":
+                emit("posted", ref=cmd["ref"], incident=None, own=True)  # not connected: the supervisor goes alone
+            elif cmd.get("op") == "summary":
+                self.summary = cmd.get("data") or {}
+        return False
+
+    def _drain(self) -> int:
+        """No store any more: answer posts (so the supervisor never waits) until the supervisor ends."""
+        while True:
+            cmd = self.commands.get()
+            if cmd is None:
+                return 0
+            if cmd.get("op") == "post":
+                emit("posted", ref=cmd["ref"], incident=None, own=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _loads(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def main() -> int:
+    with_parent_death_signal()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the user's Ctrl-C is the supervisor's to handle
+    cfg = json.loads(sys.argv[1])
+    try:
+        import torch.distributed  # noqa: F401
+    except Exception as exc:
+        emit("failed", reason="no_torch", message=_first_line(exc), retry=False)
+        return Helper(cfg)._drain()
+    return Helper(cfg).run()
+
+
+def with_parent_death_signal() -> None:
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG: end with the supervisor
+    except Exception:
+        pass
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    sys.exit(main())

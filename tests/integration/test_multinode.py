@@ -1,0 +1,177 @@
+"""Two nodes on one machine: two `blackbox run` supervisors, each wrapping `torchrun --nnodes 2 --node-rank i
+--nproc-per-node 2` over 127.0.0.1 with gloo (4 ranks), coordinated through node 0's TCPStore. The failure
+comes when the test touches a file (the gallery's BB_FAIL_WHEN), so it can come after the test has arranged
+what it needs (both nodes joined, a supervisor killed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import BIN, BLACKBOX, ROOT, job_env, wait_for
+
+TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
+STALL_S = 6.0
+POLL_S = 0.5
+
+
+def free_ports() -> int:
+    """A free port for torchrun's master whose coordinator port (+1000) is free too."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port + 1000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 1000))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no free port pair")
+
+
+def start_node(tmp: Path, node: int, port: int, rank_at: int, *extra: str) -> subprocess.Popen[str]:
+    cmd = [*BLACKBOX, "run", "--run-dir", str(tmp / f"node{node}"), "--stall-timeout", str(STALL_S),
+           "--startup-timeout", "120", "--poll-interval", str(POLL_S), "--kill-grace", "5", *extra, "--",
+           str(BIN / "torchrun"), "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(port), str(TRAIN), "data-hang", str(rank_at)]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=tmp, env=job_env(BB_FAIL_WHEN=str(tmp / "fail-now")), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+
+
+def events(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def has_event(run_dir: Path, name: str, **fields: Any) -> bool:
+    return any(e["event"] == name and all(e.get(k) == v for k, v in fields.items()) for e in events(run_dir))
+
+
+def stepping(run_dir: Path) -> bool:
+    return any(e["event"] == "first_step" for e in events(run_dir))
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str]:
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    return proc.returncode, err
+
+
+def report(*paths: Path) -> dict[str, Any]:
+    res = subprocess.run([*BLACKBOX, "report", *map(str, paths), "--format", "json", "--no-fr-analyzer"],
+                         capture_output=True, text=True, env=job_env(), timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    data: dict[str, Any] = json.loads(res.stdout)
+    return data
+
+
+def manifest(bundle: Path) -> dict[str, Any]:
+    import tarfile
+
+    with tarfile.open(bundle) as tar:
+        f = tar.extractfile("manifest.json")
+        assert f is not None
+        data: dict[str, Any] = json.load(f)
+        return data
+
+
+def test_a_stall_on_one_node_is_collected_on_both(tmp_path: Path) -> None:
+    port = free_ports()
+    alerts = tmp_path / "alerts.txt"
+    on_incident = ["--on-incident", f"echo $BLACKBOX_NODE $BLACKBOX_TRIGGER >> {alerts}"]
+    nodes = [start_node(tmp_path, i, port, 3, *on_incident) for i in (0, 1)]
+    dirs = [tmp_path / "node0", tmp_path / "node1"]
+    for d in dirs:
+        wait_for(lambda d=d: has_event(d, "coordination", status="connected") and stepping(d), 90, f"{d} to step")
+    (tmp_path / "fail-now").touch()
+    results = [finish(p) for p in nodes]
+    for code, err in results:
+        assert code == 86, err[-3000:]
+    bundles = [sorted((d / "bundles").glob("*.tar.gz")) for d in dirs]
+    assert [len(b) for b in bundles] == [1, 1], results[0][1][-2000:] + results[1][1][-2000:]
+    m0, m1 = manifest(bundles[0][0]), manifest(bundles[1][0])
+    assert m0["incident"]["id"] == m1["incident"]["id"]
+    # whichever node saw the stall first posted it (all four ranks stop at once); the other joined it
+    origin = int(m0["incident"]["origin"])
+    assert [m0, m1][origin]["trigger"] == "stall", (m0["trigger"], m1["trigger"])
+    assert [m0, m1][1 - origin]["trigger"] in ("remote-stall", "stall"), (m0["trigger"], m1["trigger"])
+    assert m0["multinode"]["job_id"] == m1["multinode"]["job_id"]
+    # both nodes collected within one stall timeout and two polls of each other
+    started = [next(e["t"] for e in events(d) if e["event"] in ("stall", "remote_incident")) for d in dirs]
+    assert abs(started[0] - started[1]) <= STALL_S + 2 * POLL_S, started
+    merged = report(bundles[0][0], bundles[1][0])
+    assert merged["verdict"]["suspect_ranks"] == [3], merged["verdict"]
+    assert merged["verdict"]["category"] == "hang.data_loading", merged["verdict"]
+    rows = {r["rank"]: r for r in merged["ranks"]}
+    assert sorted(rows) == [0, 1, 2, 3]
+    assert rows[3]["node"].endswith("node1") and rows[0]["node"].endswith("node0"), rows
+    # a directory holding both nodes' bundles reads the same
+    gathered = tmp_path / "gathered"
+    gathered.mkdir()
+    for b in (bundles[0][0], bundles[1][0]):
+        os.link(b, gathered / b.name)
+    assert report(gathered)["verdict"]["suspect_ranks"] == [3]
+    # one alarm per incident, from the node that posted it
+    lines = alerts.read_text().splitlines()  # the supervisors wait for their commands before they exit
+    assert len(lines) == 1 and lines[0].endswith(" stall"), lines
+
+
+def test_a_node_whose_supervisor_dies_is_recorded_and_the_other_still_collects(tmp_path: Path) -> None:
+    port = free_ports()
+    nodes = [start_node(tmp_path, i, port, 0) for i in (0, 1)]
+    dirs = [tmp_path / "node0", tmp_path / "node1"]
+    for d in dirs:
+        wait_for(lambda d=d: has_event(d, "coordination", status="connected") and stepping(d), 90, f"{d} to step")
+    os.kill(nodes[1].pid, signal.SIGKILL)  # node 1's supervisor only: its torchrun and ranks go on
+    wait_for(lambda: has_event(dirs[0], "node_silent", node="1"), 30, "node 0 to notice node 1's silence")
+    (tmp_path / "fail-now").touch()  # now rank 0, on node 0, stalls in its data loader
+    code, err = finish(nodes[0])
+    assert code == 86, err[-3000:]
+    assert "the blackbox supervisor of node 1 has been silent" in err
+    bundles = sorted((dirs[0] / "bundles").glob("*.tar.gz"))
+    assert len(bundles) == 1, err[-3000:]
+    rep = report(bundles[0])
+    assert rep["verdict"]["suspect_ranks"] == [0], rep["verdict"]
+    texts = " ".join(f["text"] for f in rep["findings"])
+    assert "node 1's blackbox supervisor fell silent" in texts, texts
+    nodes[1].communicate(timeout=30)
+
+
+def test_a_taken_coordinator_port_leaves_each_node_on_its_own(tmp_path: Path) -> None:
+    port = free_ports()
+    squatter = socket.socket()
+    squatter.bind(("0.0.0.0", port + 1000))
+    squatter.listen(8)
+    try:
+        nodes = [start_node(tmp_path, i, port, 3) for i in (0, 1)]
+        dirs = [tmp_path / "node0", tmp_path / "node1"]
+        for d in dirs:
+            wait_for(lambda d=d: stepping(d), 90, f"{d} to step")
+        wait_for(lambda: has_event(dirs[0], "coordination", status="alone"), 30, "node 0 to give up serving")
+        (tmp_path / "fail-now").touch()
+        results = [finish(p) for p in nodes]
+    finally:
+        squatter.close()
+    assert f"cannot serve the coordinator: port {port + 1000} is already taken on this node" in results[0][1]
+    assert "this node watches and collects on its own" in results[0][1]
+    for code, err in results:
+        assert code == 86, err[-3000:]
+    # node 1 saw its own rank 3 stall and collected it alone; node 0 its waiting ranks
+    bundles = [sorted((d / "bundles").glob("*.tar.gz")) for d in dirs]
+    assert all(bundles), results[1][1][-3000:]
+    assert report(bundles[1][0])["verdict"]["suspect_ranks"] == [3]
+    assert manifest(bundles[0][0])["incident"]["id"] != manifest(bundles[1][0])["incident"]["id"]
