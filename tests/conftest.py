@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,8 @@ TORCHRUN = str(BIN / "torchrun")
 def pytest_configure(config: pytest.Config) -> None:
     with contextlib.suppress(Exception):
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    # every blackbox the tests start indexes its bundles here, never in the user's ~/.local/share/blackbox
+    os.environ["BLACKBOX_HOME"] = tempfile.mkdtemp(prefix="bb-home-")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -73,7 +76,7 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> obje
 
 
 def job_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOX_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOX_") or k == "BLACKBOX_HOME"}
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env.pop("PYTHONPATH", None)
     env["OMP_NUM_THREADS"] = "1"

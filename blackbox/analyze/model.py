@@ -58,6 +58,11 @@ class Report:
     timeline: dict[str, Any] = field(default_factory=dict)
     # per GPU: {"index", "name", "samples": [[wall time, utilisation %, temperature C]]} (the supervisor's watch)
     gpus: list[Any] = field(default_factory=list)
+    # the first exception that explains the verdict: {"rank", "type", "message" (one line), "frame" (the innermost
+    # user frame, "function (file:line)")}; None when no rank raised one
+    exception: Optional[dict[str, Any]] = None
+    # earlier incidents of the local index with the same fingerprint ("same") or the same category and top frame
+    # ("similar"), newest first, each with its linked fix (blackbox.incidents)
     similar_incidents: list[Any] = field(default_factory=list)
     schema_version: int = REPORT_SCHEMA_VERSION
 
@@ -74,6 +79,27 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         data = _plain(self)
         return {"schema_version": data.pop("schema_version"), **data}
+
+
+def describe_seen(entry: dict[str, Any]) -> str:
+    """One line for a "seen before" entry: which incident, when, and what fixed it."""
+    when = str(entry.get("created") or "?")[:10]
+    what = "the same failure" if entry.get("match") == "same" else "a similar failure (same place, other message)"
+    line = f"incident #{entry.get('id')} on {when} (run {entry.get('run_id')}): {what}"
+    fix = entry.get("fix")
+    if isinstance(fix, dict):
+        line += f"; {fix.get('status')}"
+        if fix.get("fix_commit"):
+            line += f" in {str(fix['fix_commit'])[:12]}"
+        if fix.get("fix_config_name"):
+            line += f" with {fix['fix_config_name']}"
+        if fix.get("rerun_outcome"):
+            line += f"; rerun: {fix['rerun_outcome']}"
+        if fix.get("note"):
+            line += f" — {fix['note']}"
+    else:
+        line += "; no fix linked (blackbox incidents link " + str(entry.get("id")) + " …)"
+    return line
 
 
 def _plain(obj: Any) -> Any:

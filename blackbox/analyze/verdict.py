@@ -171,6 +171,15 @@ def _exception_line(exc: dict[str, Any]) -> str:
     return f"{str(exc.get('type')).rsplit('.', 1)[-1]}: {lines[0] if lines else ''}"[:300]
 
 
+def _exception_record(exc: dict[str, Any]) -> dict[str, Any]:
+    tb: list[Any] = exc["traceback"] if isinstance(exc.get("traceback"), list) else []
+    frames = [stacks.Frame(str(f.get("file", "?")), int(f.get("line") or 0), str(f.get("function", "?")))
+              for f in tb if isinstance(f, dict)]  # fmt: skip
+    user = [f for f in frames if not f.is_library] or frames
+    return {"rank": exc.get("rank"), "type": str(exc.get("type")), "message": _exception_line(exc),
+            "frame": user[-1].describe() if user else None}  # fmt: skip
+
+
 def _exception_phase(exc: dict[str, Any]) -> Optional[str]:
     """Where the exception came from, read from its traceback the way a stack is read (waits_in): data,
     checkpoint or a collective; None for plain compute."""
@@ -695,6 +704,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         verdict=verdict,
         ranks=rows, findings=findings, next_actions=next_actions(verdict, facts), console_tail=tail,
         collectives=[u.__dict__ for u in unjoined],
+        exception=None if first is None else _exception_record(first),
         timeline=_timeline(bundle, rows),
         gpus=_gpu_series(bundle),
         stack_groups=[{"ranks": g.ranks, "waits_in": g.waits_in, "signature": g.signature, "frames": g.frames,

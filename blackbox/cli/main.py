@@ -27,6 +27,7 @@ def cli() -> None:
 def _register() -> None:
     from .collect import collect
     from .doctor import doctor
+    from .incidents import incidents
     from .report import report
     from .run import run
 
@@ -34,6 +35,7 @@ def _register() -> None:
     cli.add_command(collect)
     cli.add_command(report)
     cli.add_command(doctor)
+    cli.add_command(incidents)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -20,7 +20,10 @@ from ..errors import EXIT_CANT_CREATE, BlackboxError
 @click.option("--fr-analyzer/--no-fr-analyzer", default=True, show_default=True,
               help="Also run PyTorch's flight-recorder analyzer (when torch is importable here) on normalised copies "
                    "of the bundle's traces; blackbox reads `pg_status` itself either way.")  # fmt: skip
-def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyzer: bool) -> int:
+@click.option("--index/--no-index", "use_index", default=True, show_default=True,
+              help="Record the bundle(s) in the local incident index ($BLACKBOX_HOME/incidents.sqlite) and show "
+                   "earlier incidents like this one (`seen before`).")  # fmt: skip
+def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyzer: bool, use_index: bool) -> int:
     """Say what happened in a bundle: category, suspect ranks, phase, evidence, next steps.
 
     PATH is a bundle (.tar.gz), an extracted bundle directory, a run directory (its newest bundle), or a
@@ -45,6 +48,10 @@ def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyze
         if len(dumps) > 1:
             torch_fr = fr.torch_analyzer({f"{FR_PREFIX}{rank}": d for rank, d in dumps.items()})
     model = analyze(bundle, torch_fr)
+    if use_index:
+        from ..incidents.indexing import remember
+
+        model.similar_incidents = remember(model, bundle, lambda m: click.echo(f"blackbox: warning: {m}", err=True))
     render = {"json": render_json, "markdown": render_markdown, "html": render_html}.get(fmt, render_terminal)
     if out_path is None:
         render(model, sys.stdout)

@@ -39,8 +39,7 @@ class Coordination:
         self.status = "starting"  # starting | connected | alone
         self.why_alone = ""
         self.job_id = ""
-        self.peers: dict[str, Any] = {}  # the helper's last view of the other nodes
-        self.joined: list[str] = []
+        self.joined = 0  # how many nodes have joined the coordination
         self.silent: dict[str, dict[str, Any]] = {}  # node -> what was known when it fell silent
         self._lock = threading.Lock()
         self._inbox: list[dict[str, Any]] = []  # remote incidents, silences: taken by the supervisor's loop
@@ -139,8 +138,8 @@ class Coordination:
         return {
             "status": self.status, "why_alone": self.why_alone or None, "job_id": self.job_id or None,
             "address": self.topo.address, "hosting": self.topo.hosting, "node": self.label,
-            "node_rank": self.topo.node_rank, "nnodes": self.topo.nnodes, "joined": list(self.joined),
-            "silent": dict(self.silent), "peers": dict(self.peers),
+            "node_rank": self.topo.node_rank, "nnodes": self.topo.nnodes, "joined": self.joined,
+            "silent": dict(self.silent),
         }  # fmt: skip
 
     # --- from the helper ------------------------------------------------------------------------------
@@ -206,5 +205,4 @@ class Coordination:
                 self._inbox.append(msg)
             self._wake()
         elif ev == "peers":
-            self.peers = msg.get("peers") or {}
-            self.joined = [str(n) for n in msg.get("joined") or []]
+            self.joined = int(msg.get("joined") or 0)

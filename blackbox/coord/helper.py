@@ -24,6 +24,9 @@ from typing import Any, Optional
 #   beat/<node>         a counter each node bumps every poll (liveness without comparing clocks)
 #   summary/<node>      the node's last summary (ranks' step, phase, liveness age)
 #   incident/<n>        the n-th incident; compare_set makes the first poster of a number win
+#   silent              the hosting node's verdict on the others: {node: {"silent_s", "summary"}}
+# A node costs the store four operations a poll; only the hosting node reads every node's liveness (one
+# multi_get), so a job of hundreds of nodes stays cheap.
 OP_TIMEOUT_S = 5.0
 RECONNECT_S = 10.0
 
@@ -45,7 +48,10 @@ class Helper:
         self.next_incident = 1
         self.latest: Optional[dict[str, Any]] = None  # the last incident posted by any node
         self.summary: dict[str, Any] = {}
-        self.peers: dict[str, dict[str, Any]] = {}  # node -> {"beat", "changed", "silent", "summary"}
+        self.beat = 0
+        self.roster: list[str] = []
+        self.peers: dict[str, dict[str, Any]] = {}  # hosting node only: node -> {"beat", "changed"}
+        self.silent: dict[str, Any] = {}  # the last `silent` read from the store
         self.down_said = False
 
     # --- the store --------------------------------------------------------------------------------
@@ -80,6 +86,7 @@ class Helper:
             emit("failed", reason="no_host", message=_first_line(exc), retry=True)
             return False
         self.store, self.job_id = store, str(job["job_id"])
+        store.set(f"beat/{self.me}", "0")  # before joining the roster: the watcher reads every member's beat
         k = store.add("roster", 1)
         store.set(f"roster/{k}", self.me)
         while store.check([f"incident/{self.next_incident}"]):  # incidents before this node joined are not ours
@@ -123,36 +130,51 @@ class Helper:
 
     def tick(self) -> None:
         store = self.store
+        self.beat += 1
         store.set(f"summary/{self.me}", json.dumps({**self.summary, "time": time.time()}))
-        store.add(f"beat/{self.me}", 1)
+        store.set(f"beat/{self.me}", str(self.beat))
         while store.check([f"incident/{self.next_incident}"]):
             incident = json.loads(store.get(f"incident/{self.next_incident}"))
             self.next_incident += 1
             self.latest = incident
             if incident.get("origin") != self.me:
                 emit("incident", incident=incident)
-        now = time.monotonic()
+        if self.cfg["hosting"]:
+            self.watch()
+        silent = _loads(store.get("silent")) if store.check(["silent"]) else {}
+        silent = {k: v for k, v in silent.items() if k != self.me} if isinstance(silent, dict) else {}
+        for node in silent.keys() - self.silent.keys():
+            emit("silent", node=node, **silent[node])
+        for node in self.silent.keys() - silent.keys():
+            emit("back", node=node)
+        if silent != self.silent or self.beat == 1:
+            self.silent = silent
+            emit("peers", joined=int(store.add("roster", 0)))
+
+    def watch(self) -> None:
+        """The hosting node: whose beat has stopped? Written to `silent` for every node to read."""
+        store = self.store
         joined = int(store.add("roster", 0))
-        names = [n.decode() for n in store.multi_get([f"roster/{k}" for k in range(1, joined + 1)])] if joined else []
-        for name in names:
-            if name == self.me:
-                continue
-            beat = int(store.add(f"beat/{name}", 0))
-            peer = self.peers.setdefault(name, {"beat": -1, "changed": now, "silent": False})
-            if beat != peer["beat"]:
-                peer.update(beat=beat, changed=now)
-                if peer["silent"]:
-                    peer["silent"] = False
-                    emit("back", node=name)
-            elif not peer["silent"] and now - peer["changed"] > self.silent_after:
-                peer["silent"] = True
-                summary = _loads(store.get(f"summary/{name}")) if store.check([f"summary/{name}"]) else None
-                emit("silent", node=name, silent_s=round(now - peer["changed"], 1), summary=summary)
-            if store.check([f"summary/{name}"]):
-                peer["summary"] = _loads(store.get(f"summary/{name}"))
-        emit("peers", joined=names, peers={
-            name: {"silent": p["silent"], "quiet_s": round(now - p["changed"], 1), "summary": p.get("summary")}
-            for name, p in self.peers.items()})  # fmt: skip
+        if joined != len(self.roster):
+            keys = [f"roster/{k}" for k in range(len(self.roster) + 1, joined + 1)]
+            if all(store.check([k]) for k in keys):  # a node between its roster number and its name: next poll
+                self.roster += [n.decode() for n in _multi_get(store, keys)]
+        names = [n for n in self.roster if n != self.me]
+        if not names:
+            return
+        now = time.monotonic()
+        verdict: dict[str, Any] = {}
+        for name, raw in zip(names, _multi_get(store, [f"beat/{n}" for n in names])):
+            peer = self.peers.setdefault(name, {"beat": None, "changed": now})
+            if raw != peer["beat"]:
+                peer.update(beat=raw, changed=now)
+            quiet = now - peer["changed"]
+            if quiet > self.silent_after:
+                before = self.silent.get(name)
+                summary = before.get("summary") if isinstance(before, dict) else _loads(store.get(f"summary/{name}"))
+                verdict[name] = {"silent_s": round(quiet, 1), "summary": summary}
+        if verdict.keys() != self.silent.keys():
+            store.set("silent", json.dumps(verdict))
 
     # --- the loop --------------------------------------------------------------------------------
     def read_commands(self) -> None:
@@ -215,6 +237,13 @@ class Helper:
                 return 0
             if cmd.get("op") == "post":
                 emit("posted", ref=cmd["ref"], incident=None, own=True)
+
+
+def _multi_get(store: Any, keys: list[str]) -> list[bytes]:
+    """All keys in one round trip where the store can (torch >= 2.3), else one by one."""
+    if hasattr(store, "multi_get"):
+        return list(store.multi_get(keys))
+    return [store.get(k) for k in keys]
 
 
 def _first_line(exc: BaseException) -> str:

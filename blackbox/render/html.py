@@ -9,7 +9,7 @@ from html import escape
 from html import escape as e
 from typing import Any, TextIO
 
-from ..analyze.model import Report
+from ..analyze.model import Report, describe_seen
 
 MAX_TIMELINE_RANKS = 64
 _CSS = """
@@ -115,6 +115,9 @@ def render_html(report: Report, out: TextIO) -> None:
       f"<div class='meta'>phase {e(v.phase or '?')} · confidence {e(v.confidence)} · run {e(report.run_id)} · "
       f"node {e(report.node)} · trigger {e(report.trigger)} · <span id='suspect-count'></span> suspect row(s)</div>"
       f"<p>{e(v.summary)}</p></div>")  # fmt: skip
+    if report.similar_incidents:
+        w("<h2>Seen before</h2><ul>" + "".join(f"<li>{e(describe_seen(s))}</li>" for s in report.similar_incidents)
+          + "</ul>")  # fmt: skip
     if report.next_actions:
         w("<h2>Next actions</h2><ol>" + "".join(f"<li>{e(a)}</li>" for a in report.next_actions) + "</ol>")
     w("<h2>Ranks</h2><table><tr><th>rank</th><th>node</th><th>pid</th><th>state</th><th>step</th><th>phase</th>"

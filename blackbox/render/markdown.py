@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TextIO
 
-from ..analyze.model import Report
+from ..analyze.model import Report, describe_seen
 
 MAX_ROWS = 64
 
@@ -21,6 +21,8 @@ def render_markdown(report: Report, out: TextIO) -> None:
     w(f"**Phase:** {v.phase or '?'} · **confidence:** {v.confidence} · **run:** `{report.run_id}` · "
       f"**node:** {report.node} · **trigger:** {report.trigger}\n\n")  # fmt: skip
     w(f"{v.summary}\n\n")
+    if report.similar_incidents:
+        w("### Seen before\n\n" + "".join(f"- {describe_seen(e)}\n" for e in report.similar_incidents) + "\n")
     if report.next_actions:
         w("### Next actions\n\n")
         for i, action in enumerate(report.next_actions, 1):

@@ -6,9 +6,10 @@ from __future__ import annotations
 from typing import TextIO
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from ..analyze.model import Report
+from ..analyze.model import Report, describe_seen
 
 MAX_ROWS = 32  # rank rows in the terminal table; JSON and HTML have them all
 _STYLE = {"hang": "bold yellow", "crash": "bold red", "ok": "bold green"}
@@ -25,6 +26,8 @@ def render_terminal(report: Report, out: TextIO) -> None:
     observed = [f for f in report.findings if f.kind == "observed"]
     for f in observed[:3]:
         console.print(f"  observed: {f.text}", markup=False)
+    for entry in report.similar_incidents[:3]:
+        console.print(f"[bold]seen before:[/] {escape(describe_seen(entry))}")
     if report.next_actions:
         console.print(f"[bold]next:[/] {report.next_actions[0]}")
     console.print()

@@ -25,6 +25,7 @@ from .._recorder import protocol as P
 from ..adapters import gpu, host, procfs
 from ..alerts import Alerts
 from ..analyze.model import Report
+from ..bundle.reader import Bundle
 from ..collect.collector import CollectOptions, Collector
 from ..collect.job import Job, RankTarget, job_python
 from ..config import RunConfig
@@ -182,6 +183,7 @@ class Supervisor:
         self._coord: Optional[Coordination] = None
         self._incidents: dict[str, str] = {}  # incident id -> the bundle this node wrote for it
         self._local_incidents = 0
+        self._indexing: list[threading.Thread] = []
 
     # --- speaking -------------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -763,13 +765,31 @@ class Supervisor:
             from ..analyze.verdict import analyze
             from ..bundle.reader import read_bundle
 
-            report = analyze(read_bundle(path))
+            bundle = read_bundle(path)
+            report = analyze(bundle)
             for line in report.headline():
                 self.say(f"  {line}")
-            return report
         except Exception as exc:
             self._internal_error("report", exc)
             return None
+        # the incident index is a file that other nodes and jobs write too: never in the loop's way
+        thread = threading.Thread(target=self._index, args=(report, bundle), name="blackbox-index", daemon=True)
+        thread.start()
+        self._indexing.append(thread)
+        return report
+
+    def _index(self, report: Report, bundle: Bundle) -> None:
+        try:
+            from ..analyze.model import describe_seen
+            from ..incidents.indexing import remember
+
+            seen = remember(report, bundle, lambda m: self.say_once("index", m), self.env)
+            for entry in seen[:1]:
+                self.say(f"  seen before: {describe_seen(entry)}")
+            if seen:
+                self.event("seen_before", incidents=[e.get("id") for e in seen])
+        except Exception as exc:
+            self._internal_error("index", exc)
 
     # --- ending ------------------------------------------------------------------------------------
     def _job_processes(self) -> list[tuple[int, int]]:
@@ -842,6 +862,8 @@ class Supervisor:
                 self._poll_guarded()  # deaths at the very end still get their record
         if code != 0 and not self.bundles and self.watching:
             self._collect("exit", None)
+        for thread in self._indexing:
+            thread.join(5.0)
         self._alerts.join(10.0)  # a slow command or webhook is left behind rather than holding the job's exit
         final = EXIT_STALL_ENDED if self.ended_after_stall else code
         self.event("end", launcher_status=describe_status(status), job_exit_code=code, exit_code=final,

@@ -39,7 +39,7 @@ def command(name: str, run_dir: Path) -> list[str]:
 
 
 def environment() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOX_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOX_") or k == "BLACKBOX_HOME"}
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1")
     env.pop("PYTHONPATH", None)
     return env

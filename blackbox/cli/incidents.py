@@ -1,0 +1,217 @@
+"""`blackbox incidents list|show|link`: the local incident index — what happened before, and what fixed it.
+Parses, calls the index (blackbox.incidents), renders tables or JSON."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import re
+import sys
+from datetime import datetime, timedelta, timezone
+from typing import Any, Optional
+
+import click
+
+from ..errors import EXIT_CANT_CREATE, BlackboxError
+
+FORMAT = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+                      help="`table` for people, `json` for scripts.")  # fmt: skip
+
+
+def _open() -> Any:
+    from ..incidents.store import IncidentIndex, IndexUnavailable, default_path
+
+    path = default_path(os.environ)
+    try:
+        return IncidentIndex(path)
+    except IndexUnavailable as exc:
+        raise BlackboxError(f"{str(exc)[0].upper()}{str(exc)[1:]}.", exit_code=EXIT_CANT_CREATE,
+                            hint="BLACKBOX_HOME chooses where the index lives.") from None  # fmt: skip
+
+
+def _since(text: Optional[str]) -> Optional[str]:
+    """`7d`, `12h`, `30m` ago, or an ISO date/time: the UTC ISO 8601 lower bound."""
+    if not text:
+        return None
+    m = re.fullmatch(r"\s*(\d+)\s*([dhm])\s*", text)
+    if m:
+        unit = {"d": "days", "h": "hours", "m": "minutes"}[m.group(2)]
+        return (datetime.now(timezone.utc) - timedelta(**{unit: int(m.group(1))})).isoformat(timespec="seconds")
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise BlackboxError(f"`--since {text}` is neither a duration (7d, 12h, 30m) nor a date (2026-11-29).") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.astimezone(timezone.utc).isoformat(timespec="seconds")
+
+
+def _incident(index: Any, number: int) -> dict[str, Any]:
+    found: Optional[dict[str, Any]] = index.get(number)
+    if found is None:
+        raise BlackboxError(f"There is no incident #{number} in the index `{index.path}`.",
+                            hint="`blackbox incidents list` shows the incidents it holds.")  # fmt: skip
+    return found
+
+
+@click.group()
+def incidents() -> None:
+    """The local incident index: every bundle blackbox wrote or reported, and the fixes linked to them.
+
+    The index is $BLACKBOX_HOME/incidents.sqlite (default ~/.local/share/blackbox/).
+    """
+
+
+@incidents.command("list")
+@click.option("--category", default=None, metavar="CATEGORY", help="Only this category (`hang` matches hang.*).")
+@click.option("--since", default=None, metavar="WHEN", help="Only bundles made since: 7d, 12h, 30m or a date.")
+@click.option("--limit", type=int, default=50, show_default=True, help="At most this many, newest first.")
+@FORMAT
+def list_(category: Optional[str], since: Optional[str], limit: int, fmt: str) -> int:
+    """List the incidents, newest first."""
+    index = _open()
+    rows = index.incidents(category=category, since=_since(since), limit=limit)
+    for row in rows:
+        links = index.links(int(row["id"]))
+        row["fix"] = links[-1] if links else None
+    if fmt == "json":
+        keep = ("id", "created", "run_id", "node", "incident_id", "category", "phase", "suspects", "top_frame",
+                "exception_type", "message", "fingerprint", "bundle", "fix")  # fmt: skip
+        json.dump({"index": index.path, "incidents": [{k: r.get(k) for k in keep} for r in rows]}, sys.stdout,
+                  indent=2)  # fmt: skip
+        sys.stdout.write("\n")
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    if not rows:
+        click.echo(f"no incidents in {index.path}" + (" that match" if category or since else ""))
+        return 0
+    table = Table(title=f"incidents ({index.path})", title_justify="left")
+    for col in ("#", "when (UTC)", "category", "phase", "suspects", "where", "fix"):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        fix, when = r["fix"], str(r.get("created") or "")[:19].replace("T", " ")
+        fixed = "" if not fix else f"{fix['status']} {str(fix.get('fix_commit') or '')[:10]}".strip()
+        table.add_row(str(r["id"]), when, r.get("category") or "", r.get("phase") or "",
+                      ",".join(map(str, r.get("suspects") or [])), r.get("top_frame") or "", fixed)  # fmt: skip
+    Console(soft_wrap=False).print(table)
+    return 0
+
+
+@incidents.command()
+@click.argument("number", type=int, metavar="ID")
+@FORMAT
+def show(number: int, fmt: str) -> int:
+    """One incident in full, with every fix linked to it."""
+    index = _open()
+    row = _incident(index, number)
+    row["links"] = index.links(number)
+    similar = index.similar(row["fingerprint"], row["category"], row["top_frame"], {row["sha256"]})
+    row["same_fingerprint"] = [s["id"] for s in similar if s["match"] == "same"]
+    if fmt == "json":
+        json.dump(row, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return 0
+    lines = [
+        f"incident #{row['id']}: {row.get('category')} (phase {row.get('phase') or '?'}), suspect rank(s) "
+        f"{', '.join(map(str, row.get('suspects') or [])) or 'none named'}",
+        f"  {row.get('summary') or ''}",
+        f"  when: {row.get('created')}   run: {row.get('run_id')}   node: {row.get('node')}   trigger: "
+        f"{row.get('trigger')}" + (f"   incident: {row['incident_id']}" if row.get("incident_id") else ""),
+        f"  bundle: {row.get('bundle')}",
+        f"  command: {' '.join(row.get('command') or []) or '?'}",
+        f"  git commit: {row.get('git_commit') or 'unknown'}",
+        f"  exception: {row.get('exception_type') or '-'}: {row.get('message') or '-'}",
+        f"  top frame: {row.get('top_frame') or '-'}",
+        f"  fingerprint: {row.get('fingerprint')}"
+        + (f" (also #{', #'.join(map(str, row['same_fingerprint']))})" if row["same_fingerprint"] else ""),
+        f"  config: {row.get('config_name') or 'none in the bundle'}",
+    ]  # fmt: skip
+    for link in row["links"]:
+        lines.append(f"  fix #{link['id']} ({link['created']}): {link['status']}"
+                     + (f", commit {link['fix_commit']}" if link.get("fix_commit") else "")
+                     + (f", config {link['fix_config_name']}" if link.get("fix_config_name") else "")
+                     + (f"; rerun {link['rerun']}: {link['rerun_outcome']}" if link.get("rerun") else "")
+                     + (f" — {link['note']}" if link.get("note") else ""))  # fmt: skip
+        if link.get("config_diff"):
+            lines += ["    " + d for d in str(link["config_diff"]).splitlines()]
+    if not row["links"]:
+        lines.append(f"  no fix linked yet: blackbox incidents link {number} --fix-commit SHA [--rerun RUN_DIR]")
+    click.echo("\n".join(lines))
+    return 0
+
+
+@incidents.command()
+@click.argument("number", type=int, metavar="ID")
+@click.option("--fix-commit", default=None, metavar="SHA", help="The commit that fixes it.")
+@click.option(
+    "--fix-config",
+    default=None,
+    metavar="FILE",
+    help="The config file of the fixed run: stored redacted, with a diff against the incident's config.",
+)
+@click.option(
+    "--rerun",
+    default=None,
+    metavar="BUNDLE_OR_RUN_DIR",
+    help="The rerun: a run directory (a clean exit verifies the fix) or a bundle (it failed again).",
+)
+@click.option("--status", type=click.Choice(["hypothesis", "fixed", "verified"]), default=None,
+              help="Default: `verified` after a clean rerun, `hypothesis` when the rerun failed the same way, "
+                   "else `fixed`.")  # fmt: skip
+@click.option("--note", default=None, metavar="TEXT", help="Anything the next person should know (redacted).")
+@FORMAT
+def link(number: int, fix_commit: Optional[str], fix_config: Optional[str], rerun: Optional[str],
+         status: Optional[str], note: Optional[str], fmt: str) -> int:  # fmt: skip
+    """Record what fixed incident ID, and whether a rerun confirmed it.
+
+    blackbox incidents link 12 --fix-commit 3f2a9c1 --fix-config train.yaml --rerun blackbox-runs/RUN
+    """
+    from ..incidents.indexing import CONFIG_CAP, rerun_outcome
+    from ..redact import redact_config, redact_text
+
+    if not (fix_commit or fix_config or rerun or note or status):
+        raise BlackboxError("Nothing to link: give --fix-commit, --fix-config, --rerun, --status or --note.")
+    index = _open()
+    incident = _incident(index, number)
+    fields: dict[str, Any] = {"fix_commit": fix_commit, "note": redact_text(note) if note else None}
+    if fix_config is not None:
+        try:
+            with open(fix_config, "rb") as f:
+                text = redact_config(f.read(CONFIG_CAP).decode("utf-8", "replace"))
+        except OSError as exc:
+            raise BlackboxError(f"Cannot read the config file `{fix_config}`: {exc.strerror}.") from None
+        fields.update(fix_config_name=fix_config, fix_config=text)
+        if incident.get("config") is not None:
+            diff = difflib.unified_diff(str(incident["config"]).splitlines(), text.splitlines(),
+                                        f"incident #{number}: {incident.get('config_name')}", f"fix: {fix_config}",
+                                        lineterm="")  # fmt: skip
+            fields["config_diff"] = "\n".join(diff) or "(no difference)"
+    verdict = None
+    if rerun is not None:
+        if not os.path.exists(rerun):
+            raise BlackboxError(f"The rerun `{rerun}` does not exist.", hint="Give its run directory or a bundle.")
+        outcome, verdict, rerun_incident = rerun_outcome(rerun, incident, index)
+        fields.update(rerun=os.path.abspath(rerun), rerun_outcome=outcome, rerun_incident=rerun_incident)
+    if status is None:
+        status = {"clean": "verified", "same": "hypothesis"}.get(verdict or "", "fixed" if fix_commit or fix_config
+                                                                       else "hypothesis")  # fmt: skip
+    fields["status"] = status
+    link_id = index.link(number, fields)
+    saved = index.links(number)[-1]
+    if fmt == "json":
+        json.dump({"incident": number, "link": saved}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    click.echo(f"incident #{number}: fix #{link_id} recorded as {status}"
+               + (f" (commit {fix_commit})" if fix_commit else "")
+               + (f"; rerun: {saved['rerun_outcome']}" if rerun else ""))  # fmt: skip
+    if verdict == "same" and status == "verified":
+        click.echo("blackbox: warning: the rerun failed the same way, yet the fix is marked verified", err=True)
+    if fix_config is not None and incident.get("config") is None:
+        click.echo(f"the incident's bundle held no config file: {fix_config} is stored without a diff")
+    elif saved.get("config_diff"):
+        click.echo(saved["config_diff"])
+    return 0

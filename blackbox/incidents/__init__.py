@@ -1,0 +1,1 @@
+"""The incident index: fingerprints, the SQLite store, and what run, collect and report record in it."""

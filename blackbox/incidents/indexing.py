@@ -1,0 +1,190 @@
+"""Between bundles and the incident index: the record of a bundle (its report's stable fields, fingerprint,
+config), indexing what `run`, `collect` and `report` see, and the "seen before" list for a report. A broken
+index never stops the caller: `Indexer` says so once through `warn` and goes on. Imports the stdlib, the
+bundle reader, the report model and the index."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Any, Callable, Optional
+
+from ..analyze.model import Report
+from ..bundle.reader import Bundle
+from ..bundle.writer import MANIFEST_NAME
+from .fingerprint import signature
+from .store import IncidentIndex, IndexUnavailable, default_path
+
+CONFIG_CAP = 256 * 1024
+
+
+def bundle_sha256(path: str) -> str:
+    """A bundle file's sha256; for an extracted bundle directory, its manifest's (which lists every member's)."""
+    target = os.path.join(path, MANIFEST_NAME) if os.path.isdir(path) else path
+    h = hashlib.sha256()
+    with open(target, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def bundle_paths(bundle: Bundle) -> list[str]:
+    """The bundle files behind a (possibly merged) bundle."""
+    nodes = bundle.manifest.get("nodes")
+    if isinstance(nodes, list) and nodes:
+        return [str(n["bundle"]) for n in nodes if isinstance(n, dict) and n.get("bundle")]
+    return [bundle.path]
+
+
+def job_config(bundle: Bundle) -> tuple[Optional[str], Optional[str]]:
+    """(name, text) of the job's first config file the bundle holds (already redacted when collected)."""
+    names = sorted(n for n in bundle.files if "node/config/" in n)
+    if not names:
+        return None, None
+    return names[0].split("node/config/", 1)[1], bundle.files[names[0]][:CONFIG_CAP].decode("utf-8", "replace")
+
+
+def record(report: Report, bundle: Bundle, path: str, sha256: str) -> dict[str, Any]:
+    sig = signature(report)
+    m = bundle.manifest
+    job: dict[str, Any] = m["job"] if isinstance(m.get("job"), dict) else {}
+    multinode: dict[str, Any] = m["multinode"] if isinstance(m.get("multinode"), dict) else {}
+    incident: dict[str, Any] = m["incident"] if isinstance(m.get("incident"), dict) else {}
+    node = bundle.json("node.json")
+    git: dict[str, Any] = node["git"] if isinstance(node, dict) and isinstance(node.get("git"), dict) else {}
+    config_name, config = job_config(bundle)
+    return {
+        "sha256": sha256, "bundle": os.path.abspath(path), "run_id": str(m.get("run_id") or ""),
+        "job_id": multinode.get("job_id"), "incident_id": incident.get("id"), "node": str(m.get("node") or ""),
+        "trigger": str(m.get("trigger") or ""), "created": m.get("created"), "command": job.get("command"),
+        "git_commit": git.get("commit"), "category": sig.category, "phase": sig.phase,
+        "suspects": report.verdict.suspect_ranks, "exception_type": sig.exception_type, "message": sig.message,
+        "top_frame": sig.top_frame, "fingerprint": sig.fingerprint(), "summary": report.verdict.summary[:1000],
+        "config_name": config_name, "config": config,
+    }  # fmt: skip
+
+
+class Indexer:
+    """The index as `run`, `collect` and `report` use it: opened on first use, and when it cannot be used,
+    one warning and nothing more."""
+
+    def __init__(self, warn: Callable[[str], None], env: Optional[Mapping[str, str]] = None,
+                 path: Optional[str] = None) -> None:  # fmt: skip
+        self.path = path or default_path(os.environ if env is None else env)
+        self._warn = warn
+        self._index: Optional[IncidentIndex] = None
+        self._broken = False
+
+    def _open(self) -> Optional[IncidentIndex]:
+        if self._index is None and not self._broken:
+            try:
+                self._index = IncidentIndex(self.path)
+            except IndexUnavailable as exc:
+                self._fail(str(exc))
+        return self._index
+
+    def _fail(self, sentence: str) -> None:
+        if not self._broken:
+            self._broken = True
+            self._warn(f"{sentence}; going on without the incident index")
+
+    def index(self, report: Report, bundle: Bundle) -> list[int]:
+        """Index every bundle file behind `bundle` with the report's fields; their incident numbers."""
+        index = self._open()
+        if index is None:
+            return []
+        numbers = []
+        try:
+            for path in bundle_paths(bundle):
+                numbers.append(index.add(record(report, bundle, path, bundle_sha256(path)))[0])
+        except Exception as exc:  # a full disk, a read-only file, a locked database past every retry
+            self._fail(f"the incident index `{self.path}` could not be written ({exc})")
+        return numbers
+
+    def seen_before(self, report: Report, bundle: Bundle) -> list[dict[str, Any]]:
+        """Earlier incidents like this one, for the report's "seen before"."""
+        index = self._open()
+        if index is None:
+            return []
+        try:
+            sig = signature(report)
+            exclude = set()
+            for path in bundle_paths(bundle):
+                try:
+                    exclude.add(bundle_sha256(path))
+                except OSError:
+                    continue
+            found = index.similar(sig.fingerprint(), sig.category, sig.top_frame, exclude)
+        except Exception as exc:
+            self._fail(f"the incident index `{self.path}` could not be read ({exc})")
+            return []
+        m = bundle.manifest
+        current = m["incident"].get("id") if isinstance(m.get("incident"), dict) else None
+        keep = ("id", "match", "created", "run_id", "node", "bundle", "category", "phase", "top_frame", "message",
+                "exception_type", "git_commit", "summary")  # fmt: skip
+        return [{k: r.get(k) for k in keep} | {"fix": _fix(r.get("fix"))} for r in found
+                if not current or r.get("incident_id") != current]  # fmt: skip
+
+    def close(self) -> None:
+        if self._index is not None:
+            self._index.close()
+
+
+def _fix(link: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    if not link:
+        return None
+    return {k: link.get(k) for k in ("status", "fix_commit", "fix_config_name", "rerun", "rerun_outcome", "note",
+                                     "created")}  # fmt: skip
+
+
+def analyze_path(path: str) -> tuple[Report, Bundle]:
+    from ..analyze.verdict import analyze
+    from ..bundle.reader import read_bundles
+
+    bundle = read_bundles([path])
+    return analyze(bundle), bundle
+
+
+def rerun_outcome(path: str, incident: Mapping[str, Any], index: IncidentIndex) -> tuple[str, str, Optional[int]]:
+    """What the rerun at `path` (a run directory or a bundle) says about the fix: (outcome sentence, verdict —
+    `clean`, `same`, `other` or `unknown` —, the rerun's own incident number when it made one)."""
+    run_events = os.path.join(path, "events.jsonl")
+    if os.path.isdir(path) and os.path.isfile(run_events) and not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+        end = None
+        with open(run_events, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if '"event": "end"' in line:
+                    try:
+                        end = json.loads(line)
+                    except ValueError:
+                        continue
+        bundles_dir = os.path.join(path, "bundles")
+        has_bundles = os.path.isdir(bundles_dir) and any(n.endswith(".tar.gz") for n in os.listdir(bundles_dir))
+        if not has_bundles:
+            if end is None:
+                return "still running, or ended without blackbox's end record", "unknown", None
+            code = end.get("exit_code")
+            if code == 0:
+                return "clean exit (exit code 0, no incident)", "clean", None
+            return f"failed with exit code {code} and no bundle", "other", None
+    report, bundle = analyze_path(path)
+    numbers = [index.add(record(report, bundle, p, bundle_sha256(p)))[0] for p in bundle_paths(bundle)]
+    sig = signature(report)
+    number = numbers[0] if numbers else None
+    if sig.fingerprint() == incident.get("fingerprint"):
+        return f"the same failure again (incident #{number})", "same", number
+    return f"another incident (#{number}: {sig.category})", "other", number
+
+
+def remember(report: Report, bundle: Bundle, warn: Callable[[str], None],
+             env: Optional[Mapping[str, str]] = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Index the bundle(s) behind a report; the earlier incidents like it ("seen before")."""
+    indexer = Indexer(warn, env)
+    try:
+        seen = indexer.seen_before(report, bundle)
+        indexer.index(report, bundle)
+        return seen
+    finally:
+        indexer.close()

@@ -1,0 +1,120 @@
+"""The incident index: fingerprints that ignore what differs between runs, a store that several processes write
+at once, schema versions, and a broken index that never stops a report."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from blackbox.analyze.verdict import analyze
+from blackbox.bundle.reader import read_bundle
+from blackbox.incidents.fingerprint import normalise, signature
+from blackbox.incidents.store import SCHEMA_VERSION, IncidentIndex, IndexUnavailable
+from tests.conftest import BLACKBOX, ROOT, job_env
+
+GOLDEN = ROOT / "tests" / "data" / "golden"
+
+
+def test_messages_lose_what_changes_between_runs() -> None:
+    a = normalise("Permission denied: '/tmp/bb-scenario-x1/shard-0003.bin' at 0x7f00aa12, tried 2.00 GiB on GPU 3")
+    b = normalise("Permission denied: '/scratch/run9/data/shard-0117.bin' at 0x55d1, tried 512 MiB on GPU 0")
+    assert a == b == "Permission denied: '<path>' at <addr>, tried <size> on GPU <n>"
+
+
+def test_the_same_failure_elsewhere_has_the_same_fingerprint() -> None:
+    report = analyze(read_bundle(str(GOLDEN / "read-failure.tar.gz")))
+    other = copy.deepcopy(report)  # another run: other pids, host, times, run id, and the shard path moved
+    other.run_id, other.node = "20261201-000000-ffffff", "gpu-b17"
+    for row in other.ranks:
+        row.pid += 4242
+        row.node = "gpu-b17"
+        row.idle_s = (row.idle_s or 0) + 17
+    assert other.exception is not None
+    other.exception["message"] = str(other.exception["message"]).replace("/tmp/", "/scratch/other/")
+    assert signature(other).fingerprint() == signature(report).fingerprint()
+    assert signature(report).exception_type == "PermissionError"
+    different = analyze(read_bundle(str(GOLDEN / "raise.tar.gz")))
+    assert signature(different).fingerprint() != signature(report).fingerprint()
+    hang = analyze(read_bundle(str(GOLDEN / "data-hang.tar.gz")))
+    assert signature(hang).top_frame == "__getitem__ (train.py)"
+
+
+def record(n: int, fingerprint: str = "f" * 20, category: str = "hang.data_loading") -> dict[str, object]:
+    return {"sha256": f"{n:064x}", "bundle": f"/b/{n}.tar.gz", "run_id": f"run{n}", "category": category,
+            "top_frame": "__getitem__ (train.py)", "fingerprint": fingerprint, "created": "2026-11-29T00:00:00+00:00",
+            "suspects": [3]}  # fmt: skip
+
+
+def test_link_round_trips_and_similar_finds_same_then_close(tmp_path: Path) -> None:
+    index = IncidentIndex(str(tmp_path / "i.sqlite"))
+    first, new = index.add(record(1))
+    assert new and index.add(record(1)) == (first, False)  # the same bundle twice is one incident
+    close, _ = index.add(record(2, fingerprint="e" * 20))
+    index.link(first, {"status": "verified", "fix_commit": "3f2a9c1", "rerun_outcome": "clean exit", "note": "n"})
+    link = index.links(first)[0]
+    assert (link["status"], link["fix_commit"], link["rerun_outcome"], link["note"]) == ("verified", "3f2a9c1",
+                                                                                        "clean exit", "n")  # fmt: skip
+    found = index.similar("f" * 20, "hang.data_loading", "__getitem__ (train.py)", exclude={f"{3:064x}"})
+    assert [(f["id"], f["match"]) for f in found] == [(first, "same"), (close, "similar")]
+    assert found[0]["fix"]["fix_commit"] == "3f2a9c1"
+    with pytest.raises(ValueError):
+        index.link(first, {"status": "maybe"})
+    assert [r["id"] for r in index.incidents(category="hang")] == [close, first]
+    index.close()
+
+
+WRITER = """
+import sys
+from blackbox.incidents.store import IncidentIndex
+index = IncidentIndex(sys.argv[1])
+w = int(sys.argv[2])
+for i in range(25):
+    index.add({"sha256": f"{w:08d}{i:056d}", "bundle": "b", "fingerprint": "f", "category": "c"})
+"""
+
+
+def test_eight_processes_indexing_at_once_lose_nothing(tmp_path: Path) -> None:
+    path = str(tmp_path / "i.sqlite")
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, path, str(w)], cwd=ROOT, stderr=subprocess.PIPE)
+             for w in range(8)]  # fmt: skip
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err.decode()
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT COUNT(*), COUNT(DISTINCT sha256) FROM incidents").fetchone() == (200, 200)
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_schema_is_versioned(tmp_path: Path) -> None:
+    path = tmp_path / "i.sqlite"
+    IncidentIndex(str(path)).close()
+    db = sqlite3.connect(path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.close()
+    with pytest.raises(IndexUnavailable, match="written by a newer blackbox"):
+        IncidentIndex(str(path))
+
+
+def test_a_corrupt_index_warns_once_and_the_report_still_renders(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "incidents.sqlite").write_bytes(b"this is not a database\n" * 100)
+    env = job_env(BLACKBOX_HOME=str(home))
+    res = subprocess.run([*BLACKBOX, "report", str(GOLDEN / "raise.tar.gz"), "--format", "json", "--no-fr-analyzer"],
+                         capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["verdict"]["category"] == "crash.exception"
+    warnings = [line for line in res.stderr.splitlines() if "incident index" in line]
+    assert len(warnings) == 1 and "is unreadable" in warnings[0] and "going on without" in warnings[0], res.stderr
+    assert "Traceback" not in res.stderr
+    res = subprocess.run([*BLACKBOX, "incidents", "list"], capture_output=True, text=True, env=env, timeout=60)
+    assert res.returncode != 0 and res.stderr.startswith("blackbox: error: The incident index"), res.stderr
+    assert "Traceback" not in res.stderr
