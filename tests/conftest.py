@@ -13,7 +13,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import psutil
 import pytest
@@ -105,6 +105,24 @@ def run_blackbox(
 
 def bundles(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "bundles").glob("*.tar.gz"))
+
+
+@pytest.fixture(scope="session")
+def gallery(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Any]]:
+    """Runs a scenario of the gallery (scripts/scenarios/) once per test session under `blackbox run`; the
+    verdict tests and the last-words tests read the same run: (run directory, runner.Outcome)."""
+    sys.path.insert(0, str(ROOT / "scripts" / "scenarios"))
+    import runner
+
+    done: dict[str, tuple[Path, Any]] = {}
+
+    def run(name: str) -> tuple[Path, Any]:
+        if name not in done:
+            base = tmp_path_factory.mktemp(f"gallery-{name}")
+            done[name] = (base / "run", runner.run(name, base / "run", base))
+        return done[name]
+
+    return run
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyze
 
     PATH is a bundle (.tar.gz), an extracted bundle directory, a run directory (its newest bundle), or a
     directory holding the node bundles of one incident. Several node bundles of one job are merged into one
-    view (by run id); bundles of different jobs are refused.
+    view (by job id: a multi-node job's, else the run id); bundles of different jobs are refused.
 
         blackbox report blackbox-runs/20261129-120000-ab12cd
     """

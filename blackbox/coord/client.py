@@ -103,6 +103,8 @@ class Coordination:
         with self._answered:
             while ref not in self._answers:
                 left = deadline - time.monotonic()
+                if self.status == "alone":
+                    return None
                 if left <= 0:
                     self._event("coordination_error", error=f"no answer to an incident post within {POST_WAIT_S:g} s")
                     return None

@@ -422,7 +422,7 @@ class Supervisor:
             if kind == "exception":
                 self._poll_guarded()  # the recorder marks the rank before the traceback is printed
                 continue
-            if not self.watching:
+            if not self.watching or self.ending_since is not None:
                 continue
             d = Detection("console", (), (), f"the job printed `{redact_text(line)[:200]}`", ())
             if self._crash_collected_recently(d):
@@ -593,7 +593,8 @@ class Supervisor:
         if d.rule == "rank_death" and self.terminating:  # the teardown we asked for: a record, no alarm
             self.event(d.rule, ranks=list(d.ranks), expected=True)
             return
-        if d.rule in ("stall", "gpu_idle") and self.ending_since is not None:  # the job is being ended already
+        if self.ending_since is not None:  # blackbox is ending the job (its evidence is taken): what follows —
+            # stalls, peers' "connection closed" exceptions, deaths — is that ending, not a new incident
             self.event(d.rule, ranks=list(d.ranks), reason=d.reason, expected=True)
             return
         crash = d.rule in ("exception", "rank_death")

@@ -93,6 +93,10 @@ def test_collect_finds_every_rank_and_leaves_the_job_running(
     assert manifest_step(files, "rank dumps")["status"] == "skipped"  # no recorder here: nothing to ask
     # AND the report, from stacks alone, names rank 1 (not in the collective rank 0 waits in) as the suspect
     if via == "agent":
+        # the collection went into the incident index
+        listed = subprocess.run([*BLACKBOX, "incidents", "list", "--limit", "100000", "--format", "json"],
+                                capture_output=True, env=job_env(), timeout=60, check=True)  # fmt: skip
+        assert outcome["bundle"] in [i["bundle"] for i in json.loads(listed.stdout)["incidents"]]
         rep = subprocess.run([*BLACKBOX, "report", outcome["bundle"], "--format", "json"], capture_output=True,
                              env=job_env(), timeout=60)  # fmt: skip
         verdict = json.loads(rep.stdout)["verdict"]

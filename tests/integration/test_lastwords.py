@@ -1,5 +1,6 @@
 """What each rank leaves in ranks/<rank>/ on its own, whatever happens to it, with no change to the job:
-real torchrun, real gloo, real signals."""
+real torchrun, real gloo, real signals. Where a gallery scenario is the failure wanted, its run is shared with
+the verdict tests (test_scenarios.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -20,6 +21,7 @@ from blackbox.heartbeat import HeartbeatState, decode
 from tests.conftest import ROOT, TORCHRUN, bundles, run_blackbox
 
 JOB = str(ROOT / "scripts" / "scenarios" / "train.py")
+Gallery = Callable[[str], tuple[Path, Any]]  # the session's gallery runs (conftest.gallery)
 
 
 def run_scenario(
@@ -58,9 +60,9 @@ def bundle_names(run_dir: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("scenario", ["data-hang", "data-hang-workers"])
-def test_data_hang(tmp_path: Path, scenario: str) -> None:
-    run_dir, res = run_scenario(tmp_path, scenario, 1)
-    assert res.returncode == 86, res.stderr
+def test_data_hang(gallery: Gallery, scenario: str) -> None:
+    run_dir, res = gallery(scenario)
+    assert res.exit_code == 86, res.stderr
     dump = latest_pydump(run_dir, 1)
     assert dump["context"]["phase"] == "data" and dump["context"]["step"] == 3  # batch 4 never came
     assert dump["context"]["last_batch"] == [
@@ -110,9 +112,9 @@ def test_checkpoint_hang(tmp_path: Path) -> None:
     assert "rank 0 made no progress" in res.stderr.decode()
 
 
-def test_gil_held_in_c_still_dumps_on_sigusr1(tmp_path: Path) -> None:
-    run_dir, res = run_scenario(tmp_path, "gil-hang", 1)
-    assert res.returncode == 86, res.stderr
+def test_gil_held_in_c_still_dumps_on_sigusr1(gallery: Gallery) -> None:
+    run_dir, res = gallery("gil-hang")
+    assert res.exit_code == 86, res.stderr
     text = (run_dir / "ranks" / "1" / "stacks-0.txt").read_text()
     # faulthandler dumped from C while the rank's own Python thread could not run
     assert "Current thread" in text and "train.py" in text and "in main" in text
@@ -126,15 +128,15 @@ def test_gil_held_in_c_still_dumps_on_sigusr1(tmp_path: Path) -> None:
     assert hb[1]["alive"] and hb[1]["liveness_age_s"] > 2.5 > hb[0]["liveness_age_s"]
 
 
-def test_exception_and_the_survivors_sigterm_last_words(tmp_path: Path) -> None:
-    run_dir, res = run_scenario(tmp_path, "raise", 1)
-    assert res.returncode == 1
+def test_exception_and_the_survivors_sigterm_last_words(gallery: Gallery) -> None:
+    run_dir, res = gallery("raise")
+    assert res.exit_code == 1
     (record,) = jsonl(run_dir / "ranks" / "1" / "exceptions.jsonl")
     assert record["type"] == "builtins.ValueError" and record["message"] == "bad sample at step 3"
     assert record["step"] == 2 and record["thread"] == "MainThread"
     assert record["traceback"][-1]["function"] == "main" and "raise ValueError" in record["traceback"][-1]["code"]
     assert record["last_batch"][0]["shape"] == [4, 8]
-    assert b"ValueError: bad sample at step 3" in res.stderr  # the job's own output is unchanged
+    assert "ValueError: bad sample at step 3" in res.stderr  # the job's own output is unchanged
     # the rank's heartbeat keeps saying how it ended (exit handlers run after an uncaught exception too)
     assert read_heartbeat(run_dir, 1).state == "exception"
     # blackbox collected at once, while the launcher had not yet torn the survivor down: one bundle
@@ -154,9 +156,9 @@ def test_exception_and_the_survivors_sigterm_last_words(tmp_path: Path) -> None:
     assert "Current thread" in text and "in main" in text
 
 
-def test_oom_record(tmp_path: Path) -> None:
-    run_dir, res = run_scenario(tmp_path, "oom", 0)
-    assert res.returncode == 1
+def test_oom_record(gallery: Gallery) -> None:
+    run_dir, res = gallery("oom")
+    assert res.exit_code == 1
     (record,) = jsonl(run_dir / "ranks" / "0" / "oom.jsonl")
     assert record["message"].startswith("CUDA out of memory. Tried to allocate 2.00 GiB")
     assert record["phase"] == "compute" and record["step"] == 2
@@ -166,9 +168,9 @@ def test_oom_record(tmp_path: Path) -> None:
     assert record["stack"][-1]["function"] == "main"
 
 
-def test_segfault_leaves_a_native_dump(tmp_path: Path) -> None:
-    run_dir, res = run_scenario(tmp_path, "segv", 1)
-    assert res.returncode != 0
+def test_segfault_leaves_a_native_dump(gallery: Gallery) -> None:
+    run_dir, res = gallery("segv")
+    assert res.exit_code != 0
     text = (run_dir / "ranks" / "1" / "fatal.txt").read_text()
     assert "Segmentation fault" in text and "train.py" in text
 
@@ -199,10 +201,10 @@ def test_user_sigusr1_handler_is_kept_behind_faulthandler(tmp_path: Path) -> Non
         proc.communicate()
 
 
-def test_flight_recorder_names_the_rank_that_skipped(tmp_path: Path) -> None:
+def test_flight_recorder_names_the_rank_that_skipped(tmp_path: Path, gallery: Gallery) -> None:
     # GIVEN a job where rank 1 skips an all_reduce and rank 0 waits in it: a stall, collected
-    run_dir, res = run_scenario(tmp_path, "skip-allreduce", 1)
-    assert res.returncode == 86, res.stderr
+    run_dir, res = gallery("skip-allreduce")
+    assert res.exit_code == 86, res.stderr
     files = sorted((run_dir / "flight_recorder").glob("fr_trace_*"))
     if not files:
         pytest.skip("this torch has no flight-recorder dump for gloo")

@@ -119,6 +119,9 @@ def test_a_stall_on_one_node_is_collected_on_both(tmp_path: Path) -> None:
     rows = {r["rank"]: r for r in merged["ranks"]}
     assert sorted(rows) == [0, 1, 2, 3]
     assert rows[3]["node"].endswith("node1") and rows[0]["node"].endswith("node0"), rows
+    # one node's bundle alone names the node that is missing
+    alone = " ".join(f["text"] for f in report(bundles[0][0])["findings"])
+    assert "node(s) 1 of 2 have no bundle among those given" in alone and "ranks 2-3 of 4" in alone, alone
     # a directory holding both nodes' bundles reads the same
     gathered = tmp_path / "gathered"
     gathered.mkdir()

@@ -8,19 +8,20 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
 from tests.conftest import BLACKBOX, ROOT, job_env
 
 sys.path.insert(0, str(ROOT / "scripts" / "scenarios"))
-from runner import SCENARIOS, run
+from runner import SCENARIOS
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
-def test_scenario_verdict(tmp_path: Path, name: str) -> None:
+def test_scenario_verdict(gallery: Callable[[str], tuple[Path, Any]], name: str) -> None:
     spec = SCENARIOS[name]
-    outcome = run(name, tmp_path / "run", tmp_path)
+    _, outcome = gallery(name)
     assert outcome.exit_code == spec["exit"], outcome.stderr[-3000:]
     if spec["verdict"] is None:
         # a healthy job: its own exit, no bundle, nothing from blackbox in the way
