@@ -3,7 +3,7 @@ job's `torch.distributed.TCPStore`, publishes this node's summary and liveness, 
 the other nodes' incidents and silences. It speaks JSON lines: commands on stdin, events on stdout; its
 stderr (torch's own log lines) goes to the run dir. It runs in its own process so that torch's import, its
 memory and any crash in it stay away from the supervisor, which is the parent of the user's job.
-Imports the stdlib, torch.distributed (the store) and nothing else of blackbox but the protocol below."""
+Imports the stdlib and torch.distributed (the store); nothing of blackbox, so that it starts fast and alone."""
 
 from __future__ import annotations
 

@@ -5,11 +5,8 @@ Imports the stdlib, psutil (through adapters) and blackbox's host side."""
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
-import secrets
 import select
-import shutil
 import signal
 import sys
 import threading
@@ -31,114 +28,30 @@ from ..collect.job import Job, RankTarget, job_python
 from ..config import RunConfig
 from ..coord.client import Coordination
 from ..coord.topology import Topology, topology
-from ..errors import EXIT_CANT_CREATE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
+from ..errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
 from ..events import EventLog
 from ..heartbeat import HeartbeatState, HeartbeatTable
 from ..redact import redact_argv, redact_text, remember_secrets
 from .gpuwatch import GpuWatch
 from .launch import ConsoleLog, Launched, resize_ptys, spawn
 from .rules import Detection, FatalLines, RankView, Rules
+from .setup import (
+    INJECT_DIR,
+    become_subreaper,
+    describe_status,
+    exit_code_of,
+    flight_recorder_env,
+    new_run_id,
+    prepare_run_dir,
+    resolve_command,
+    run_plain,
+    signame,
+)
 
-INJECT_DIR = os.path.join(os.path.dirname(os.path.abspath(P.__file__)), "inject")
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _HANDLED = (*_FORWARDED, signal.SIGUSR1, signal.SIGCHLD, signal.SIGWINCH)
-_PR_SET_CHILD_SUBREAPER = 36
 HISTORY_SAMPLES = 2000  # per rank: the last changes of step, phase or state kept for the report's timeline
 CRASH_WINDOW_S = 60.0  # after a crash was collected, further deaths within this window are the same episode
-
-
-def new_run_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-
-
-def resolve_command(argv: list[str], env: Mapping[str, str]) -> str:
-    """The executable the job will run, or a BlackboxError that says why it cannot be run."""
-    if not argv:
-        raise BlackboxError(
-            "No command given: put the job's command line after `--`.",
-            hint="For example: blackbox run -- torchrun --nproc-per-node 8 train.py",
-        )
-    cmd = argv[0]
-    if os.sep in cmd:
-        if not os.path.exists(cmd):
-            raise BlackboxError(f"The command `{cmd}` does not exist.", exit_code=EXIT_NOT_FOUND)
-        if os.path.isdir(cmd) or not os.access(cmd, os.X_OK):
-            raise BlackboxError(
-                f"The command `{cmd}` is not executable.",
-                hint=f"chmod +x {cmd}, or run it through its interpreter (python {cmd}).",
-                exit_code=EXIT_NOT_EXECUTABLE,
-            )
-        return cmd
-    found = shutil.which(cmd, path=env.get("PATH", os.defpath))
-    if found is None:
-        raise BlackboxError(
-            f"The command `{cmd}` was not found on PATH.",
-            hint="Check the spelling, or activate the environment that provides it.",
-            exit_code=EXIT_NOT_FOUND,
-        )
-    return found
-
-
-def prepare_run_dir(path: str) -> str:
-    """Create the run directory, private (0700), and refuse one that already holds a run."""
-    path = os.path.abspath(path)
-    if os.path.exists(os.path.join(path, "events.jsonl")):
-        raise BlackboxError(
-            f"The run directory `{path}` already holds a run.",
-            hint="Give a new --run-dir, or leave it out to get a fresh one under ./blackbox-runs.",
-        )
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        os.chmod(path, 0o700)
-        for sub in ("ranks", "bundles"):
-            os.makedirs(os.path.join(path, sub), mode=0o700, exist_ok=True)
-        probe = os.path.join(path, ".write-test")
-        with open(probe, "w"):
-            pass
-        os.unlink(probe)
-    except OSError as exc:
-        raise BlackboxError(
-            f"Cannot use `{path}` as the run directory: {exc.strerror or exc}.",
-            hint="Pass --run-dir (or BLACKBOX_RUN_DIR) pointing at a writable directory.",
-            exit_code=EXIT_CANT_CREATE,
-        ) from None
-    return path
-
-
-def flight_recorder_env(run_dir: str, env: Mapping[str, str]) -> dict[str, str]:
-    """What the job needs for flight-recorder dumps. The buffer size and dump file names differ between torch
-    releases (and the old ones print deprecation warnings on new ones), so the rank recorder sets those for
-    the torch it finds, from BLACKBOX_FR_DIR. Async error handling 3 keeps a process alive long enough to dump
-    on an NCCL timeout (torchrun's default, 1, tears it down first). Values the user set are kept."""
-    fr_dir = os.path.join(run_dir, "flight_recorder")
-    os.makedirs(fr_dir, mode=0o700, exist_ok=True)
-    wanted = {
-        P.ENV_FR_DIR: fr_dir,
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": os.path.join(fr_dir, "pipe_"),
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
-    }
-    return {name: env.get(name) or value for name, value in wanted.items()}
-
-
-def exit_code_of(status: int) -> int:
-    """The code a shell reports for a wait status: the exit code, or 128+N for a death by signal N."""
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
-
-
-def describe_status(status: int) -> str:
-    code = os.waitstatus_to_exitcode(status)
-    if code < 0:
-        return f"died of signal {-code} ({_signame(-code)})"
-    return f"exited with code {code}"
-
-
-def _signame(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
 
 
 class Supervisor:
@@ -205,7 +118,7 @@ class Supervisor:
         if not sys.platform.startswith("linux"):
             self.say(f"cannot watch on {sys.platform} (blackbox reads /proc, which only Linux has); "
                      "running the job unwatched")  # fmt: skip
-            return _run_plain(self.argv, exe)
+            return run_plain(self.argv, exe)
         port = self.cfg.coord_port if isinstance(self.cfg.coord_port, int) else 0
         try:
             self._topology = topology(self.argv, self.env, self.cfg.coord, port)
@@ -224,7 +137,7 @@ class Supervisor:
                 k: getattr(self.cfg, k) for k in self.cfg.sources}, config_sources=dict(self.cfg.sources),
             **facts,
         )  # fmt: skip
-        _become_subreaper()
+        become_subreaper()
         rfd, wfd = os.pipe()
         os.set_blocking(wfd, False)
         self._wake_fd = wfd
@@ -357,7 +270,7 @@ class Supervisor:
         if self.launcher_status is None:
             with contextlib.suppress(OSError):
                 os.kill(self.launched.pid, sig)
-            self.event("signal", signal=_signame(sig), action=f"forwarded to the launcher (pid {self.launched.pid})")
+            self.event("signal", signal=signame(sig), action=f"forwarded to the launcher (pid {self.launched.pid})")
 
     # --- the loop ------------------------------------------------------------------------------------
     def _loop(self, wakeup_fd: int) -> None:
@@ -870,23 +783,3 @@ class Supervisor:
         self.event("end", launcher_status=describe_status(status), job_exit_code=code, exit_code=final,
                    bundles=self.bundles)  # fmt: skip
         return final
-
-
-def _become_subreaper() -> None:
-    """Orphaned ranks (the launcher died) are handed to us instead of init, so we can find and end them."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-
-
-def _run_plain(argv: list[str], exe: str) -> int:
-    import subprocess
-
-    proc = subprocess.Popen([exe, *argv[1:]])
-    while True:
-        try:
-            proc.wait()
-            break
-        except KeyboardInterrupt:
-            continue
-    return proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
