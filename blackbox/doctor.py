@@ -22,7 +22,17 @@ from .heartbeat import decode
 
 MIN_FREE_BYTES = 1 << 30  # below this, bundles and heartbeats may not fit
 INJECT_DIR = os.path.join(os.path.dirname(os.path.abspath(P.__file__)), "inject")
-CHECKS = ("recorder", "run-dir", "signals", "py-spy", "torch", "gpu", "kernel-messages")
+CHECKS = (
+    "recorder",
+    "run-dir",
+    "signals",
+    "py-spy",
+    "torch",
+    "gpu",
+    "kernel-messages",
+    "coordination",
+    "incident-index",
+)
 ESSENTIAL = ("recorder", "run-dir", "signals")  # without these `blackbox run` cannot do its job
 
 
@@ -203,11 +213,56 @@ def check_kernel() -> Check:
     return Check("kernel-messages", "ok", how)
 
 
+_STORE_PROBE = r"""
+import datetime, json, os
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+import torch
+from torch.distributed import TCPStore
+server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=10))
+client = TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=10))
+client.set("probe", "ok")
+print(json.dumps({"torch": torch.__version__, "value": server.get("probe").decode()}))
+"""
+
+
+def check_coordination() -> Check:
+    """Multi-node jobs: the coordination helper serves a TCPStore from blackbox's own interpreter."""
+    try:
+        res = subprocess.run([sys.executable, "-c", _STORE_PROBE], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return Check("coordination", "warn", "a TCPStore round trip on 127.0.0.1 did not finish within 60 s",
+                     "Multi-node jobs would run with each node on its own.")  # fmt: skip
+    try:
+        facts = json.loads(res.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        tail = (res.stderr.strip().splitlines() or ["no output"])[-1][:200]
+        return Check("coordination", "warn", f"blackbox's interpreter cannot serve a TCPStore: {tail}",
+                     f"Install torch beside blackbox ({sys.executable}) for multi-node coordination; without it "
+                     "each node watches and collects on its own.")  # fmt: skip
+    return Check("coordination", "ok", f"blackbox's interpreter serves and joins a TCPStore (torch {facts['torch']}): "
+                 "multi-node supervisors can coordinate")  # fmt: skip
+
+
+def check_incident_index() -> Check:
+    from .incidents.store import IncidentIndex, IndexUnavailable, default_path
+
+    path = default_path(os.environ)
+    try:
+        index = IncidentIndex(path)
+    except IndexUnavailable as exc:
+        return Check("incident-index", "warn", str(exc), "Set BLACKBOX_HOME to a writable local directory.")
+    try:
+        count = index.count()
+    finally:
+        index.close()
+    return Check("incident-index", "ok", f"`{path}` holds {count} incident(s)")
+
+
 def run_checks(run_dir: str, python: str, only: Optional[list[str]] = None) -> list[Check]:
     table: dict[str, Callable[[], Check]] = {
         "recorder": lambda: check_recorder(python), "run-dir": lambda: check_run_dir(run_dir),
         "signals": check_signals, "py-spy": check_pyspy, "torch": lambda: check_torch(python), "gpu": check_gpu,
-        "kernel-messages": check_kernel,
+        "kernel-messages": check_kernel, "coordination": check_coordination, "incident-index": check_incident_index,
     }  # fmt: skip
     out = []
     for name in only or list(CHECKS):

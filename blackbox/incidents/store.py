@@ -174,9 +174,8 @@ class IncidentIndex:
             sql += f" LIMIT {int(limit)}"
         return [_plain(r) for r in self.db.execute(sql, args)]
 
-    def by_sha(self, sha256: str) -> Optional[dict[str, Any]]:
-        row = self.db.execute("SELECT * FROM incidents WHERE sha256 = ?", (sha256,)).fetchone()
-        return None if row is None else _plain(row)
+    def count(self) -> int:
+        return int(self.db.execute("SELECT COUNT(*) FROM incidents").fetchone()[0])
 
     def similar(self, fingerprint: str, category: str, top_frame: Optional[str],
                 exclude: set[str], limit: int = 5) -> list[dict[str, Any]]:  # fmt: skip

@@ -20,7 +20,7 @@ def test_this_machine_passes_and_says_what_it_has(tmp_path: Path) -> None:
     res = doctor(tmp_path, "--format", "json", "--run-dir", str(tmp_path / "runs"))
     assert res.returncode == 0, res.stdout + res.stderr
     checks = {c["name"]: c for c in json.loads(res.stdout)["checks"]}
-    for name in ("recorder", "run-dir", "signals", "py-spy", "torch"):
+    for name in ("recorder", "run-dir", "signals", "py-spy", "torch", "coordination", "incident-index"):
         assert checks[name]["status"] == "ok", checks[name]
     assert (
         "torch 2.13.0" in checks["torch"]["detail"] and "flight recorder (Gloo and NCCL)" in checks["torch"]["detail"]
