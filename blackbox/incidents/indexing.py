@@ -175,7 +175,8 @@ def rerun_outcome(path: str, incident: Mapping[str, Any], index: IncidentIndex) 
     number = numbers[0] if numbers else None
     if sig.fingerprint() == incident.get("fingerprint"):
         return f"the same failure again (incident #{number})", "same", number
-    return f"another incident (#{number}: {sig.category})", "other", number
+    where = f" in {sig.top_frame}" if sig.top_frame else ""
+    return f"another incident (#{number}: {sig.category}{where})", "other", number
 
 
 def remember(report: Report, bundle: Bundle, warn: Callable[[str], None],
