@@ -147,6 +147,9 @@ def topology(argv: list[str], env: Mapping[str, str], coord: str = "", coord_por
         nnodes_text, node_text = opt("--nnodes"), opt("--node-rank")
         source = "torchrun's options"
         if nnodes_text is None and env.get("SLURM_NNODES"):
+            tasks = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS")
+            if tasks and tasks != env["SLURM_NNODES"]:
+                return None  # several tasks a node: srun starts each rank itself, the supervisors are not per node
             nnodes_text, node_text, source = env.get("SLURM_NNODES"), env.get("SLURM_NODEID"), "Slurm's environment"
         if opt("--standalone") is not None and not coord:
             return None

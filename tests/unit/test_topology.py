@@ -43,6 +43,7 @@ def test_slurm_environment_and_override() -> None:
     t = topology(["bash", "launch.sh"], env)
     assert t is not None and (t.nnodes, t.node_rank, t.host, t.port, t.hosting) == (3, 0, "gpu007", 30500, True)
     assert t.job_key.startswith("77")
+    assert topology(["python", "train.py"], {**env, "SLURM_NTASKS": "24"}) is None  # srun starts every rank itself
     t = topology(["bash", "launch.sh"], env, coord="head:4000")
     assert t is not None and (t.host, t.port, t.source) == ("head", 4000, "--coord")
     t = topology(TORCHRUN, {}, coord_port=31000)
