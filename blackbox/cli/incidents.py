@@ -47,6 +47,12 @@ def _since(text: Optional[str]) -> Optional[str]:
     return when.astimezone(timezone.utc).isoformat(timespec="seconds")
 
 
+def _printable(text: str) -> str:
+    """What came from bundles (untrusted) reaches the terminal without its control characters (escape
+    sequences that would move the cursor or retitle the window)."""
+    return "".join(c if c in "\n\t" or (ord(c) >= 32 and ord(c) != 127) else "?" for c in text)
+
+
 def _incident(index: Any, number: int) -> dict[str, Any]:
     found: Optional[dict[str, Any]] = index.get(number)
     if found is None:
@@ -84,6 +90,7 @@ def list_(category: Optional[str], since: Optional[str], limit: int, fmt: str) -
         return 0
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     if not rows:
         click.echo(f"no incidents in {index.path}" + (" that match" if category or since else ""))
@@ -94,8 +101,9 @@ def list_(category: Optional[str], since: Optional[str], limit: int, fmt: str) -
     for r in rows:
         fix, when = r["fix"], str(r.get("created") or "")[:19].replace("T", " ")
         fixed = "" if not fix else f"{fix['status']} {str(fix.get('fix_commit') or '')[:10]}".strip()
-        table.add_row(str(r["id"]), when, r.get("category") or "", r.get("phase") or "",
-                      ",".join(map(str, r.get("suspects") or [])), r.get("top_frame") or "", fixed)  # fmt: skip
+        cells = (str(r["id"]), when, r.get("category") or "", r.get("phase") or "",
+                 ",".join(map(str, r.get("suspects") or [])), r.get("top_frame") or "", fixed)  # fmt: skip
+        table.add_row(*(Text(_printable(str(c))) for c in cells))  # bundle text: never read as rich markup
     Console(soft_wrap=False).print(table)
     return 0
 
@@ -139,7 +147,7 @@ def show(number: int, fmt: str) -> int:
             lines += ["    " + d for d in str(link["config_diff"]).splitlines()]
     if not row["links"]:
         lines.append(f"  no fix linked yet: blackbox incidents link {number} --fix-commit SHA [--rerun RUN_DIR]")
-    click.echo("\n".join(lines))
+    click.echo(_printable("\n".join(lines)))
     return 0
 
 
@@ -213,5 +221,5 @@ def link(number: int, fix_commit: Optional[str], fix_config: Optional[str], reru
     if fix_config is not None and incident.get("config") is None:
         click.echo(f"the incident's bundle held no config file: {fix_config} is stored without a diff")
     elif saved.get("config_diff"):
-        click.echo(saved["config_diff"])
+        click.echo(_printable(saved["config_diff"]))
     return 0

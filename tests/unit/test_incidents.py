@@ -118,3 +118,17 @@ def test_a_corrupt_index_warns_once_and_the_report_still_renders(tmp_path: Path)
     res = subprocess.run([*BLACKBOX, "incidents", "list"], capture_output=True, text=True, env=env, timeout=60)
     assert res.returncode != 0 and res.stderr.startswith("blackbox: error: The incident index"), res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_bundle_text_reaches_the_terminal_inert(tmp_path: Path) -> None:
+    """Fields come from bundles (untrusted): markup and escape sequences are shown, never obeyed."""
+    home = tmp_path / "home"
+    index = IncidentIndex(str(home / "incidents.sqlite"))
+    evil = {**record(1), "top_frame": "[/bold][link=x]f\x1b[2J\x1b]0;pwned\x07 (a.py)", "summary": "s\x1b[31mred"}
+    number, _ = index.add(evil)
+    index.close()
+    env = job_env(BLACKBOX_HOME=str(home))
+    for args in (["list"], ["show", str(number)]):
+        res = subprocess.run([*BLACKBOX, "incidents", *args], capture_output=True, text=True, env=env, timeout=60)
+        assert res.returncode == 0, res.stderr
+        assert "\x1b" not in res.stdout and "\x07" not in res.stdout and "[/bold]" in res.stdout.replace("\n", "")
