@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(PY) scripts/bench_overhead.py
 	$(PY) scripts/bench_collect.py
 	$(PY) scripts/bench_report.py
+	$(PY) scripts/bench_coord.py
 
 clean:
 	rm -rf $(VENV) blackbox-runs .pytest_cache .mypy_cache .ruff_cache
