@@ -439,7 +439,7 @@ def _plural_ranks(ranks: list[int]) -> str:
 def _node_findings(bundle: Bundle) -> list[Finding]:
     """Multi-node: nodes whose bundle is not among those given, and nodes whose supervisor had fallen silent."""
     m = bundle.manifest
-    mn: dict[str, Any] = m["multinode"] if isinstance(m.get("multinode"), dict) else {}
+    mn = bundle.section("multinode")
     states = {name: bundle.json(name) for name in bundle.files if name.endswith("node/coordination.json")}
     silent: dict[str, Any] = {}
     out: list[Finding] = []
@@ -485,7 +485,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     groups = group(list(rank_stacks.values()))
     detection = bundle.json("detection.json")
     detection = detection if isinstance(detection, dict) else {}
-    incident = m.get("incident") if isinstance(m.get("incident"), dict) else {}
+    incident = bundle.section("incident")
     if trigger.startswith("remote-"):  # collected because another node posted an incident: judged by its rule
         trigger = trigger[len("remote-") :]
         if not detection and incident:
@@ -502,8 +502,8 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
             if top is not None:
                 text = f"rank {row.rank}'s DataLoader worker {pid} is in {top.describe()}"
                 findings.append(Finding("observed", text, f"ranks/{row.rank}/py-spy-worker-{pid}.json"))
-    job = m.get("job") if isinstance(m.get("job"), dict) else {}
-    world = job.get("world_size") if isinstance(job, dict) else None
+    job = bundle.section("job")
+    world = job.get("world_size")
     if isinstance(world, int) and 0 < len(rows) < world:
         absent = [r for r in range(world) if r not in by_rank]
         findings.append(Finding("observed", f"{_plural_ranks(absent)} of {world} are in none of the bundles given: "

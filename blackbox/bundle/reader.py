@@ -39,6 +39,12 @@ class Bundle:
     def text(self, name: str) -> str:
         return self.files.get(name, b"").decode("utf-8", "replace")
 
+    def section(self, name: str) -> dict[str, Any]:
+        """The manifest's table `name` (job, incident, multinode), or {} when absent or not a table: a bundle
+        is untrusted input."""
+        value = self.manifest.get(name)
+        return value if isinstance(value, dict) else {}
+
     def rank_files(self, rank: int) -> list[str]:
         """The members under ranks/<rank>/, sorted (an index built once: bundles may hold thousands of ranks)."""
         if self._by_rank is None:
@@ -277,15 +283,10 @@ def _expand(path: str) -> list[str]:
     return [path]
 
 
-def _multinode(b: Bundle) -> dict[str, Any]:
-    mn = b.manifest.get("multinode")
-    return mn if isinstance(mn, dict) else {}
-
-
-def job_of(b: Bundle) -> str:
+def _job_of(b: Bundle) -> str:
     """The job a bundle belongs to: a multi-node job's id (node 0's run id, shared through the coordinator),
     else the run id."""
-    return str(_multinode(b).get("job_id") or b.manifest.get("run_id"))
+    return str(b.section("multinode").get("job_id") or b.manifest.get("run_id"))
 
 
 def read_bundles(paths: list[str]) -> Bundle:
@@ -297,7 +298,7 @@ def read_bundles(paths: list[str]) -> Bundle:
         return bundles[0]
     runs: dict[str, str] = {}
     for b in bundles:
-        runs.setdefault(job_of(b), b.path)
+        runs.setdefault(_job_of(b), b.path)
     if len(runs) > 1:
         (r1, p1), (r2, p2) = list(runs.items())[:2]
         raise BlackboxError(
@@ -307,12 +308,11 @@ def read_bundles(paths: list[str]) -> Bundle:
     by_node: dict[tuple[str, Any], Bundle] = {}
     skipped: list[str] = []
     for b in sorted(bundles, key=lambda b: str(b.manifest.get("created", ""))):
-        key = (str(b.manifest.get("node", "unknown")), _multinode(b).get("node_rank"))
+        key = (str(b.manifest.get("node", "unknown")), b.section("multinode").get("node_rank"))
         if key in by_node:
             skipped.append(f"{by_node[key].path}: an older bundle of node {key[0]}; the newest is used")
         by_node[key] = b
-    incidents = sorted({str(b.manifest["incident"].get("id")) for b in by_node.values()
-                        if isinstance(b.manifest.get("incident"), dict)})  # fmt: skip
+    incidents = sorted({str(b.section("incident").get("id")) for b in by_node.values() if b.section("incident")})
     if len(incidents) > 1:
         skipped.append(f"the bundles are of {len(incidents)} incidents ({', '.join(incidents)}): each node's newest "
                        "is used; give the bundles of one incident for one moment of the job")  # fmt: skip
@@ -323,18 +323,15 @@ def _node_names(bundles: list[Bundle]) -> list[str]:
     """Each bundle's node name; nodes that share a host name (several nodes of one job on one machine) are told
     apart by their node rank."""
     hosts = [str(b.manifest.get("node", "unknown")) for b in bundles]
-    return [
-        f"{h}-node{_multinode(b).get('node_rank')}" if hosts.count(h) > 1 and _multinode(b).get("node_rank") is not None
-        else h
-        for h, b in zip(hosts, bundles)
-    ]  # fmt: skip
+    ranks = [b.section("multinode").get("node_rank") for b in bundles]
+    return [f"{h}-node{r}" if hosts.count(h) > 1 and r is not None else h for h, r in zip(hosts, ranks)]
 
 
 def merge(bundles: list[Bundle], skipped: list[str]) -> Bundle:
     # The bundle of the node that saw the incident speaks for it (its trigger and detection), the others add ranks.
     def originated(b: Bundle) -> bool:
-        incident = b.manifest.get("incident")
-        return isinstance(incident, dict) and str(incident.get("origin")) == str(_multinode(b).get("node"))
+        origin = b.section("incident").get("origin")
+        return origin is not None and str(origin) == str(b.section("multinode").get("node"))
 
     primary = next((b for b in bundles if originated(b) and "detection.json" in b.files), None) or next(
         (b for b in bundles if "detection.json" in b.files), bundles[0]
@@ -344,10 +341,9 @@ def merge(bundles: list[Bundle], skipped: list[str]) -> Bundle:
     nodes: list[dict[str, Any]] = []
     rank_nodes: dict[str, str] = {}  # rank -> the node whose bundle holds it
     for b, node in zip(bundles, _node_names(bundles)):
-        incident = b.manifest.get("incident")
         nodes.append({"node": node, "bundle": b.path, "trigger": b.manifest.get("trigger"),
-                      "node_rank": _multinode(b).get("node_rank"),
-                      "incident": incident.get("id") if isinstance(incident, dict) else None})  # fmt: skip
+                      "node_rank": b.section("multinode").get("node_rank"),
+                      "incident": b.section("incident").get("id")})  # fmt: skip
         for name, data in b.files.items():
             if name.startswith(_PER_NODE_PREFIXES):
                 files[name] = data
@@ -366,7 +362,7 @@ def merge(bundles: list[Bundle], skipped: list[str]) -> Bundle:
             files[name] = data
     manifest = dict(primary.manifest)
     job = dict(manifest.get("job") or {})
-    worlds = [b.manifest.get("job", {}).get("world_size") for b in bundles if isinstance(b.manifest.get("job"), dict)]
+    worlds = [b.section("job").get("world_size") for b in bundles]
     job.update(local_ranks=local_ranks, world_size=max((w for w in worlds if isinstance(w, int)), default=0))
     manifest.update(node=", ".join(str(n["node"]) for n in nodes), job=job, nodes=nodes, rank_nodes=rank_nodes)
     return Bundle(" + ".join(b.path for b in bundles), manifest, files, skipped)

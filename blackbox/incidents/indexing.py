@@ -49,9 +49,7 @@ def job_config(bundle: Bundle) -> tuple[Optional[str], Optional[str]]:
 def record(report: Report, bundle: Bundle, path: str, sha256: str) -> dict[str, Any]:
     sig = signature(report)
     m = bundle.manifest
-    job: dict[str, Any] = m["job"] if isinstance(m.get("job"), dict) else {}
-    multinode: dict[str, Any] = m["multinode"] if isinstance(m.get("multinode"), dict) else {}
-    incident: dict[str, Any] = m["incident"] if isinstance(m.get("incident"), dict) else {}
+    job, multinode, incident = bundle.section("job"), bundle.section("multinode"), bundle.section("incident")
     node = bundle.json("node.json")
     git: dict[str, Any] = node["git"] if isinstance(node, dict) and isinstance(node.get("git"), dict) else {}
     config_name, config = job_config(bundle)
@@ -120,8 +118,7 @@ class Indexer:
         except Exception as exc:
             self._fail(f"the incident index `{self.path}` could not be read ({exc})")
             return []
-        m = bundle.manifest
-        current = m["incident"].get("id") if isinstance(m.get("incident"), dict) else None
+        current = bundle.section("incident").get("id")
         keep = ("id", "match", "created", "run_id", "node", "bundle", "category", "phase", "top_frame", "message",
                 "exception_type", "git_commit", "summary")  # fmt: skip
         return [{k: r.get(k) for k in keep} | {"fix": _fix(r.get("fix"))} for r in found
