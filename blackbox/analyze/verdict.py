@@ -84,8 +84,7 @@ def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack]) -> list[
             )  # fmt: skip
         except (KeyError, TypeError, ValueError):
             continue
-    job = bundle.manifest.get("job")
-    for entry in job.get("local_ranks", []) if isinstance(job, dict) else []:
+    for entry in bundle.section("job").get("local_ranks") or []:
         try:
             rank, pid = int(entry["rank"]), int(entry["pid"])
         except (KeyError, TypeError, ValueError):

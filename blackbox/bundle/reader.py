@@ -349,8 +349,7 @@ def merge(bundles: list[Bundle], skipped: list[str]) -> Bundle:
                 files[name] = data
             elif name != MANIFEST_NAME:
                 files[f"nodes/{node}/{name}"] = data
-        job = b.manifest.get("job")
-        for entry in job.get("local_ranks", []) if isinstance(job, dict) else []:
+        for entry in b.section("job").get("local_ranks") or []:
             if isinstance(entry, dict):
                 local_ranks.append({**entry, "node": node})
         for name in b.files:
@@ -361,7 +360,7 @@ def merge(bundles: list[Bundle], skipped: list[str]) -> Bundle:
         if not name.startswith(_PER_NODE_PREFIXES) and name != MANIFEST_NAME:
             files[name] = data
     manifest = dict(primary.manifest)
-    job = dict(manifest.get("job") or {})
+    job = dict(primary.section("job"))
     worlds = [b.section("job").get("world_size") for b in bundles]
     job.update(local_ranks=local_ranks, world_size=max((w for w in worlds if isinstance(w, int)), default=0))
     manifest.update(node=", ".join(str(n["node"]) for n in nodes), job=job, nodes=nodes, rank_nodes=rank_nodes)
