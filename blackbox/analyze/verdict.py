@@ -12,7 +12,7 @@ from ..adapters import cuda_memory, stacks
 from ..adapters import flight_recorder as fr
 from ..adapters.cuda_memory import human
 from ..bundle.reader import Bundle
-from ..supervisor.rules import rank_ranges
+from ..supervisor.rules import CRASH_RULES, rank_ranges
 from .actions import Facts, next_actions
 from .model import Finding, RankRow, Report, Verdict
 from .stackgroups import RankStack, group, rank_stack, signature, waits_in
@@ -568,7 +568,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         confidence = "medium" if suspects and len(suspects) < len(rows) else "low"
         what = "stopped answering" if rule == "frozen" else "stalled"
         summary = f"The job {what}: {reason}." if reason else f"The job {what}."
-    elif trigger in _CONSOLE_CATEGORY or (rule in ("exception", "rank_death", "exit", "console") and comm_timeout):
+    elif trigger in _CONSOLE_CATEGORY or (rule in CRASH_RULES and comm_timeout):
         category = _CONSOLE_CATEGORY.get(trigger, "crash.comm_timeout")
         if category == "crash.comm_timeout":
             # The rank that raised first is the victim: the suspect is the one that never arrived.
@@ -584,7 +584,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         phase = phase_of(suspects[0]) if suspects else None
         summary = _CRASH_SUMMARY[category] + (f"; suspect rank(s) {', '.join(map(str, suspects))}." if suspects
                                               else ".")  # fmt: skip
-    elif rule in ("exception", "rank_death", "exit", "console") or dead or raised:
+    elif rule in CRASH_RULES or dead or raised:
         # Ranks that died without an exception record died of a signal (segfault, SIGKILL); exceptions that only
         # say a peer went away are the consequence, not the cause.
         signal_dead = [r.rank for r in dead if r.state != "exception"]

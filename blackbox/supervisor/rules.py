@@ -19,6 +19,13 @@ AUTO_MIN_STEPS = 5  # before this many steps, `auto` uses the start-up timeout
 PHASE_TIMEOUTS = {"checkpoint": "checkpoint_timeout", "eval": "eval_timeout"}
 LIVE_STATES = ("starting", "running")
 
+HANG_RULES = ("stall", "gpu_idle")  # kind "hang": collected, then (--on-stall kill) the job is ended
+CRASH_RULES = ("exception", "rank_death", "console", "exit")  # kind "crash": what follows is the same episode
+
+
+def incident_kind(rule: str) -> str:
+    return "hang" if rule in HANG_RULES else "crash" if rule in CRASH_RULES else rule
+
 
 @dataclass(frozen=True)
 class RankView:

@@ -34,7 +34,7 @@ from ..heartbeat import HeartbeatState, HeartbeatTable
 from ..redact import redact_argv, redact_text, remember_secrets
 from .gpuwatch import GpuWatch
 from .launch import ConsoleLog, Launched, resize_ptys, spawn
-from .rules import Detection, FatalLines, RankView, Rules
+from .rules import CRASH_RULES, HANG_RULES, Detection, FatalLines, RankView, Rules, incident_kind
 from .setup import (
     INJECT_DIR,
     become_subreaper,
@@ -342,15 +342,21 @@ class Supervisor:
                 continue
             self.say(d.message())
             self._collect(f"console-{kind.replace('_', '-')}", d)
-            self._last_crash = (time.monotonic(), self.bundles[-1] if self.bundles else "")
+
+    def _recent_crash(self) -> Optional[tuple[float, str]]:
+        """(seconds ago, bundle) of a crash collected within the episode window, else None."""
+        if self._last_crash is None or time.monotonic() - self._last_crash[0] > CRASH_WINDOW_S:
+            return None
+        return time.monotonic() - self._last_crash[0], self._last_crash[1]
 
     def _crash_collected_recently(self, d: Detection) -> bool:
         """A crash was just collected: what follows (the launcher tearing the other ranks down, their
         errors) is the same episode. Record it; do not bundle it again."""
-        if self._last_crash is None or time.monotonic() - self._last_crash[0] > CRASH_WINDOW_S:
+        recent = self._recent_crash()
+        if recent is None:
             return False
-        ago = time.monotonic() - self._last_crash[0]
-        self.event("same_episode", rule=d.rule, ranks=list(d.ranks), reason=d.reason, bundle=self._last_crash[1])
+        ago, bundle = recent
+        self.event("same_episode", rule=d.rule, ranks=list(d.ranks), reason=d.reason, bundle=bundle)
         if d.rule != "console":
             self.say(f"{d.message()} (same episode: evidence collected {ago:.0f} s ago)")
         return True
@@ -510,8 +516,7 @@ class Supervisor:
             # stalls, peers' "connection closed" exceptions, deaths — is that ending, not a new incident
             self.event(d.rule, ranks=list(d.ranks), reason=d.reason, expected=True)
             return
-        crash = d.rule in ("exception", "rank_death")
-        if crash and self._crash_collected_recently(d):
+        if d.rule in CRASH_RULES and self._crash_collected_recently(d):
             return
         self.event(d.rule, ranks=list(d.ranks), suspects=list(d.suspects), reason=d.reason,
                    findings=[f.__dict__ for f in d.findings])  # fmt: skip
@@ -519,18 +524,19 @@ class Supervisor:
         for f in d.findings:
             self.say(f"  {f.describe()}: idle {f.idle_s:.0f} s" if d.rule != "rank_death"
                      else f"  {f.describe()}: {f.exit_status or f.state}")  # fmt: skip
-        hang = d.rule in ("stall", "gpu_idle")
+        hang = d.rule in HANG_RULES
         ending = hang and self.cfg.on_stall == "kill"
         self._collect(d.rule.replace("_", "-"), d, job_ends=ending)
-        if crash:
-            self._last_crash = (time.monotonic(), self.bundles[-1] if self.bundles else "")
         if hang:
-            if self.cfg.on_stall == "kill":
-                self.ended_after_stall = True
-                self._end_job(f"stall, --on-stall kill; exit code will be {EXIT_STALL_ENDED}")
+            if ending:
+                self._end_after_stall("stall")
             else:
                 pids = ", ".join(str(f.pid) for f in d.findings if f.rank in d.suspects)
                 self.say(f"leaving the job running (--on-stall keep); inspect it with: py-spy dump --pid {pids}")
+
+    def _end_after_stall(self, what: str) -> None:
+        self.ended_after_stall = True
+        self._end_job(f"{what}, --on-stall kill; exit code will be {EXIT_STALL_ENDED}")
 
     def _collect(
         self, trigger: str, detection: Optional[Detection], job_ends: bool = False,
@@ -546,6 +552,27 @@ class Supervisor:
         if iid in self._incidents:  # joined an incident this node has already collected for
             self.event("same_episode", rule=trigger, incident=iid, bundle=self._incidents[iid])
             return
+        path = self._write_bundle(trigger, detection, job_ends, incident)
+        if incident.get("kind") == "crash":  # what follows within the window is this crash's episode
+            self._last_crash = (time.monotonic(), path or "")
+        if path is None:
+            return
+        self.bundles.append(path)
+        self._incidents[iid] = path
+        self.event("bundle", path=path, trigger=trigger, incident=iid)
+        self.say(f"evidence bundle: {path}")
+        report = self._say_verdict(path)
+        if not own:  # the node that posted the incident raises the alarm, once for the whole job
+            return
+        try:
+            self._alerts.incident(path, report, self.run_id, self.node, trigger)
+        except Exception as exc:
+            self._internal_error("alerts", exc)
+
+    def _write_bundle(
+        self, trigger: str, detection: Optional[Detection], job_ends: bool, incident: dict[str, object]
+    ) -> Optional[str]:
+        """The bundle's path; None when the collection failed (blackbox's own error, said once)."""
         try:
             views = self.read_views() if self.watching else []
             live = [v for v in views if v.alive]
@@ -577,25 +604,14 @@ class Supervisor:
                 locals=self.cfg.pyspy_locals,
                 job_ends=job_ends,
             )
-            path = (
+            return (
                 Collector(job, self._table, self.console, options)
                 .collect(trigger, detection, self.events, os.path.join(self.run_dir, "bundles"))
                 .path
             )
         except Exception as exc:
             self._internal_error("collect", exc)
-            return
-        self.bundles.append(path)
-        self._incidents[iid] = path
-        self.event("bundle", path=path, trigger=trigger, incident=iid)
-        self.say(f"evidence bundle: {path}")
-        report = self._say_verdict(path)
-        if not own:  # the node that posted the incident raises the alarm, once for the whole job
-            return
-        try:
-            self._alerts.incident(path, report, self.run_id, self.node, trigger)
-        except Exception as exc:
-            self._internal_error("alerts", exc)
+            return None
 
     # --- other nodes -----------------------------------------------------------------------------------
     def _start_coordination(self) -> None:
@@ -614,10 +630,8 @@ class Supervisor:
         """Tell every node (each collects its own evidence under the same incident id); or, alone, an id of
         this node's own. (incident, whether this node is the one that posted it)."""
         rule = detection.rule if detection is not None else trigger
-        kind = ("hang" if rule in ("stall", "gpu_idle") else "crash" if rule in ("exception", "rank_death", "console",
-                "exit") else rule)  # fmt: skip
         body: dict[str, object] = {
-            "trigger": trigger, "rule": rule, "kind": kind, "node": self.node,
+            "trigger": trigger, "rule": rule, "kind": incident_kind(rule), "node": self.node,
             "node_rank": self._topology.node_rank if self._topology else None,
             "reason": detection.reason if detection is not None else trigger,
             "suspects": list(detection.suspects) if detection is not None else [],
@@ -654,12 +668,9 @@ class Supervisor:
         if self.launcher_status is not None or self.ending_since is not None:
             self.event("remote_incident", **fields, action="none: this node's job is ending")
             return
-        if (
-            incident.get("kind") == "crash"
-            and self._last_crash is not None
-            and (time.monotonic() - self._last_crash[0] <= CRASH_WINDOW_S)
-        ):
-            self.event("same_episode", rule="remote", incident=iid, bundle=self._last_crash[1])
+        recent = self._recent_crash()
+        if incident.get("kind") == "crash" and recent is not None:
+            self.event("same_episode", rule="remote", incident=iid, bundle=recent[1])
             return
         self.event("remote_incident", **fields, action="collect")
         self.say(f"node {origin} reports an incident ({incident.get('trigger')}: {str(incident.get('reason'))[:200]}); "
@@ -667,11 +678,8 @@ class Supervisor:
         hang = incident.get("kind") == "hang"
         ending = hang and self.cfg.on_stall == "kill"
         self._collect(f"remote-{incident.get('trigger')}", None, job_ends=ending, incident=incident)
-        if incident.get("kind") == "crash":
-            self._last_crash = (time.monotonic(), self.bundles[-1] if self.bundles else "")
         if ending:
-            self.ended_after_stall = True
-            self._end_job(f"node {origin}'s stall, --on-stall kill; exit code will be {EXIT_STALL_ENDED}")
+            self._end_after_stall(f"node {origin}'s stall")
 
     def _say_verdict(self, path: str) -> Optional[Report]:
         """The report's one-screen verdict under the bundle path; a failure here is blackbox's, said once."""
