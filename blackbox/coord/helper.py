@@ -52,7 +52,6 @@ class Helper:
         self.roster: list[str] = []
         self.peers: dict[str, dict[str, Any]] = {}  # hosting node only: node -> {"beat", "changed"}
         self.silent: dict[str, Any] = {}  # the last `silent` read from the store
-        self.down_said = False
 
     # --- the store --------------------------------------------------------------------------------
     def connect(self) -> bool:
@@ -187,56 +186,40 @@ class Helper:
 
     def run(self) -> int:
         threading.Thread(target=self.read_commands, daemon=True).start()
-        while self.store is None:
-            if self.connect():
-                break
-            if self.cfg["hosting"]:
-                return self._drain()  # a store that cannot be served stays unserved: this node goes alone
-            if self._wait(RECONNECT_S):
+        while not self.connect():
+            if self.cfg["hosting"]:  # a store that cannot be served stays unserved: this node goes alone
+                self.serve_commands(None)
+                return 0
+            if self.serve_commands(time.monotonic() + RECONNECT_S):
                 return 0
         while True:
-            deadline = time.monotonic() + self.poll
             try:
                 self.tick()
-                while True:
-                    try:
-                        cmd = self.commands.get(timeout=max(0.0, deadline - time.monotonic()))
-                    except queue.Empty:
-                        break
-                    if cmd is None:
-                        return 0
-                    if cmd.get("op") == "summary":
-                        self.summary = cmd.get("data") or {}
-                    elif cmd.get("op") == "post":
-                        self.post(int(cmd["ref"]), cmd["incident"])
+                if self.serve_commands(time.monotonic() + self.poll):
+                    return 0
             except Exception as exc:  # the hosting node's store is gone (or broken): local from now on
                 emit("failed", reason="lost", message=_first_line(exc), retry=False)
-                return self._drain()
+                self.store = None
+                self.serve_commands(None)
+                return 0
 
-    def _wait(self, seconds: float) -> bool:
-        """Sleep between connection attempts, still taking commands; True when the supervisor has gone."""
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+    def serve_commands(self, deadline: Optional[float]) -> bool:
+        """Take the supervisor's commands until `deadline` (None: until it has gone); True when it has gone.
+        Without a store a post is answered at once, with no incident: the supervisor then goes alone."""
+        while deadline is None or time.monotonic() < deadline:
             try:
-                cmd = self.commands.get(timeout=max(0.0, deadline - time.monotonic()))
+                cmd = self.commands.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 return False
             if cmd is None:
                 return True
-            if cmd.get("op") == "post":
-                emit("posted", ref=cmd["ref"], incident=None, own=True)  # not connected: the supervisor goes alone
-            elif cmd.get("op") == "summary":
+            if cmd.get("op") == "summary":
                 self.summary = cmd.get("data") or {}
-        return False
-
-    def _drain(self) -> int:
-        """No store any more: answer posts (so the supervisor never waits) until the supervisor ends."""
-        while True:
-            cmd = self.commands.get()
-            if cmd is None:
-                return 0
-            if cmd.get("op") == "post":
+            elif cmd.get("op") == "post" and self.store is None:
                 emit("posted", ref=cmd["ref"], incident=None, own=True)
+            elif cmd.get("op") == "post":
+                self.post(int(cmd["ref"]), cmd["incident"])
+        return False
 
 
 def _multi_get(store: Any, keys: list[str]) -> list[bytes]:
@@ -265,7 +248,10 @@ def main() -> int:
         import torch.distributed  # noqa: F401
     except Exception as exc:
         emit("failed", reason="no_torch", message=_first_line(exc), retry=False)
-        return Helper(cfg)._drain()
+        helper = Helper(cfg)
+        threading.Thread(target=helper.read_commands, daemon=True).start()
+        helper.serve_commands(None)
+        return 0
     return Helper(cfg).run()
 
 
