@@ -1,12 +1,11 @@
 """Between bundles and the incident index: the record of a bundle (its report's stable fields, fingerprint,
 config), indexing what `run`, `collect` and `report` see, and the "seen before" list for a report. A broken
 index never stops the caller: `Indexer` says so once through `warn` and goes on. Imports the stdlib, the
-bundle reader, the report model and the index."""
+bundle reader and analysis, the report model, the event log reader and the index."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
@@ -14,6 +13,7 @@ from typing import Any, Callable, Optional
 from ..analyze.model import Report
 from ..bundle.reader import Bundle
 from ..bundle.writer import MANIFEST_NAME
+from ..events import last_event
 from .fingerprint import signature
 from .store import IncidentIndex, IndexUnavailable, default_path
 
@@ -149,14 +149,7 @@ def rerun_outcome(path: str, incident: Mapping[str, Any], index: IncidentIndex) 
     `clean`, `same`, `other` or `unknown` —, the rerun's own incident number when it made one)."""
     run_events = os.path.join(path, "events.jsonl")
     if os.path.isdir(path) and os.path.isfile(run_events) and not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
-        end = None
-        with open(run_events, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if '"event": "end"' in line:
-                    try:
-                        end = json.loads(line)
-                    except ValueError:
-                        continue
+        end = last_event(run_events, "end")
         bundles_dir = os.path.join(path, "bundles")
         has_bundles = os.path.isdir(bundles_dir) and any(n.endswith(".tar.gz") for n in os.listdir(bundles_dir))
         if not has_bundles:
