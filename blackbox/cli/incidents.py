@@ -79,8 +79,7 @@ def list_(category: Optional[str], since: Optional[str], limit: int, fmt: str) -
     index = _open()
     rows = index.incidents(category=category, since=_since(since), limit=limit)
     for row in rows:
-        links = index.links(int(row["id"]))
-        row["fix"] = links[-1] if links else None
+        row["fix"] = index.fix(int(row["id"]))
     if fmt == "json":
         keep = ("id", "created", "run_id", "node", "incident_id", "category", "phase", "suspects", "top_frame",
                 "exception_type", "message", "fingerprint", "bundle", "fix")  # fmt: skip

@@ -1,6 +1,6 @@
 """Where this node stands in a multi-node job: node rank, node count and the coordinator's address, read from
 the torchrun command line blackbox wraps, torchrun's PET_* variables or Slurm's environment, or `--coord`.
-Imports the stdlib and blackbox.errors only."""
+Imports the stdlib, blackbox.errors and the host adapter (this machine's addresses)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
+from ..adapters import host as host_adapter
 from ..errors import BlackboxError
 
 TORCHRUN_MASTER_PORT = 29500  # torchrun's defaults, when the command line names a host but no port
@@ -119,13 +120,7 @@ def is_local_address(host: str) -> bool:
             mine |= {str(info[4][0]) for info in socket.getaddrinfo(name, None)}
         except OSError:
             continue
-    try:
-        import psutil
-
-        for entries in psutil.net_if_addrs().values():
-            mine |= {e.address.split("%")[0] for e in entries}
-    except Exception:
-        pass
+    mine |= set(host_adapter.ip_addresses())
     return bool(wanted & mine)
 
 

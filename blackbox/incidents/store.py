@@ -197,8 +197,7 @@ class IncidentIndex:
                     continue  # one line per incident, not one per node bundle
                 seen_incidents.add(rec["incident_id"])
             rec["match"] = "same" if rec["fingerprint"] == fingerprint else "similar"
-            links = self.links(int(rec["id"]))
-            rec["fix"] = links[-1] if links else None
+            rec["fix"] = self.fix(int(rec["id"]))
             out.append(rec)
         out.sort(key=lambda r: (r["match"] != "same", -int(r["id"])))
         return out[:limit]
@@ -218,6 +217,11 @@ class IncidentIndex:
 
         result: int = self._retry(insert)
         return result
+
+    def fix(self, incident: int) -> Optional[dict[str, Any]]:
+        """The newest link: the fix shown for the incident."""
+        row = self.db.execute("SELECT * FROM links WHERE incident = ? ORDER BY id DESC LIMIT 1", (incident,)).fetchone()
+        return None if row is None else _plain(row)
 
     def links(self, incident: int) -> list[dict[str, Any]]:
         rows = self.db.execute("SELECT * FROM links WHERE incident = ? ORDER BY id", (incident,))
