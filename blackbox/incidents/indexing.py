@@ -1,6 +1,6 @@
 """Between bundles and the incident index: the record of a bundle (its report's stable fields, fingerprint,
 config), indexing what `run`, `collect` and `report` see, and the "seen before" list for a report. A broken
-index never stops the caller: `Indexer` says so once through `warn` and goes on. Imports the stdlib, the
+index never stops the caller: `remember` says so once through `warn` and goes on. Imports the stdlib, the
 bundle reader and analysis, the report model, the event log reader and the index."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ..analyze.model import Report
 from ..bundle.reader import Bundle
 from ..bundle.writer import MANIFEST_NAME
 from ..events import last_event
-from .fingerprint import signature
+from .fingerprint import Signature, signature
 from .store import IncidentIndex, IndexUnavailable, default_path
 
 CONFIG_CAP = 256 * 1024
@@ -46,8 +46,7 @@ def job_config(bundle: Bundle) -> tuple[Optional[str], Optional[str]]:
     return names[0].split("node/config/", 1)[1], bundle.files[names[0]][:CONFIG_CAP].decode("utf-8", "replace")
 
 
-def record(report: Report, bundle: Bundle, path: str, sha256: str) -> dict[str, Any]:
-    sig = signature(report)
+def record(sig: Signature, report: Report, bundle: Bundle, path: str, sha256: str) -> dict[str, Any]:
     m = bundle.manifest
     job, multinode, incident = bundle.section("job"), bundle.section("multinode"), bundle.section("incident")
     node = bundle.json("node.json")
@@ -62,71 +61,6 @@ def record(report: Report, bundle: Bundle, path: str, sha256: str) -> dict[str, 
         "top_frame": sig.top_frame, "fingerprint": sig.fingerprint(), "summary": report.verdict.summary[:1000],
         "config_name": config_name, "config": config,
     }  # fmt: skip
-
-
-class Indexer:
-    """The index as `run`, `collect` and `report` use it: opened on first use, and when it cannot be used,
-    one warning and nothing more."""
-
-    def __init__(self, warn: Callable[[str], None], env: Optional[Mapping[str, str]] = None,
-                 path: Optional[str] = None) -> None:  # fmt: skip
-        self.path = path or default_path(os.environ if env is None else env)
-        self._warn = warn
-        self._index: Optional[IncidentIndex] = None
-        self._broken = False
-
-    def _open(self) -> Optional[IncidentIndex]:
-        if self._index is None and not self._broken:
-            try:
-                self._index = IncidentIndex(self.path)
-            except IndexUnavailable as exc:
-                self._fail(str(exc))
-        return self._index
-
-    def _fail(self, sentence: str) -> None:
-        if not self._broken:
-            self._broken = True
-            self._warn(f"{sentence}; going on without the incident index")
-
-    def index(self, report: Report, bundle: Bundle) -> list[int]:
-        """Index every bundle file behind `bundle` with the report's fields; their incident numbers."""
-        index = self._open()
-        if index is None:
-            return []
-        numbers = []
-        try:
-            for path in bundle_paths(bundle):
-                numbers.append(index.add(record(report, bundle, path, bundle_sha256(path)))[0])
-        except Exception as exc:  # a full disk, a read-only file, a locked database past every retry
-            self._fail(f"the incident index `{self.path}` could not be written ({exc})")
-        return numbers
-
-    def seen_before(self, report: Report, bundle: Bundle) -> list[dict[str, Any]]:
-        """Earlier incidents like this one, for the report's "seen before"."""
-        index = self._open()
-        if index is None:
-            return []
-        try:
-            sig = signature(report)
-            exclude = set()
-            for path in bundle_paths(bundle):
-                try:
-                    exclude.add(bundle_sha256(path))
-                except OSError:
-                    continue
-            found = index.similar(sig.fingerprint(), sig.category, sig.top_frame, exclude)
-        except Exception as exc:
-            self._fail(f"the incident index `{self.path}` could not be read ({exc})")
-            return []
-        current = bundle.section("incident").get("id")
-        keep = ("id", "match", "created", "run_id", "node", "bundle", "category", "phase", "top_frame", "message",
-                "exception_type", "git_commit", "summary")  # fmt: skip
-        return [{k: r.get(k) for k in keep} | {"fix": _fix(r.get("fix"))} for r in found
-                if not current or r.get("incident_id") != current]  # fmt: skip
-
-    def close(self) -> None:
-        if self._index is not None:
-            self._index.close()
 
 
 def _fix(link: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
@@ -160,8 +94,8 @@ def rerun_outcome(path: str, incident: Mapping[str, Any], index: IncidentIndex) 
                 return "clean exit (exit code 0, no incident)", "clean", None
             return f"failed with exit code {code} and no bundle", "other", None
     report, bundle = analyze_path(path)
-    numbers = [index.add(record(report, bundle, p, bundle_sha256(p)))[0] for p in bundle_paths(bundle)]
     sig = signature(report)
+    numbers = [index.add(record(sig, report, bundle, p, bundle_sha256(p)))[0] for p in bundle_paths(bundle)]
     number = numbers[0] if numbers else None
     if sig.fingerprint() == incident.get("fingerprint"):
         return f"the same failure again (incident #{number})", "same", number
@@ -171,11 +105,27 @@ def rerun_outcome(path: str, incident: Mapping[str, Any], index: IncidentIndex) 
 
 def remember(report: Report, bundle: Bundle, warn: Callable[[str], None],
              env: Optional[Mapping[str, str]] = None) -> list[dict[str, Any]]:  # fmt: skip
-    """Index the bundle(s) behind a report; the earlier incidents like it ("seen before")."""
-    indexer = Indexer(warn, env)
+    """Index the bundle file(s) behind a report; the earlier incidents like it ("seen before"), newest first.
+    An index that cannot be used costs one warning through `warn`, and nothing else."""
+    path = default_path(os.environ if env is None else env)
     try:
-        seen = indexer.seen_before(report, bundle)
-        indexer.index(report, bundle)
-        return seen
+        index = IncidentIndex(path)
+    except IndexUnavailable as exc:
+        warn(f"{exc}; going on without the incident index")
+        return []
+    try:
+        sig = signature(report)
+        files = [(p, bundle_sha256(p)) for p in bundle_paths(bundle)]
+        found = index.similar(sig.fingerprint(), sig.category, sig.top_frame, {sha for _, sha in files})
+        for p, sha in files:
+            index.add(record(sig, report, bundle, p, sha))
+    except Exception as exc:  # a full disk, a read-only file, a locked database past every retry
+        warn(f"the incident index `{path}` could not be used ({exc}); going on without the incident index")
+        return []
     finally:
-        indexer.close()
+        index.close()
+    current = bundle.section("incident").get("id")  # other nodes' bundles of this incident are not "before"
+    keep = ("id", "match", "created", "run_id", "node", "bundle", "category", "phase", "top_frame", "message",
+            "exception_type", "git_commit", "summary")  # fmt: skip
+    return [{k: r.get(k) for k in keep} | {"fix": _fix(r.get("fix"))} for r in found
+            if not current or r.get("incident_id") != current]  # fmt: skip
