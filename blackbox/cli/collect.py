@@ -27,7 +27,7 @@ def _out_target(out: Optional[str], record_dir: Optional[str]) -> tuple[str, Opt
     return os.getcwd(), None
 
 
-def _remember(path: str, warn: Callable[[str], None]) -> None:
+def _remember(path: str, say: Callable[[str], None]) -> None:
     """Index the new bundle; say when this failure has been seen before. Never fails the collection."""
     from ..analyze.model import describe_seen
     from ..incidents.indexing import analyze_path, remember
@@ -35,11 +35,10 @@ def _remember(path: str, warn: Callable[[str], None]) -> None:
     try:
         report, bundle = analyze_path(path)
     except Exception as exc:
-        warn(f"the new bundle could not be analysed for the incident index ({exc})")
+        say(f"warning: the new bundle could not be analysed for the incident index ({exc})")
         return
-    for entry in remember(report, bundle, warn)[:3]:
-        warn_line = f"seen before: {describe_seen(entry)}"
-        click.echo(f"blackbox: {warn_line}", err=True)
+    for entry in remember(report, bundle, lambda m: say(f"warning: {m}"))[:3]:
+        say(f"seen before: {describe_seen(entry)}")
 
 
 @click.command()
@@ -132,6 +131,6 @@ def collect(pid: int, out: Optional[str], native: bool, with_locals: bool, dump_
         if step.status != "ok":
             err.print(f"blackbox: {step.name}: {step.status}: {step.detail}", markup=False)
     err.print(f"blackbox: evidence bundle ({result.duration_s:.1f} s): {result.path}", markup=False)
-    _remember(result.path, lambda m: err.print(f"blackbox: warning: {m}", markup=False))
+    _remember(result.path, lambda m: err.print(f"blackbox: {m}", markup=False))
     err.print(f"blackbox: next: blackbox report {result.path}", markup=False)
     return 0
