@@ -1,5 +1,5 @@
-"""The run's event log, `events.jsonl`: one versioned JSON object per line, appended by the supervisor, and
-read back by name. Imports only the stdlib."""
+"""The run's event log, `events.jsonl`: one versioned JSON object per line, appended by the supervisor.
+Imports only the stdlib."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any
 
 EVENTS_VERSION = 1
 
@@ -60,17 +60,3 @@ def read_events(path: str) -> list[dict[str, Any]]:
     except OSError:
         pass
     return out
-
-
-def last_event(path: str, name: str) -> Optional[dict[str, Any]]:
-    """The last record named `name` in an event log (a torn or foreign line is skipped); None if there is none."""
-    found = None
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and record.get("event") == name:
-                found = record
-    return found

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 from ..analyze.model import Report
 from ..bundle.reader import Bundle
 from ..bundle.writer import MANIFEST_NAME
-from ..events import last_event
+from ..events import read_events
 from .fingerprint import Signature, signature
 from .store import IncidentIndex, IndexUnavailable, default_path
 
@@ -83,7 +83,7 @@ def rerun_outcome(path: str, incident: Mapping[str, Any], index: IncidentIndex) 
     `clean`, `same`, `other` or `unknown` —, the rerun's own incident number when it made one)."""
     run_events = os.path.join(path, "events.jsonl")
     if os.path.isdir(path) and os.path.isfile(run_events) and not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
-        end = last_event(run_events, "end")
+        end = next((e for e in reversed(read_events(run_events)) if e.get("event") == "end"), None)
         bundles_dir = os.path.join(path, "bundles")
         has_bundles = os.path.isdir(bundles_dir) and any(n.endswith(".tar.gz") for n in os.listdir(bundles_dir))
         if not has_bundles:
