@@ -114,7 +114,8 @@ def _user_frame(entry: dict[str, Any]) -> Optional[str]:
     return first_user_frame(entry.get("frames"))
 
 
-def _entry(dump: dict[str, Any], group: str, seq: int) -> Optional[dict[str, Any]]:
+def entry(dump: dict[str, Any], group: str, seq: int) -> Optional[dict[str, Any]]:
+    """The entry of collective `seq` of `group` in one rank's dump."""
     for e in reversed(dump.get("entries") or []):
         pg = e.get("process_group") if isinstance(e, dict) else None
         if isinstance(pg, (tuple, list)) and str(pg[0]) == group and e.get("collective_seq_id") == seq:
@@ -139,7 +140,7 @@ def unjoined(dumps: dict[int, dict[str, Any]]) -> list[Unjoined]:
         waiting = sorted(s.rank for s in statuses if s.group == group and s.last_enqueued == seq)
         op, where, name = "collective", None, group
         for rank in waiting:
-            e = _entry(dumps[rank], group, seq)
+            e = entry(dumps[rank], group, seq)
             if e is not None:
                 op = str(e.get("profiling_name") or op).split(":")[-1]
                 where = _user_frame(e)
@@ -180,7 +181,7 @@ def mismatches(dumps: dict[int, dict[str, Any]]) -> list[Mismatch]:
         where: dict[str, str] = {}
         name = group
         for s in members:
-            e = _entry(dumps[s.rank], group, seq)
+            e = entry(dumps[s.rank], group, seq)
             if e is None:
                 continue
             pg = e.get("process_group")

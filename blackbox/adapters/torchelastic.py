@@ -4,6 +4,7 @@ run id, the error file, and how its launcher's command line looks. Imports the s
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import Optional
 
@@ -51,3 +52,16 @@ def error_file(env: Mapping[str, str]) -> Optional[str]:
 def is_launcher(argv: list[str]) -> bool:
     """Whether a command line is torchrun's agent (`torchrun`, `python -m torch.distributed.run`, ...)."""
     return any(os.path.basename(a) in _LAUNCHERS or a in _LAUNCHERS for a in argv[:3])
+
+
+_FAILURE = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)\s*\(pid:\s*(\d+)")
+_FAILED_LINE = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: \d+ \(pid: (\d+)\)")
+
+
+def failures_in_output(text: str) -> dict[int, int]:
+    """What torchrun's agent printed about failed workers: pid -> exit code (negative: killed by that signal).
+    Read from its "failed (exitcode: 3) local_rank: 1 (pid: 4242)" line, printed the moment it sees a worker
+    fail, and from its failure summary ("rank : 1 (local_rank: 1)" / "exitcode : 3 (pid: 4242)")."""
+    out = {int(m.group(2)): int(m.group(1)) for m in _FAILED_LINE.finditer(text)}
+    out.update({int(m.group(3)): int(m.group(2)) for m in _FAILURE.finditer(text)})
+    return out

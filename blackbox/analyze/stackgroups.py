@@ -9,14 +9,9 @@ from typing import Optional
 
 from ..adapters import pyspy, stacks
 from ..bundle.reader import Bundle
-from ..supervisor.rules import rank_ranges
+from ..detections import rank_ranges
+from ..frames import where
 
-# What a frame's file and function say about where a thread waits. Checked innermost first.
-COLLECTIVE_FUNCS = frozenset({
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "reduce_scatter",
-    "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "barrier", "monitored_barrier", "all_to_all",
-    "all_to_all_single", "reduce", "gather", "scatter", "send", "recv", "isend", "irecv", "wait", "batch_isend_irecv",
-})  # fmt: skip
 MAX_FRAMES_SHOWN = 12
 
 
@@ -25,7 +20,7 @@ class RankStack:
     rank: int
     thread: stacks.ThreadStack
     source: str  # the bundle member it was read from
-    waits_in: str  # collective | data | checkpoint | compute
+    waits_in: str  # collective | data | checkpoint | compute | ambiguous (frames.where)
     workers: tuple[tuple[int, stacks.ThreadStack], ...] = ()  # (pid, main thread) of its DataLoader workers
 
 
@@ -47,16 +42,8 @@ def _plural_ranks(ranks: list[int]) -> str:
 
 
 def waits_in(thread: stacks.ThreadStack) -> str:
-    """Where a thread is parked, from its frames (innermost first)."""
-    for f in reversed(thread.frames):
-        path = f.file.replace("\\", "/")
-        if "torch/distributed/checkpoint" in path or path.endswith("torch/serialization.py"):
-            return "checkpoint"
-        if "torch/utils/data" in path:
-            return "data"
-        if f.function in COLLECTIVE_FUNCS and "torch/distributed" in path:
-            return "collective"
-    return "compute"
+    """Where a thread is parked (frames.where): collective, data, checkpoint, compute or ambiguous."""
+    return where(thread).kind
 
 
 def _from_pyspy(bundle: Bundle, name: str, worker: bool = False) -> Optional[stacks.ThreadStack]:

@@ -12,19 +12,13 @@ from ..adapters import cuda_memory, stacks
 from ..adapters import flight_recorder as fr
 from ..adapters.cuda_memory import human
 from ..bundle.reader import Bundle
-from ..supervisor.rules import CRASH_RULES, rank_ranges
+from ..detections import rank_ranges
 from .actions import Facts, next_actions
+from .blame import Blame, Context, blame
 from .model import Finding, RankRow, Report, Verdict
-from .stackgroups import RankStack, group, rank_stack, signature, waits_in
+from .stackgroups import RankStack, group, rank_stack, signature
+from .states import RankState, console_exits, exception_line, exception_records, group_progress, read_state
 
-_HANG_BY_PHASE = {
-    "data": "hang.data_loading",
-    "checkpoint": "hang.checkpoint_io",
-    "collective": "hang.collective",
-    "compute": "hang.compute",
-    "eval": "hang.compute",
-    "startup": "hang.unknown",
-}
 CONSOLE_LINES = 15
 
 
@@ -123,51 +117,13 @@ def _rank_ids(bundle: Bundle) -> list[int]:
 
 def _exceptions(bundle: Bundle, ranks: list[int]) -> list[dict[str, Any]]:
     """Uncaught main-thread exceptions of every rank, earliest first (the recorder's exceptions.jsonl)."""
-    out = []
-    for rank in ranks:
-        for line in bundle.text(f"ranks/{rank}/exceptions.jsonl").splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            main = isinstance(rec, dict) and rec.get("thread") == "MainThread"
-            if main and isinstance(rec.get("time"), (int, float)):
-                out.append({**rec, "rank": rank})
-    return sorted(out, key=lambda r: r["time"])
+    return sorted((e for rank in ranks for e in exception_records(bundle, rank)), key=lambda r: float(r["time"]))
 
 
-_COMM_TIMEOUT = ("Timed out waiting", "Watchdog caught collective operation timeout", "DistBackendError",
-                 "timed out", "Timeout")  # fmt: skip
-_PEER_LOSS = re.compile(
-    r"Connection (?:closed|reset) by peer|Broken pipe|remote process exit|"
-    r"communicator was aborted|aborted|Socket closed",
-    re.IGNORECASE,
-)
-_CUDA_ERROR = re.compile(
-    r"CUDA error|CUBLAS_STATUS|cuDNN error|NCCL error|illegal memory access|"
-    r"device-side assert",
-    re.IGNORECASE,
-)
 _CONSOLE_CATEGORY = {
     "console-comm-timeout": "crash.comm_timeout", "console-oom": "crash.oom", "console-cuda-error": "crash.cuda_error",
     "console-segfault": "crash.signal",
 }  # fmt: skip
-
-
-_CRASH_SUMMARY = {
-    "crash.comm_timeout": "A collective timed out", "crash.oom": "A rank ran out of memory",
-    "crash.cuda_error": "A CUDA or NCCL error", "crash.signal": "A rank crashed with a fatal signal",
-}  # fmt: skip
-
-
-def _exception_line(exc: dict[str, Any]) -> str:
-    """`Type: message` in one line. An exception re-raised from a DataLoader worker carries the worker's whole
-    traceback in its message: its last line is the one that says what went wrong."""
-    message = str(exc.get("message", ""))
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    if "Original Traceback" in message and lines:
-        return lines[-1][:300]
-    return f"{str(exc.get('type')).rsplit('.', 1)[-1]}: {lines[0] if lines else ''}"[:300]
 
 
 def _exception_record(exc: dict[str, Any]) -> dict[str, Any]:
@@ -175,38 +131,8 @@ def _exception_record(exc: dict[str, Any]) -> dict[str, Any]:
     frames = [stacks.Frame(str(f.get("file", "?")), int(f.get("line") or 0), str(f.get("function", "?")))
               for f in tb if isinstance(f, dict)]  # fmt: skip
     user = [f for f in frames if not f.is_library] or frames
-    return {"rank": exc.get("rank"), "type": str(exc.get("type")), "message": _exception_line(exc),
+    return {"rank": exc.get("rank"), "type": str(exc.get("type")), "message": exception_line(exc),
             "frame": user[-1].describe() if user else None}  # fmt: skip
-
-
-def _exception_phase(exc: dict[str, Any]) -> Optional[str]:
-    """Where the exception came from, read from its traceback the way a stack is read (waits_in): data,
-    checkpoint or a collective; None for plain compute."""
-    tb = exc.get("traceback")
-    frames = tuple(stacks.Frame(str(f.get("file", "")), int(f.get("line") or 0), str(f.get("function", "")))
-                   for f in (tb if isinstance(tb, list) else []) if isinstance(f, dict))  # fmt: skip
-    where = waits_in(stacks.ThreadStack("exception", None, False, frames))
-    return None if where == "compute" else where
-
-
-def _raised_in_collective(exc: dict[str, Any]) -> bool:
-    """The exception came out of a collective: the rank was waiting in it, a victim."""
-    return _exception_phase(exc) == "collective"
-
-
-def _not_in_collective(
-    rows: list[RankRow], rank_stacks: dict[int, RankStack], raised: Optional[list[dict[str, Any]]] = None
-) -> list[int]:
-    """Ranks that are not waiting in a collective (by heartbeat phase, stack, or an exception raised from one)
-    while others are."""
-    victims = {e["rank"] for e in raised or [] if _raised_in_collective(e)}
-    waiting: list[int] = []
-    elsewhere: list[int] = []
-    for r in rows:
-        rs = rank_stacks.get(r.rank)
-        in_coll = r.phase == "collective" or (rs is not None and rs.waits_in == "collective") or r.rank in victims
-        (waiting if in_coll else elsewhere).append(r.rank)
-    return elsewhere if waiting and elsewhere else []
 
 
 def flight_recorder_dumps(bundle: Bundle) -> tuple[dict[int, dict[str, Any]], list[str]]:
@@ -227,7 +153,7 @@ def flight_recorder_dumps(bundle: Bundle) -> tuple[dict[int, dict[str, Any]], li
 
 def _collective_findings(
     bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]]
-) -> tuple[list[fr.Unjoined], list[fr.Mismatch], list[Finding]]:
+) -> tuple[dict[int, dict[str, Any]], list[fr.Unjoined], list[fr.Mismatch], list[Finding]]:
     dumps, errors = flight_recorder_dumps(bundle)
     findings = [Finding("observed", f"a flight-recorder trace could not be read: {e}", "flight_recorder/")
                 for e in errors]  # fmt: skip
@@ -253,7 +179,7 @@ def _collective_findings(
             findings.append(Finding("observed", f"PyTorch's flight-recorder analyzer: missing ranks {missing}", source))
         elif output is None or how != "PyTorch's analyzer ran":
             findings.append(Finding("observed", how, "flight_recorder/"))
-    return unjoined, mismatched, findings
+    return dumps, unjoined, mismatched, findings
 
 
 def _memory_findings(bundle: Bundle, ranks: list[int], findings: list[Finding], facts: Facts) -> list[int]:
@@ -472,9 +398,57 @@ def _node_findings(bundle: Bundle) -> list[Finding]:
     return out
 
 
+def _rank_states(
+    bundle: Bundle, rank_stacks: dict[int, RankStack], rows: list[RankRow], dumps: dict[int, dict[str, Any]]
+) -> list[RankState]:
+    """Every rank's state from every source (analyze.states), in rank order."""
+    progress = group_progress(dumps)
+    exits = console_exits(bundle)
+    ages: dict[int, float] = {}
+    for row in rows:
+        hb = bundle.json(f"ranks/{row.rank}/heartbeat.json")
+        age = hb.get("liveness_age_s") if isinstance(hb, dict) and hb.get("alive") else None
+        if isinstance(age, (int, float)):
+            ages[row.rank] = float(age)
+    nodes = {row.rank: row.node for row in rows}
+    node = str(bundle.manifest.get("node", "unknown"))
+    out = []
+    for rank in sorted(set(nodes) | set(bundle.ranks())):
+        peers = [a for r, a in ages.items() if r != rank]
+        out.append(read_state(bundle, rank, nodes.get(rank, node), rank_stacks.get(rank), dumps.get(rank), progress,
+                              peers, exits))  # fmt: skip
+    return out
+
+
+def _progressing(rows: list[RankRow]) -> Optional[bool]:
+    """On request: whether the heartbeats show the job stepping (None: no heartbeats to tell)."""
+    idles = [r.idle_s for r in rows if r.idle_s is not None and r.alive]
+    if not idles:
+        return None
+    step_s = max([r.last_step_s for r in rows if r.last_step_s] or [0.0])
+    return max(idles) < max(30.0, 5 * step_s)
+
+
+def _state_findings(states: list[RankState], suspects: list[int]) -> list[Finding]:
+    """Each suspect's state with the sources that say so, and every rank whose sources disagree."""
+    out = []
+    for s in states:
+        if s.rank in suspects:
+            sources = sorted({f.source for f in s.facts if f.says in (s.where, "waiting" if s.kind == "waiting"
+                                                                      else s.where)})  # fmt: skip
+            out.append(Finding("observed", f"rank {s.rank}'s state: {s.kind} ({s.where}) — {s.detail}"
+                               + (f"; {len(sources)} source(s) agree" if sources else ""),
+                               ", ".join(sources) or None))  # fmt: skip
+        if s.conflicts:
+            out.append(Finding("observed", f"rank {s.rank}: the sources disagree — classed {s.kind} ({s.where}) from "
+                               f"{s.detail}; but " + "; ".join(s.conflicts[:3]), "per-rank sources"))  # fmt: skip
+    return out
+
+
 def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None) -> Report:
     """`torch_fr`: PyTorch's own analyzer's output and how it went, when the caller ran it
-    (adapters.flight_recorder.torch_analyzer); the analysis itself stays pure."""
+    (adapters.flight_recorder.torch_analyzer); the analysis itself stays pure. The steps: evidence readers →
+    per-rank state (analyze.states) → blame, category and summary (analyze.blame) → findings and next actions."""
     m = bundle.manifest
     node = str(m.get("node", "unknown"))
     trigger = str(m.get("trigger", "unknown"))
@@ -488,13 +462,14 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     if trigger.startswith("remote-"):  # collected because another node posted an incident: judged by its rule
         trigger = trigger[len("remote-") :]
         if not detection and incident:
-            detection = {"rule": incident.get("rule"), "suspects": incident.get("suspects"),
+            detection = {"rule": incident.get("rule"), "ranks": incident.get("ranks"),
                          "reason": f"node {incident.get('origin')} reported: {incident.get('reason')}"}  # fmt: skip
     rule = str(detection.get("rule") or trigger.replace("-", "_"))
-    suspects = _int_list(detection.get("suspects"))
+    if rule in ("signal", "collect", "sigusr1"):
+        rule = "manual"
     reason = str(detection.get("reason", ""))
     findings: list[Finding] = []
-    for row in rows:  # each rank's own facts are summarised once the suspects are known (_rank_summary)
+    for row in rows:
         rs = rank_stacks.get(row.rank)
         for pid, worker in rs.workers if rs is not None else ():
             top = worker.top_user_frame()
@@ -503,7 +478,8 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
                 findings.append(Finding("observed", text, f"ranks/{row.rank}/py-spy-worker-{pid}.json"))
     job = bundle.section("job")
     world = job.get("world_size")
-    if isinstance(world, int) and 0 < len(rows) < world:
+    absent: list[int] = []
+    if isinstance(world, int) and 0 < len(rows) < world <= len(rows) + 100_000:
         absent = [r for r in range(world) if r not in by_rank]
         findings.append(Finding("observed", f"{_plural_ranks(absent)} of {world} are in none of the bundles given: "
                                 "their node's bundle is missing (give every node's bundle to merge them)",
@@ -511,7 +487,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     findings.extend(_node_findings(bundle))
     raised = _exceptions(bundle, list(by_rank) or _rank_ids(bundle))
     for exc in raised[:3]:
-        text = f"rank {exc['rank']} raised {_exception_line(exc)}"
+        text = f"rank {exc['rank']} raised {exception_line(exc)}"
         findings.append(Finding("observed", text, f"ranks/{exc['rank']}/exceptions.jsonl"))
 
     facts = Facts(node, by_rank)
@@ -533,131 +509,33 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         if rs.waits_in == "checkpoint":
             top = rs.thread.top_user_frame()
             facts.checkpoint_frame = top.describe() if top else None
-    unjoined, mismatched, fr_findings = _collective_findings(bundle, torch_fr)
+    dumps, unjoined, mismatched, fr_findings = _collective_findings(bundle, torch_fr)
     findings.extend(fr_findings)
-    never_joined = sorted({r for u in unjoined for r in u.missing})
-
-    def phase_of(rank: int) -> Optional[str]:
-        row = by_rank.get(rank)
-        if row is None:
-            return None
-        rs = rank_stacks.get(rank)
-        if row.phase in ("compute", "unknown", "startup") and rs is not None and rs.waits_in != "compute":
-            return rs.waits_in  # the stack knows better (a C++-side wait, a worker's queue)
-        return row.phase
-
-    dead = [r for r in rows if not r.alive and r.state not in ("exited",)]
-    confidence = "low"
-    first = raised[0] if raised else None
-    comm_timeout = first is not None and any(t in f"{first.get('type')} {first.get('message')}" for t in _COMM_TIMEOUT)
     _gpu_findings(bundle, findings)
-    if rule in ("stall", "frozen", "gpu_idle"):
-        suspects = suspects or never_joined
-        elsewhere = _not_in_collective(rows, rank_stacks)
-        if suspects and elsewhere and not set(suspects) & set(elsewhere):
-            text = (
-                f"the supervisor named rank(s) {', '.join(map(str, suspects))}, which wait in a collective: "
-                f"the rank(s) not in it, {', '.join(map(str, elsewhere))}, are the cause"
-            )
-            findings.append(Finding("inferred", text, "heartbeats and stacks"))
-            suspects = elsewhere
-        phase = phase_of(suspects[0]) if suspects else None
-        category = (
-            "crash.signal" if any(r.rank in suspects for r in dead) else _HANG_BY_PHASE.get(phase or "", "hang.unknown")
-        )
-        confidence = "medium" if suspects and len(suspects) < len(rows) else "low"
-        what = "stopped answering" if rule == "frozen" else "stalled"
-        summary = f"The job {what}: {reason}." if reason else f"The job {what}."
-    elif trigger in _CONSOLE_CATEGORY or (rule in CRASH_RULES and comm_timeout):
-        category = _CONSOLE_CATEGORY.get(trigger, "crash.comm_timeout")
-        if category == "crash.comm_timeout":
-            # The rank that raised first is the victim: the suspect is the one that never arrived.
-            suspects = _not_in_collective(rows, rank_stacks, raised) or suspects
-            confidence = "medium" if suspects else "low"
-            if never_joined and set(never_joined) != set(suspects):
-                suspects = suspects or never_joined
-        elif category == "crash.oom" and oom_ranks:
-            suspects, confidence = sorted(oom_ranks), "high"
-        elif first is not None:
-            suspects = [first["rank"]]
-            confidence = "medium"
-        phase = phase_of(suspects[0]) if suspects else None
-        summary = _CRASH_SUMMARY[category] + (f"; suspect rank(s) {', '.join(map(str, suspects))}." if suspects
-                                              else ".")  # fmt: skip
-    elif rule in CRASH_RULES or dead or raised:
-        # Ranks that died without an exception record died of a signal (segfault, SIGKILL); exceptions that only
-        # say a peer went away are the consequence, not the cause.
-        signal_dead = [r.rank for r in dead if r.state != "exception"]
-        causes = [e for e in raised if not _PEER_LOSS.search(str(e.get("message", "")))]
-        if signal_dead and not causes:
-            first = None
-        elif causes:
-            first = causes[0]
-        if first is None and signal_dead:
-            category, suspects, confidence = "crash.signal", signal_dead, "medium"
-            fatal = [r for r in signal_dead if f"ranks/{r}/fatal.txt" in bundle.files]
-            how = "a fatal signal (faulthandler's fatal.txt)" if fatal else "a signal (no exception, no exit)"
-            summary = f"Rank(s) {', '.join(map(str, signal_dead))} died of {how}; the others lost their peer."
-            for r in fatal:
-                head = bundle.text(f"ranks/{r}/fatal.txt").strip().splitlines()[:1]
-                findings.append(Finding("observed", f"rank {r}: {head[0] if head else 'fatal signal'}",
-                                        f"ranks/{r}/fatal.txt"))  # fmt: skip
-        elif first is not None:
-            oom = "OutOfMemoryError" in str(first.get("type")) or "out of memory" in str(first.get("message"))
-            cuda = bool(_CUDA_ERROR.search(str(first.get("message"))))
-            category = "crash.oom" if oom else "crash.cuda_error" if cuda else "crash.exception"
-            suspects = [first["rank"]]
-            confidence = "high" if rule == "exception" or len(raised) == 1 else "medium"
-            summary = f"Rank {first['rank']} raised {_exception_line(first)} first."
-        else:
-            category = "crash.signal"
-            suspects = suspects or [r.rank for r in dead]
-            confidence = "medium" if suspects else "low"
-            summary = f"Rank(s) {', '.join(map(str, suspects)) or '?'} ended abnormally" + (
-                f": {reason}." if reason else ".")  # fmt: skip
-        phase = phase_of(suspects[0]) if suspects else None
-        if first is not None and suspects == [first["rank"]]:
-            phase = _exception_phase(first) or phase
-    else:
-        # Collected on request: no rule fired. The stacks say who holds the others up, if anyone does.
-        elsewhere = _not_in_collective(rows, rank_stacks)
-        idles = [r.idle_s for r in rows if r.idle_s is not None]
-        step_s = max([r.last_step_s for r in rows if r.last_step_s] or [0.0])
-        progressing = bool(idles) and max(idles) < max(30.0, 5 * step_s)
-        if progressing:
-            # Not a hang: the job steps. The ranks the others wait for are the slowest: a straggler.
-            slow = elsewhere or never_joined
-            suspects, phase, category, confidence = slow, phase_of(slow[0]) if slow else None, "ok", "low"
-            summary = (f"Collected on request ({trigger}): the job is progressing (last step {max(idles):.0f} s ago, "
-                       f"steps take {step_s:.2f} s)") + (
-                f"; rank(s) {', '.join(map(str, slow))} are the slowest: the others wait for them in a collective."
-                if slow else ".")  # fmt: skip
-            if slow:
-                text = (f"rank(s) {', '.join(map(str, slow))} are the slowest: the ones the others wait for in a "
-                        "collective while the job progresses")  # fmt: skip
-                findings.append(Finding("inferred", text, "stack groups, flight recorder"))
-        elif elsewhere:
-            suspects = elsewhere
-            phase = phase_of(elsewhere[0])
-            category = _HANG_BY_PHASE.get(phase or "", "hang.unknown")
-            waiting = [r.rank for r in rows if r.rank not in elsewhere]
-            summary = (f"Collected on request ({trigger}): rank(s) {', '.join(map(str, waiting))} wait in a collective "
-                       f"while rank(s) {', '.join(map(str, elsewhere))} are elsewhere ({phase}); if the job is stuck, "
-                       "they are holding it up.")  # fmt: skip
-            findings.append(Finding("inferred", f"rank(s) {', '.join(map(str, elsewhere))} hold the others up: "
-                                    "they are the only ones not waiting in a collective", "stack groups"))  # fmt: skip
-        elif never_joined:
-            suspects, phase, category = never_joined, phase_of(never_joined[0]), "hang.collective"
-            summary = (f"Collected on request ({trigger}): rank(s) {', '.join(map(str, never_joined))} never entered "
-                       "a collective the others wait in (flight recorder).")  # fmt: skip
-        else:
-            category, phase = "ok", None
-            summary = f"Collected on request ({trigger}); no rule had fired and no rank stands out."
-    if category == "crash.signal" and facts.kernel_oom:
-        category = "crash.host_oom"
-        summary += " The kernel's OOM killer was active on this node."
-    if oom_ranks and category in ("crash.exception", "crash.signal"):
-        category = "crash.oom"
+
+    # per-rank state from every source, then one blame
+    states = _rank_states(bundle, rank_stacks, rows, dumps)
+    odd: list[int] = []
+    for mm in mismatched[:1]:
+        smallest = min(len(r) for r in mm.calls.values())
+        odd = sorted(x for r in mm.calls.values() if len(r) == smallest for x in r)
+    ctx = Context(
+        rule=rule, console=_CONSOLE_CATEGORY.get(trigger), missing=sorted({r for u in unjoined for r in u.missing}),
+        mismatch_odd=odd, oom_ranks=oom_ranks, kernel_oom=facts.kernel_oom,
+        progressing=_progressing(rows) if rule == "manual" else None, absent=absent,
+    )  # fmt: skip
+    b = blame(states, ctx)
+    suspects, category, phase = b.suspects, b.category, b.phase
+    summary = _summary(b, rule, trigger, reason)
+    if rule in ("stall", "frozen", "gpu_idle") and detection.get("suspects"):
+        named = _int_list(detection.get("suspects"))
+        if named and set(named) != set(suspects):
+            findings.append(Finding("inferred", f"the live rule named {_plural_ranks(named)}; the evidence in the "
+                                    f"bundle points at {_plural_ranks(suspects) if suspects else 'no rank'}",
+                                    "detection.json"))  # fmt: skip
+    findings.extend(Finding("inferred", text, "per-rank states (analyze.states)") for text in b.inferred)
+    findings = _state_findings(states, suspects) + findings
+    first = b.first_exception if isinstance(b.first_exception, dict) else (raised[0] if raised else None)
     if unjoined:
         u = unjoined[0]
         facts.missing_collective = f"{u.op} #{u.seq} (group {u.group_name})"
@@ -671,30 +549,22 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
             )
             + f" (collective #{mm.seq}, group {mm.group_name})"
         )
-        if category.startswith("hang."):
-            category = "hang.collective"
-            smallest = min(len(r) for r in mm.calls.values())
-            odd = sorted(x for r in mm.calls.values() if len(r) == smallest for x in r)
-            if len(odd) < sum(len(r) for r in mm.calls.values()):
-                suspects = odd
-            if "mismatch" not in summary:
-                summary += " The ranks are in different collectives: a collective mismatch."
     if first is not None:
         tb = first.get("traceback") if isinstance(first.get("traceback"), list) else []
         at = f" at {tb[-1].get('file', '?').rsplit('/', 1)[-1]}:{tb[-1].get('line')}" if tb and isinstance(
             tb[-1], dict) else ""  # fmt: skip
-        facts.exception = _exception_line(first) + at
-        path = re.search(r"'(/[^']+)'", _exception_line(first))
+        facts.exception = exception_line(first) + at
+        path = re.search(r"'(/[^']+)'", exception_line(first))
         facts.exception_path = path.group(1) if path else None
     if reason and detection.get("rule") == "console":
         findings.append(Finding("observed", f"trigger: {reason}", "detection.json, console-tail.log"))
     elif reason:
-        findings.append(Finding("inferred", f"suspects: {reason}", "detection.json: the supervisor's blame rule"))
+        findings.append(Finding("observed", f"trigger: {reason}", "detection.json"))
     findings = _rank_summary(rows, rank_stacks, suspects) + findings
     # the suspects' facts first: they are the ones a reader needs
     findings.sort(key=lambda f: not any(f.text.startswith(f"rank {r} ") or f.text.startswith(f"rank {r}'")
                                         for r in suspects))  # fmt: skip
-    verdict = Verdict(category, phase, suspects, confidence, summary)
+    verdict = Verdict(category, phase, suspects, b.confidence, summary)
     console = bundle.text("console-tail.log")
     _, marker, body = console.partition("\n# ---\n")  # after console.log's header, when the tail still has it
     tail = [line for line in (body if marker else console).splitlines() if line.strip()][-CONSOLE_LINES:]
@@ -710,3 +580,16 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
                        "odd": g.odd, "sources": g.sources, "describe": g.describe(),
                        "workers": _workers(g.ranks, rank_stacks)} for g in groups],
     )  # fmt: skip
+
+
+def _summary(b: Blame, rule: str, trigger: str, reason: str) -> str:
+    """The verdict's sentence: how the bundle came to be, then the blame's own words."""
+    text = b.summary.rstrip(".")
+    text = text[:1].upper() + text[1:]
+    if rule == "manual":
+        return f"Collected on request ({trigger}): {text[:1].lower() + text[1:]}."
+    if rule in ("stall", "gpu_idle"):
+        return f"The job stalled: {text[:1].lower() + text[1:]}."
+    if rule == "frozen":
+        return f"The job stopped answering: {text[:1].lower() + text[1:]}."
+    return text + "."

@@ -67,7 +67,7 @@ def test_odd_rank_out_is_the_suspect_of_a_manual_collection(tmp_path: Path) -> N
     assert "… 1 library frame(s) …" in second["frames"]
     rows = {r.rank: r for r in report.ranks}
     assert rows[3].top_frame == "__getitem__ (data.py:31)" and rows[3].step is None
-    assert any(f.kind == "inferred" and "hold the others up" in f.text for f in report.findings)
+    assert any(f.kind == "inferred" and "holds the others up" in f.text for f in report.findings)
 
 
 def test_first_exception_is_the_cause_of_a_crash(tmp_path: Path) -> None:

@@ -1,0 +1,84 @@
+"""The words both sides of blackbox use about an incident: a detection and its per-rank findings, the rule kinds
+(hang or crash), and rank ranges ("0-2, 5"). Neither the supervisor's nor the report's: the supervisor writes a
+detection, the collector records it, the analysis reads it. Imports the stdlib only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Optional
+
+HANG_RULES = ("stall", "gpu_idle")  # kind "hang": collected, then (--on-stall kill) the job is ended
+CRASH_RULES = ("exception", "rank_death", "console", "exit")  # kind "crash": what follows is the same episode
+
+
+def incident_kind(rule: str) -> str:
+    return "hang" if rule in HANG_RULES else "crash" if rule in CRASH_RULES else rule
+
+
+@dataclass(frozen=True)
+class RankFinding:
+    rank: int
+    pid: int
+    step: int
+    phase: str
+    collective: str
+    idle_s: float  # seconds since last progress (stall) or since the last liveness bump (frozen)
+    timeout_s: float
+    timeout_rule: str  # which timeout applied: startup, first_batch, stall, auto, checkpoint, eval, frozen
+    state: str
+    exit_status: Optional[str] = None
+
+    def describe(self) -> str:
+        where = self.phase
+        if self.phase == "collective" and self.collective != "none":
+            where = f"collective {self.collective}"
+        return f"rank {self.rank} (pid {self.pid}, step {self.step}, {where})"
+
+
+@dataclass(frozen=True)
+class Detection:
+    """What a rule saw: the ranks it fired on and why. Which ranks *cause* the incident is not the rule's to
+    say: that is the analysis's blame (blackbox.analyze.blame), made on the bundle's evidence."""
+
+    rule: str  # stall | frozen | exception | rank_death | console | gpu_idle
+    ranks: tuple[int, ...]
+    reason: str  # what the rule saw, one sentence
+    findings: tuple[RankFinding, ...]
+
+    def message(self) -> str:
+        ranks = rank_ranges(self.ranks)
+        if self.rule == "stall":
+            f = self.findings[0] if self.findings else None
+            head = f"stall: {plural_ranks(self.ranks)} made no progress" + (
+                f" for {f.idle_s:.0f} s ({f.timeout_rule} timeout {f.timeout_s:g} s)" if f else "")  # fmt: skip
+            return f"{head}; {self.reason}" if self.reason else head
+        if self.rule == "exception":
+            return f"exception: {self.reason}"
+        if self.rule == "gpu_idle":
+            return f"GPU idle: {self.reason}"
+        if self.rule == "console":
+            return f"fatal output: {self.reason}; collecting before the launcher tears the ranks down"
+        if self.rule == "frozen":
+            return f"frozen: {plural_ranks(self.ranks)} stopped answering (liveness thread silent); {self.reason}"
+        return f"rank death: {'rank' if len(self.ranks) == 1 else 'ranks'} {ranks} exited without finishing; " + (
+            self.reason)  # fmt: skip
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """(0, 1, 2, 5) -> '0-2, 5'."""
+    parts: list[str] = []
+    items = sorted(ranks)
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        parts.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def plural_ranks(ranks: Sequence[int]) -> str:
+    """'rank 3' / 'ranks 0-2, 5'."""
+    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
