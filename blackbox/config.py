@@ -117,6 +117,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "once 5 steps are done."),
     Option("startup_timeout", _seconds, 1800.0, "a number of seconds",
            "Stall timeout before a rank's first step (with `auto`: before its 5th): start-up, data, compilation."),
+    Option("first_batch_timeout", _seconds, 300.0, "a number of seconds",
+           "Before its first step, a rank parked in `data` or `checkpoint` while another rank has already taken a "
+           "batch is judged by this timeout, not the start-up one: its peers already wait for it."),
     Option("checkpoint_timeout", _seconds, 1800.0, "a number of seconds",
            "Stall timeout while a rank is in the `checkpoint` phase."),
     Option("eval_timeout", _seconds, 1800.0, "a number of seconds",
@@ -167,6 +170,7 @@ class RunConfig:
     run_dir: Optional[str]
     stall_timeout: Union[float, str]
     startup_timeout: float
+    first_batch_timeout: float
     checkpoint_timeout: float
     eval_timeout: float
     frozen_timeout: float

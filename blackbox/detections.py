@@ -45,6 +45,7 @@ class Detection:
     ranks: tuple[int, ...]
     reason: str  # what the rule saw, one sentence
     findings: tuple[RankFinding, ...]
+    same_episode: bool = False  # part of an incident already reported (a stall's waiting ranks, a moment later)
 
     def message(self) -> str:
         ranks = rank_ranges(self.ranks)

@@ -202,10 +202,13 @@ def _hang(states: list[RankState], ctx: Context) -> Blame:
             summary = f"{plural_ranks(ids)} are all in {chosen[0].where}" + (
                 "" if everyone else " while the others are elsewhere or unknown")  # fmt: skip
         if unknown:
-            inferred.append(f"{plural_ranks(sorted(s.rank for s in unknown))}: no source settles where "
-                            f"{'it is' if len(unknown) == 1 else 'they are'} (a C call, perhaps a collective wait)")
-        confidence = "low" if everyone and len(states) > 1 else _confidence(chosen, [s for s in states
-                                                                                       if s not in chosen])
+            inferred.append(
+                f"{plural_ranks(sorted(s.rank for s in unknown))}: no source settles where "
+                f"{'it is' if len(unknown) == 1 else 'they are'} (a C call, perhaps a collective wait)"
+            )
+        confidence = (
+            "low" if everyone and len(states) > 1 else _confidence(chosen, [s for s in states if s not in chosen])
+        )
         return Blame(ids, category_of(chosen[0]), chosen[0].phase, confidence, summary, inferred)
     ids = sorted(s.rank for s in unknown)
     return Blame(ids, "hang.unknown", None, "low", "no rank's state could be settled from the evidence", inferred)

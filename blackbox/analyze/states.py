@@ -169,8 +169,14 @@ def _fr_facts(rank: int, dump: Optional[dict[str, Any]], progress: GroupProgress
 
 
 def read_state(
-    bundle: Bundle, rank: int, node: str, rs: Optional[RankStack], fr_dump: Optional[dict[str, Any]],
-    progress: GroupProgress, peer_liveness: list[float], exits: dict[int, int],
+    bundle: Bundle,
+    rank: int,
+    node: str,
+    rs: Optional[RankStack],
+    fr_dump: Optional[dict[str, Any]],
+    progress: GroupProgress,
+    peer_liveness: list[float],
+    exits: dict[int, int],
 ) -> RankState:
     """Every source's facts about one rank, then its classification (classify)."""
     hb_raw = bundle.json(f"ranks/{rank}/heartbeat.json")
@@ -295,7 +301,8 @@ def classify(rank: int, node: str, pid: Optional[int], facts: list[Fact], phase:
         st = RankState(rank, node, pid, kind, where_, decided.text, ph, step, facts=facts)
         for f in facts:
             contradicts = (kind == "waiting" and f.says in ("data", "checkpoint", "compute", "eval", "behind")) or (
-                kind == "elsewhere" and f.says == "waiting" and where_ not in _FINAL)
+                kind == "elsewhere" and f.says == "waiting" and where_ not in _FINAL
+            )
             if contradicts and f.source != decided.source:
                 st.conflicts.append(f"{f.source} says {f.text}")
         return st
@@ -322,8 +329,9 @@ def classify(rank: int, node: str, pid: Optional[int], facts: list[Fact], phase:
     if stack is not None and stack.says == "compute":
         if gil is not None:
             return make("elsewhere", "gil", gil, "compute")
-        hb_phase = next((f for f in facts if f.source.endswith("heartbeat.json") and f.says in ("data", "checkpoint",
-                                                                                                 "eval")), None)
+        hb_phase = next(
+            (f for f in facts if f.source.endswith("heartbeat.json") and f.says in ("data", "checkpoint", "eval")), None
+        )
         return make("elsewhere", "compute", stack, hb_phase.says if hb_phase and hb_phase.says == "eval" else "compute")
     # no decisive stack (none, or a C call that may be a collective wait): the flight recorder, then the heartbeat
     fr_wait = next((f for f in facts if f.says == "waiting" and f.source.startswith("flight_recorder")), None)

@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 from .._recorder import protocol as P
-from ..adapters import gpu, host, procfs, pyspy, torchelastic
+from ..adapters import gpu, host, procfs, pyspy, stacks, torchelastic
 from ..bundle.writer import BundleWriter, Step
+from ..detections import Detection
 from ..events import EventLog
+from ..frames import where
 from ..heartbeat import HeartbeatState
 from ..redact import redact_argv, redact_config, redact_env, redact_text
-from ..supervisor.rules import Detection
 from .job import Job, RankTarget
 
 CONSOLE_TAIL_BYTES = 256 * 1024
@@ -118,7 +119,7 @@ def heartbeat_record(t: RankTarget, now: float) -> dict[str, Any]:
 
 def detection_record(d: Detection) -> dict[str, Any]:
     return {
-        "rule": d.rule, "ranks": list(d.ranks), "suspects": list(d.suspects), "reason": d.reason,
+        "rule": d.rule, "ranks": list(d.ranks), "reason": d.reason, "same_episode": d.same_episode,
         "message": d.message(), "findings": [f.__dict__ for f in d.findings],
     }  # fmt: skip
 
@@ -218,16 +219,16 @@ class Collector:
         return max(0.1, min(cap, deadline - time.monotonic()))
 
     # --- steps -------------------------------------------------------------------------------------
-    def pyspy_stacks(self, procs: list[_Proc], w: BundleWriter, deadline: float) -> None:
+    def pyspy_stacks(self, procs: list[_Proc], w: BundleWriter, deadline: float) -> dict[int, Any]:
         """Stacks from outside, in parallel: nothing is signalled; a missing py-spy or a refused ptrace is one
-        sentence in the manifest (with the fix) and everything else goes on."""
+        sentence in the manifest (with the fix) and everything else goes on. Returns pid -> py-spy's threads."""
         t = time.monotonic()
         if not procs:
-            return
+            return {}
         exe, why = pyspy.find()
         if exe is None:
             w.step("py-spy", "failed", t, why)
-            return
+            return {}
         per_process = self.options.dump_timeout * (3 if self.options.native else 1)
         done = 0
 
@@ -245,8 +246,10 @@ class Collector:
         with ThreadPoolExecutor(max_workers=min(16, len(procs))) as pool:
             results = list(pool.map(one, procs))
         errors: dict[str, list[int]] = {}  # one sentence per distinct failure, with the pids it hit
+        got: dict[int, Any] = {}
         for p, result in zip(procs, results):
             if result.threads is not None:
+                got[p.pid] = result.threads
                 if self.options.locals:
                     _redact_locals(result.threads)
                 w.add_json(p.path("py-spy"), result.threads)
@@ -259,6 +262,41 @@ class Collector:
             detail += ", --native"
         detail += "".join(f"; pids {pids}: {error}" for error, pids in errors.items())
         w.step("py-spy", status, t, detail)
+        return got
+
+    def native_where_ambiguous(self, procs: list[_Proc], taken: dict[int, Any], w: BundleWriter,
+                               deadline: float) -> None:  # fmt: skip
+        """A rank whose main thread ends in a C call that may be a collective wait (autograd's backward under
+        DDP, no Python frame at all) gets native frames too (`py-spy dump --native`, ~1 s, in parallel, within
+        the budget): c10d's or gloo's frames there say it waits in a collective, the engine's say it computes."""
+        if self.options.native:
+            return  # every stack already has them
+        ambiguous = []
+        for p in procs:
+            main = stacks.main_thread(pyspy.threads(taken.get(p.pid)))
+            if p.rank is not None and not p.helper and main is not None and where(main).kind == "ambiguous":
+                ambiguous.append(p)
+        if not ambiguous or time.monotonic() >= deadline:
+            return
+        t = time.monotonic()
+        exe, _ = pyspy.find()
+        self.progress(f"native frames of {len(ambiguous)} rank(s) in an ambiguous C call")
+        with ThreadPoolExecutor(max_workers=min(16, len(ambiguous))) as pool:
+            results = list(pool.map(lambda p: pyspy.dump(p.pid, native=True, exe=exe, timeout=self._left(
+                deadline, 3 * self.options.dump_timeout)), ambiguous))  # fmt: skip
+        failed = []
+        for p, result in zip(ambiguous, results):
+            if result.threads is not None:
+                w.add_json(p.path("py-spy-native"), result.threads)
+            else:
+                failed.append(f"rank {p.rank}: {result.error}")
+        w.step(
+            "native frames",
+            "partial" if failed else "ok",
+            t,
+            f"rank(s) {[p.rank for p in ambiguous]} (their "
+            "Python stack ends in a C call that may be a collective wait)" + "".join("; " + f for f in failed),
+        )
 
     def proc_state(self, procs: list[_Proc], w: BundleWriter) -> None:
         t = time.monotonic()
@@ -448,7 +486,8 @@ class Collector:
         node_pool = ThreadPoolExecutor(max_workers=7, thread_name_prefix="blackbox-node")
         try:
             node = self.node_facts(node_pool)
-            self.pyspy_stacks(procs, w, deadline)  # first: from outside, before any signal changes a rank
+            taken = self.pyspy_stacks(procs, w, deadline)  # first: from outside, before any signal changes a rank
+            self.native_where_ambiguous(procs, taken, w, deadline)
             self.proc_state(procs, w)
             self.request_dumps(ranks, w, deadline)
             now = time.monotonic()
@@ -491,8 +530,7 @@ class Collector:
             "multinode": None if job.coordination is None else {
                 k: job.coordination.get(k) for k in ("job_id", "node", "node_rank", "nnodes", "status")},
             "detection": None if detection is None else {
-                "rule": detection.rule, "ranks": list(detection.ranks), "suspects": list(detection.suspects),
-                "reason": detection.reason,
+                "rule": detection.rule, "ranks": list(detection.ranks), "reason": detection.reason,
             },
             "collection": {
                 "duration_s": round(elapsed, 3), "budget_s": opts.budget, "over_budget": elapsed > opts.budget,

@@ -1,16 +1,17 @@
-"""When to act (DESIGN.md §3): stall, frozen, exception and rank-death rules over heartbeat readings, which
-ranks to blame, and which console lines mean the job is dying. Pure: no I/O, no clock of its own.
-Imports the stdlib, blackbox.config and the heartbeat model."""
+"""When to act (DESIGN.md §3): stall, frozen, exception and rank-death rules over heartbeat readings, and which
+console lines mean the job is dying. Which ranks cause an incident is not decided here: the analysis blames, on
+the bundle's evidence (blackbox.analyze.blame). Pure: no I/O, no clock of its own.
+Imports the stdlib, blackbox.config, the shared words and the heartbeat model."""
 
 from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Optional
 
 from ..config import AUTO, RunConfig
+from ..detections import Detection, RankFinding, plural_ranks
 from ..heartbeat import HeartbeatState
 
 AUTO_FLOOR_S = 60.0  # `auto` never goes below this
@@ -18,13 +19,6 @@ AUTO_FACTOR = 5.0  # ... and is this many times the slowest step seen
 AUTO_MIN_STEPS = 5  # before this many steps, `auto` uses the start-up timeout
 PHASE_TIMEOUTS = {"checkpoint": "checkpoint_timeout", "eval": "eval_timeout"}
 LIVE_STATES = ("starting", "running")
-
-HANG_RULES = ("stall", "gpu_idle")  # kind "hang": collected, then (--on-stall kill) the job is ended
-CRASH_RULES = ("exception", "rank_death", "console", "exit")  # kind "crash": what follows is the same episode
-
-
-def incident_kind(rule: str) -> str:
-    return "hang" if rule in HANG_RULES else "crash" if rule in CRASH_RULES else rule
 
 
 @dataclass(frozen=True)
@@ -44,58 +38,15 @@ class RankView:
         return not self.alive and self.hb.state in (*LIVE_STATES, "exception")
 
 
-@dataclass(frozen=True)
-class RankFinding:
-    rank: int
-    pid: int
-    step: int
-    phase: str
-    collective: str
-    idle_s: float  # seconds since last progress (stall) or since the last liveness bump (frozen)
-    timeout_s: float
-    timeout_rule: str  # which timeout applied: startup, stall, auto, checkpoint, eval, frozen
-    state: str
-    exit_status: Optional[str] = None
-
-    def describe(self) -> str:
-        where = self.phase
-        if self.phase == "collective" and self.collective != "none":
-            where = f"collective {self.collective}"
-        return f"rank {self.rank} (pid {self.pid}, step {self.step}, {where})"
+FIRST_BATCH_PHASES = ("data", "checkpoint")
 
 
-@dataclass(frozen=True)
-class Detection:
-    rule: str  # stall | frozen | exception | rank_death | console
-    ranks: tuple[int, ...]
-    suspects: tuple[int, ...]
-    reason: str  # why these suspects, one sentence
-    findings: tuple[RankFinding, ...]
-
-    def message(self) -> str:
-        ranks = rank_ranges(self.suspects or self.ranks)
-        if self.rule == "stall":
-            first = (self.suspects or self.ranks)[0]
-            f = next((f for f in self.findings if f.rank == first), self.findings[0])
-            head = (
-                f"stall: {_plural('rank', self.suspects or self.ranks)} {ranks} made no progress for "
-                f"{f.idle_s:.0f} s ({f.timeout_rule} timeout {f.timeout_s:g} s)"
-            )
-        elif self.rule == "exception":
-            return f"exception: {self.reason}"
-        elif self.rule == "gpu_idle":
-            return f"GPU idle: {self.reason}"
-        elif self.rule == "console":
-            return f"fatal output: {self.reason}; collecting before the launcher tears the ranks down"
-        elif self.rule == "frozen":
-            head = f"frozen: {_plural('rank', self.ranks)} {ranks} stopped answering (liveness thread silent)"
-        else:
-            head = f"rank death: {_plural('rank', self.ranks)} {ranks} exited without finishing"
-        return f"{head}; {self.reason}"
-
-
-def stall_timeout(hb: HeartbeatState, cfg: RunConfig) -> tuple[float, str]:
-    """The timeout that applies to this rank now, and the name of the rule that chose it."""
+def stall_timeout(hb: HeartbeatState, cfg: RunConfig, begun: bool = False) -> tuple[float, str]:
+    """The timeout that applies to this rank now, and the name of the rule that chose it. `begun`: training has
+    begun on some rank (a batch taken): a rank still before its first step, parked in data or checkpoint, is
+    holding up peers that already wait for it — the first-batch timeout, not the start-up one."""
+    if hb.step == 0 and begun and hb.phase in FIRST_BATCH_PHASES:
+        return cfg.first_batch_timeout, "first_batch"
     if hb.step == 0 or (cfg.stall_timeout == AUTO and hb.step < AUTO_MIN_STEPS):
         timeout, rule = cfg.startup_timeout, "startup"
     elif cfg.stall_timeout == AUTO:
@@ -110,61 +61,17 @@ def stall_timeout(hb: HeartbeatState, cfg: RunConfig) -> tuple[float, str]:
     return timeout, rule
 
 
-def blame(stalled: list[RankView], everyone: list[RankView]) -> tuple[tuple[int, ...], str]:
-    """The ranks that cause a stall, not the ones that wait for them, and why."""
-    dead = [v for v in everyone if v.died]
-    if dead:
-        return _ids(dead), (
-            f"{_plural('rank', _ids(dead))} {rank_ranges(_ids(dead))} died and the others wait for "
-            f"{_verb(dead, 'it', 'them')}"
-        )
-    # A rank under a longer phase timeout (checkpoint, eval) is not "stalled" yet, but if it has not progressed
-    # since the stalled ranks stopped, it is the likelier cause: they may be waiting for it.
-    stopped_at = max(v.hb.last_progress for v in stalled)
-    quiet = [v for v in everyone if v.alive and v.hb.state in LIVE_STATES and v not in stalled
-             and v.hb.last_progress <= stopped_at + 1.0]  # fmt: skip
-    waiting = [v for v in stalled if v.hb.phase == "collective"]
-    elsewhere = [v for v in stalled + quiet if v.hb.phase != "collective"]
-    if waiting and elsewhere:
-        ops = sorted({v.hb.collective for v in waiting})
-        phases = sorted({v.hb.phase for v in elsewhere})
-        return _ids(elsewhere), (
-            f"{_plural('rank', _ids(waiting))} {rank_ranges(_ids(waiting))} {_verb(waiting, 'waits', 'wait')} in "
-            f"{'/'.join(ops)} while "
-            f"{_plural('rank', _ids(elsewhere))} {rank_ranges(_ids(elsewhere))} never arrived "
-            f"(phase {'/'.join(phases)})"
-        )
-    by_op: dict[str, list[RankView]] = {}
-    for v in waiting:
-        by_op.setdefault(v.hb.collective, []).append(v)
-    if len(by_op) > 1 and not elsewhere:  # every rank waits, but not in the same collective: a mismatch
-        smallest = min(len(group) for group in by_op.values())
-        odd = [v for group in by_op.values() if len(group) == smallest for v in group]
-        calls = "; ".join(f"{_plural('rank', _ids(g))} {rank_ranges(_ids(g))} in {op}"
-                          for op, g in sorted(by_op.items()))  # fmt: skip
-        suspects = _ids(odd) if len(odd) < len(waiting) else _ids(waiting)
-        return suspects, f"the ranks wait in different collectives ({calls}): a collective mismatch"
-    steps = {v.hb.step for v in stalled}
-    if len(steps) > 1:
-        low = min(steps)
-        behind = [v for v in stalled if v.hb.step == low]
-        return _ids(behind), (
-            f"{_plural('rank', _ids(behind))} {rank_ranges(_ids(behind))} {_verb(behind, 'is', 'are')} "
-            f"behind at step {low} while others reached step {max(steps)}"
-        )
-    if not quiet and len(stalled) < len([v for v in everyone if v.alive and v.hb.state in LIVE_STATES]):
-        return _ids(stalled), "the other ranks are still making progress"
-    return _ids(stalled), "no rank stands out from the heartbeats alone: compare their stacks"
-
-
 class Rules:
-    """Evaluates the rules each poll; each episode is reported once (a stall again only after progress)."""
+    """Evaluates the rules each poll; each episode is reported once: a stall again only after progress, and a rank
+    that crosses its own timeout while a stall is already reported (the waiting ranks, a moment later) joins that
+    episode rather than making a new incident."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self._stall_reported: dict[int, float] = {}  # rank -> last_progress value when reported
         self._frozen_reported: dict[tuple[int, int], int] = {}  # (rank, pid) -> liveness counter
         self._death_reported: set[tuple[int, int]] = set()  # (rank, pid)
+        self._hang_mark: Optional[float] = None  # the newest progress seen when a stall was reported
 
     def evaluate(self, views: list[RankView], now: float) -> list[Detection]:
         out: list[Detection] = []
@@ -175,8 +82,7 @@ class Rules:
         if raised:
             self._death_reported.update((v.rank, v.hb.pid) for v in raised)
             findings = tuple(self._finding(v, now, now - v.hb.last_progress, "exception") for v in raised)
-            out.append(Detection("exception", _ids(raised), _ids(raised),
-                                 f"{_plural('rank', _ids(raised))} {rank_ranges(_ids(raised))} raised an uncaught "
+            out.append(Detection("exception", _ids(raised), f"{plural_ranks(_ids(raised))} raised an uncaught "
                                  "exception and will exit", findings))  # fmt: skip
         deaths = [v for v in views if v.died and (v.rank, v.hb.pid) not in self._death_reported]
         if deaths:
@@ -187,7 +93,7 @@ class Rules:
                                                        else "was killed or exited abruptly"))
                 for v in deaths
             )  # fmt: skip
-            out.append(Detection("rank_death", _ids(deaths), _ids(deaths), reasons, findings))
+            out.append(Detection("rank_death", _ids(deaths), reasons, findings))
 
         live = [v for v in views if v.alive and v.hb.state in LIVE_STATES]
         frozen = []
@@ -202,14 +108,18 @@ class Rules:
                 self._finding(v, now, now - v.hb.liveness_time, "frozen", self.cfg.frozen_timeout) for v in frozen
             )
             out.append(Detection(
-                "frozen", _ids(frozen), _ids(frozen),
+                "frozen", _ids(frozen),
                 "the process exists but its recorder thread has not run: the GIL is held or the process is stopped",
                 findings,
             ))  # fmt: skip
 
+        newest = max((v.hb.last_progress for v in live), default=None)
+        if self._hang_mark is not None and newest is not None and newest > self._hang_mark:
+            self._hang_mark = None  # a rank progressed: the stall episode is over
+        begun = any(v.hb.batches > 0 or v.hb.step > 0 for v in views)
         stalled = []
         for v in live:
-            timeout, _ = stall_timeout(v.hb, self.cfg)
+            timeout, _ = stall_timeout(v.hb, self.cfg, begun)
             if now - v.hb.last_progress > timeout:
                 stalled.append(v)
             else:
@@ -218,13 +128,18 @@ class Rules:
         if fresh:
             for v in stalled:
                 self._stall_reported[v.rank] = v.hb.last_progress
-            suspects, reason = blame(stalled, views)
-            # a suspect under a longer phase timeout is not "stalled" yet, but its facts belong to the finding
-            involved = stalled + [v for v in views if v.rank in suspects and v not in stalled]
-            findings = tuple(
-                self._finding(v, now, now - v.hb.last_progress, *stall_timeout(v.hb, self.cfg)[::-1]) for v in involved
-            )
-            out.append(Detection("stall", _ids(stalled), suspects, reason, findings))
+            # the ranks under a longer timeout (checkpoint, eval, start-up) that have not progressed since the
+            # stalled ones stopped belong to the facts: the others may be waiting for them
+            stopped_at = max(v.hb.last_progress for v in stalled)
+            quiet = [v for v in live if v not in stalled and v.hb.last_progress <= stopped_at + 1.0]
+            findings = tuple(self._finding(v, now, now - v.hb.last_progress,
+                                           *stall_timeout(v.hb, self.cfg, begun)[::-1])
+                             for v in stalled + quiet)  # fmt: skip
+            same = self._hang_mark is not None
+            if not same:
+                self._hang_mark = newest
+            ranks = _ids(fresh) if same else _ids(stalled)
+            out.append(Detection("stall", ranks, "", findings, same_episode=same))
         return out
 
     @staticmethod
@@ -238,28 +153,6 @@ class Rules:
 
 def _ids(views: list[RankView]) -> tuple[int, ...]:
     return tuple(sorted(v.rank for v in views))
-
-
-def _verb(views: list[RankView], one: str, many: str) -> str:
-    return one if len(views) == 1 else many
-
-
-def _plural(word: str, items: tuple[int, ...]) -> str:
-    return word if len(items) == 1 else word + "s"
-
-
-def rank_ranges(ranks: Iterable[int]) -> str:
-    """(0, 1, 2, 5) -> '0-2, 5'."""
-    parts: list[str] = []
-    items = sorted(ranks)
-    i = 0
-    while i < len(items):
-        j = i
-        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
-            j += 1
-        parts.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
-        i = j + 1
-    return ", ".join(parts)
 
 
 # --- fatal console lines --------------------------------------------------------------------------------

@@ -28,13 +28,14 @@ from ..collect.job import Job, RankTarget, job_python
 from ..config import RunConfig
 from ..coord.client import Coordination
 from ..coord.topology import Topology, topology
+from ..detections import CRASH_RULES, HANG_RULES, Detection, incident_kind
 from ..errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
 from ..events import EventLog
 from ..heartbeat import HeartbeatState, HeartbeatTable
 from ..redact import redact_argv, redact_text, remember_secrets
 from .gpuwatch import GpuWatch
 from .launch import ConsoleLog, Launched, resize_ptys, spawn
-from .rules import CRASH_RULES, HANG_RULES, Detection, FatalLines, RankView, Rules, incident_kind
+from .rules import FatalLines, RankView, Rules
 from .setup import (
     INJECT_DIR,
     become_subreaper,
@@ -337,7 +338,7 @@ class Supervisor:
                 continue
             if not self.watching or self.ending_since is not None:
                 continue
-            d = Detection("console", (), (), f"the job printed `{redact_text(line)[:200]}`", ())
+            d = Detection("console", (), f"the job printed `{redact_text(line)[:200]}`", ())
             if self._crash_collected_recently(d):
                 continue
             self.say(d.message())
@@ -472,7 +473,7 @@ class Supervisor:
             self.event("gpu_idle", idle_s=round(idle, 1), supporting=True)
             self.say(f"{reason}, and no rank has progressed since")
             return
-        d = Detection("gpu_idle", (), (), reason + " and no rank has a heartbeat (the recorder could not activate)",
+        d = Detection("gpu_idle", (), reason + " and no rank has a heartbeat (the recorder could not activate)",
                       ())  # fmt: skip
         self._act(d)
 
@@ -518,20 +519,26 @@ class Supervisor:
             return
         if d.rule in CRASH_RULES and self._crash_collected_recently(d):
             return
-        self.event(d.rule, ranks=list(d.ranks), suspects=list(d.suspects), reason=d.reason,
-                   findings=[f.__dict__ for f in d.findings])  # fmt: skip
+        if d.same_episode:  # a rank crossing its own timeout in a stall already collected: the same incident
+            self.event("same_episode", rule=d.rule, ranks=list(d.ranks), bundle=self.bundles[-1] if self.bundles
+                       else None)  # fmt: skip
+            self.say_once(f"same-episode:{d.rule}", f"{d.message()} (the stall already collected: same incident)")
+            return
+        self.event(d.rule, ranks=list(d.ranks), reason=d.reason, findings=[f.__dict__ for f in d.findings])
         self.say(d.message())
         for f in d.findings:
             self.say(f"  {f.describe()}: idle {f.idle_s:.0f} s" if d.rule != "rank_death"
                      else f"  {f.describe()}: {f.exit_status or f.state}")  # fmt: skip
         hang = d.rule in HANG_RULES
         ending = hang and self.cfg.on_stall == "kill"
-        self._collect(d.rule.replace("_", "-"), d, job_ends=ending)
+        report = self._collect(d.rule.replace("_", "-"), d, job_ends=ending)
         if hang:
             if ending:
                 self._end_after_stall("stall")
             else:
-                pids = ", ".join(str(f.pid) for f in d.findings if f.rank in d.suspects)
+                suspects = report.verdict.suspect_ranks if report is not None else list(d.ranks)
+                pids = ", ".join(str(r.pid) for r in report.ranks if r.rank in suspects) if report else ", ".join(
+                    str(f.pid) for f in d.findings)  # fmt: skip
                 self.say(f"leaving the job running (--on-stall keep); inspect it with: py-spy dump --pid {pids}")
 
     def _end_after_stall(self, what: str) -> None:
@@ -541,7 +548,7 @@ class Supervisor:
     def _collect(
         self, trigger: str, detection: Optional[Detection], job_ends: bool = False,
         incident: Optional[dict[str, object]] = None,
-    ) -> None:  # fmt: skip
+    ) -> Optional[Report]:  # fmt: skip
         """Bundle this node's evidence. `job_ends`: the job is about to be ended anyway, so the ranks may be
         signalled freely; otherwise the non-invasive ways go first (DESIGN.md §7). `incident`: another node's,
         which this node collects for; otherwise this node's trigger is posted to every node first."""
@@ -551,23 +558,24 @@ class Supervisor:
         iid = str(incident.get("id"))
         if iid in self._incidents:  # joined an incident this node has already collected for
             self.event("same_episode", rule=trigger, incident=iid, bundle=self._incidents[iid])
-            return
+            return None
         path = self._write_bundle(trigger, detection, job_ends, incident)
         if incident.get("kind") == "crash":  # what follows within the window is this crash's episode
             self._last_crash = (time.monotonic(), path or "")
         if path is None:
-            return
+            return None
         self.bundles.append(path)
         self._incidents[iid] = path
         self.event("bundle", path=path, trigger=trigger, incident=iid)
         self.say(f"evidence bundle: {path}")
         report = self._say_verdict(path)
         if not own:  # the node that posted the incident raises the alarm, once for the whole job
-            return
+            return report
         try:
             self._alerts.incident(path, report, self.run_id, self.node, trigger)
         except Exception as exc:
             self._internal_error("alerts", exc)
+        return report
 
     def _write_bundle(
         self, trigger: str, detection: Optional[Detection], job_ends: bool, incident: dict[str, object]
@@ -634,7 +642,7 @@ class Supervisor:
             "trigger": trigger, "rule": rule, "kind": incident_kind(rule), "node": self.node,
             "node_rank": self._topology.node_rank if self._topology else None,
             "reason": detection.reason if detection is not None else trigger,
-            "suspects": list(detection.suspects) if detection is not None else [],
+            "ranks": list(detection.ranks) if detection is not None else [],
         }  # fmt: skip
         if self._coord is not None:
             posted = self._coord.post(body)
