@@ -107,22 +107,41 @@ def bundles(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "bundles").glob("*.tar.gz"))
 
 
+# The gallery's verdicts as the tests saw them: (scenario, mode, expected, got, same), printed as one table at the
+# end of the session (pytest_terminal_summary).
+GALLERY_ROWS: list[tuple[str, str, Any, Any, bool]] = []
+
+
 @pytest.fixture(scope="session")
-def gallery(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Any]]:
-    """Runs a scenario of the gallery (scripts/scenarios/) once per test session under `blackbox run`; the
-    verdict tests and the last-words tests read the same run: (run directory, runner.Outcome)."""
+def gallery(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, Any]]:
+    """Runs a scenario of the gallery (scripts/scenarios/) once per test session, under `blackbox run` (mode
+    "run") or under plain torchrun collected by `blackbox collect` (mode "collect"); the verdict tests and the
+    last-words tests read the same run: (run directory or bundle directory, runner.Outcome)."""
     sys.path.insert(0, str(ROOT / "scripts" / "scenarios"))
     import runner
 
-    done: dict[str, tuple[Path, Any]] = {}
+    done: dict[tuple[str, str], tuple[Path, Any]] = {}
 
-    def run(name: str) -> tuple[Path, Any]:
-        if name not in done:
-            base = tmp_path_factory.mktemp(f"gallery-{name}")
-            done[name] = (base / "run", runner.run(name, base / "run", base))
-        return done[name]
+    def run(name: str, mode: str = "run") -> tuple[Path, Any]:
+        if (name, mode) not in done:
+            base = tmp_path_factory.mktemp(f"gallery-{name}-{mode}")
+            if mode == "run":
+                done[name, mode] = (base / "run", runner.run(name, base / "run", base))
+            else:
+                done[name, mode] = (base / "out", runner.collect(name, base / "out", base))
+        return done[name, mode]
 
     return run
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if not GALLERY_ROWS:
+        return
+    sys.path.insert(0, str(ROOT / "scripts" / "scenarios"))
+    import runner
+
+    terminalreporter.write_sep("-", "scenario gallery: expected and got verdicts")
+    terminalreporter.write_line(runner.table(sorted(GALLERY_ROWS, key=lambda r: (r[0], r[1]))))
 
 
 @pytest.fixture

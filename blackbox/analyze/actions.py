@@ -104,6 +104,21 @@ def next_actions(v: Verdict, facts: Facts) -> list[str]:
         disk = f"; free space where the run writes: {facts.disk_free}" if facts.disk_free else ""
         actions.append(f"Check the checkpoint path {where} writes to{at}: `df -h PATH`, the filesystem's health, "
                        f"a FIFO or a stale network mount{disk}.")  # fmt: skip
+    elif cat == "hang.stopped":
+        pids = " ".join(live_pids) or "PID"
+        actions.append(f"{where} is stopped (SIGSTOP, job control, or a debugger attached): find who stopped it "
+                       f"(`ps -o pid,stat,tracerpid -p {pids}`; `grep TracerPid /proc/{pids.split()[0]}/status`); "
+                       f"`kill -CONT {pids}` resumes it.")  # fmt: skip
+    elif cat == "hang.kernel":
+        actions.append(f"{where} is in an uninterruptible sleep in the kernel: its wchan (ranks/<rank>/proc.json) "
+                       "names the wait — a hung network filesystem (nfs, lustre), a device or driver; `dmesg -T | "
+                       "tail -50` and the mount's health on the node.")  # fmt: skip
+    elif cat == "crash.exit":
+        actions.append(f"{where} exited without raising an exception: look for `sys.exit`/`os._exit` or a library "
+                       "that exits (a rank-dependent `break` or `return` out of the training loop, a native "
+                       "library's exit()), and at its last lines in the console tail.")  # fmt: skip
+        actions.append("Every rank must run the same number of steps and collectives: a rank that leaves early "
+                       "leaves the others waiting in the next collective (they then fail with 'connection closed').")
     elif cat == "hang.compute":
         actions.append(f"Find the loop or native call {where} is in (its stack in the bundle), and what differs on "
                        "that rank: its data, a rank-dependent branch.")  # fmt: skip

@@ -1,19 +1,26 @@
-"""Runs one scenario of the gallery (scenarios.json beside this file) end to end under `blackbox run`: real
-torchrun, real gloo. Shared by tests/integration/test_scenarios.py, scripts/make_golden.py and `make demo`.
+"""Runs one scenario of the gallery (scenarios.json beside this file) end to end: under `blackbox run` (real
+torchrun, real gloo), or — the `collect` variant of a hang — under plain torchrun, collected by
+`blackbox collect AGENT` once the failure has come. Shared by tests/integration/test_scenarios.py,
+scripts/make_golden.py and `make demo`. As a script it runs the gallery and prints the table of verdicts:
+
+    python scripts/scenarios/runner.py [--collect] [NAME...]    (exit 1 when any row differs)
+
 Imports the stdlib only; run with the project's venv (blackbox, torchrun and py-spy beside its python)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 HERE = Path(__file__).resolve().parent
 TRAIN = HERE / "train.py"
@@ -34,14 +41,20 @@ def command(name: str, run_dir: Path) -> list[str]:
     spec = SCENARIOS[name]
     options = spec.get("options", DEFAULT_OPTIONS)
     return [sys.executable, "-m", "blackbox", "run", "--run-dir", str(run_dir), "--poll-interval", "0.5",
-            "--kill-grace", "5", *options, "--", str(BIN / "torchrun"), "--standalone", "--nproc-per-node",
-            str(spec.get("nproc", 2)), str(TRAIN), *map(str, spec["args"])]  # fmt: skip
+            "--kill-grace", "5", *options, "--", *torchrun_command(name)]  # fmt: skip
 
 
-def environment() -> dict[str, str]:
+def torchrun_command(name: str) -> list[str]:
+    spec = SCENARIOS[name]
+    return [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", str(spec.get("nproc", 2)), str(TRAIN),
+            *map(str, spec["args"])]  # fmt: skip
+
+
+def environment(name: str = "") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOX_") or k == "BLACKBOX_HOME"}
     env.update(PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1")
     env.pop("PYTHONPATH", None)
+    env.update(SCENARIOS.get(name, {}).get("env", {}))
     return env
 
 
@@ -49,7 +62,7 @@ def run(name: str, run_dir: Path, cwd: Path, timeout: float = 180.0) -> Outcome:
     """Run the scenario; for one with `collect_after_step`, send blackbox SIGUSR1 ("collect now") once rank 0
     printed that step. The job is always ended (its process group killed) by the time this returns."""
     spec = SCENARIOS[name]
-    proc = subprocess.Popen(command(name, run_dir), cwd=cwd, env=environment(), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(command(name, run_dir), cwd=cwd, env=environment(name), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
     out: list[str] = []
     err: list[str] = []
@@ -83,3 +96,93 @@ def run(name: str, run_dir: Path, cwd: Path, timeout: float = 180.0) -> Outcome:
             t.join(max(0.0, deadline - time.monotonic()))
     bundles = sorted((run_dir / "bundles").glob("*.tar.gz"))
     return Outcome(proc.returncode, "".join(out), "".join(err), bundles)
+
+
+SETTLE_S = 3.0  # after the failing rank's line: time for its peers to reach the collective they will wait in
+
+
+def collect(name: str, out_dir: Path, cwd: Path, timeout: float = 120.0) -> Outcome:
+    """The scenario under plain torchrun (no blackbox, no recorder), collected by `blackbox collect AGENT` once
+    the failing rank said so and its peers had a moment to reach their wait; then the job is killed."""
+    proc = subprocess.Popen(torchrun_command(name), cwd=cwd, env=environment(name), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    out: list[str] = []
+    failing = threading.Event()
+
+    def read_out() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.append(line)
+            if "failing now" in line:
+                failing.set()
+
+    reader = threading.Thread(target=read_out, daemon=True)
+    reader.start()
+    try:
+        if not failing.wait(timeout / 2):
+            return Outcome(-1, "".join(out), "the failing rank never said `failing now`")
+        time.sleep(SETTLE_S)
+        argv = [sys.executable, "-m", "blackbox", "collect", str(proc.pid), "--out", str(out_dir)]
+        res = subprocess.run(argv, cwd=cwd, env=environment(), capture_output=True, text=True, timeout=timeout / 2)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        reader.join(5)
+    return Outcome(res.returncode, "".join(out), res.stderr, sorted(out_dir.glob("*.tar.gz")))
+
+
+def verdict_of(bundle: Path) -> dict[str, Any]:
+    """`blackbox report --format json`'s verdict for a bundle (not indexed, no PyTorch analyzer)."""
+    res = subprocess.run([sys.executable, "-m", "blackbox", "report", str(bundle), "--format", "json",
+                          "--no-fr-analyzer", "--no-index"], capture_output=True, text=True, env=environment(),
+                         timeout=120)  # fmt: skip
+    if res.returncode != 0:
+        return {"error": res.stderr.strip()[-300:]}
+    verdict: dict[str, Any] = json.loads(res.stdout)["verdict"]
+    return verdict
+
+
+def compare(name: str, verdict: Optional[dict[str, Any]]) -> tuple[dict[str, Any], bool]:
+    """(what was got of the expected keys, whether it matches)."""
+    want = SCENARIOS[name]["verdict"]
+    if want is None:
+        return {}, verdict is None
+    got = {k: (verdict or {}).get(k) for k in want}
+    return got, got == want
+
+
+def table(rows: list[tuple[str, str, Any, Any, bool]]) -> str:
+    """scenario x mode -> expected, got: one line each, the differing ones marked."""
+
+    def short(v: Any) -> str:
+        if not v:
+            return "(no bundle)" if v is None else "-"
+        return f"{v.get('category')} {v.get('suspect_ranks')}" + (f" {v['phase']}" if v.get("phase") else "")
+
+    lines = [f"{'scenario':<24} {'mode':<8} {'expected':<40} got"]
+    for name, mode, want, got, ok in rows:
+        lines.append(f"{name:<24} {mode:<8} {short(want):<40} {short(got)}{'' if ok else '   <-- DIFFERS'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    modes = ["run", "collect"] if "--collect" in argv else ["run"]
+    names = [a for a in argv if not a.startswith("--")] or list(SCENARIOS)
+    rows = []
+    for name in names:
+        for mode in modes:
+            if mode == "collect" and not SCENARIOS[name].get("collect"):
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                outcome = (run if mode == "run" else collect)(name, Path(tmp, "out"), Path(tmp))
+                verdict = verdict_of(outcome.bundles[0]) if outcome.bundles else None
+            got, ok = compare(name, verdict)
+            rows.append((name, mode, SCENARIOS[name]["verdict"], got if verdict is not None else None, ok))
+            print(table(rows).splitlines()[-1], flush=True)
+    print(table(rows))
+    return 0 if all(r[-1] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -3,13 +3,18 @@ backward, gradient all_reduce, SGD), in which one rank meets a chosen failure at
 scenario must get is in scenarios.json beside this file; tests/integration/test_scenarios.py runs them all
 under `blackbox run`.
 
-    torchrun --standalone --nproc-per-node 2 scripts/scenarios/train.py SCENARIO RANK
+    torchrun --standalone --nproc-per-node 2 scripts/scenarios/train.py SCENARIO RANK[,RANK...] [MODEL]
+
+MODEL is how the gradients are reduced, as real jobs do it: `plain` (the default: the job's own dist.all_reduce
+from Python), `ddp` (DistributedDataParallel: the reducer's all_reduce from C++ inside backward()) or `fsdp`
+(FSDP2 `fully_shard` on a CPU device mesh: all-gathers in forward, reduce-scatters in backward, from library code).
 
 With BB_FAIL_WHEN=PATH in the environment, steps take 0.1 s and the failure comes once PATH exists rather than
 at step 3 (the multi-node tests choose the moment).
 
 Scenarios: healthy, straggler, data-hang, data-hang-workers, read-failure, ckpt-hang, spin, gil-hang,
-skip-allreduce, collective-hang, mismatch, comm-timeout, raise, oom, cuda-error, segv, sigkill, sigusr1-user."""
+skip-allreduce, collective-hang, mismatch, comm-timeout, raise, oom, cuda-error, segv, sigkill, sigusr1-user,
+stopped, exit-early, exit-code."""
 
 import ctypes
 import os
@@ -24,7 +29,9 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Dataset
 
-SCENARIO, RANK_AT, STEP_AT = sys.argv[1], int(sys.argv[2]), 3
+SCENARIO, STEP_AT = sys.argv[1], int(os.environ.get("BB_STEP_AT", "3"))  # 0: in the very first batch
+BAD_RANKS = {int(r) for r in sys.argv[2].split(",")}
+MODEL = sys.argv[3] if len(sys.argv) > 3 else "plain"
 FAIL_WHEN = os.environ.get("BB_FAIL_WHEN")
 STEPS = 30 if SCENARIO in ("healthy", "straggler") else 100_000 if FAIL_WHEN else 1000
 WORK = tempfile.mkdtemp(prefix="bb-scenario-")
@@ -41,7 +48,8 @@ class Shards(Dataset):
         return STEPS * 4
 
     def __getitem__(self, i: int) -> tuple:
-        if self.rank == RANK_AT and (os.path.exists(FAIL_WHEN) if FAIL_WHEN else i == STEP_AT * 4):
+        if self.rank in BAD_RANKS and (os.path.exists(FAIL_WHEN) if FAIL_WHEN else i == STEP_AT * 4):
+            announce(self.rank)
             if SCENARIO.startswith("data-hang"):
                 with open(FIFO, "rb") as f:  # no writer will ever come
                     f.read()
@@ -74,10 +82,12 @@ def main() -> None:
     workers = 2 if SCENARIO in ("data-hang-workers", "read-failure") else 0
     loader = DataLoader(Shards(rank), batch_size=4, num_workers=workers,
                         worker_init_fn=drop_root if SCENARIO == "read-failure" else None)  # fmt: skip
-    model = torch.nn.Linear(8, 1)
+    model = wrap(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step, (x, y) in enumerate(loader, 1):
-        mine = rank == RANK_AT and (os.path.exists(FAIL_WHEN) if FAIL_WHEN else step == STEP_AT)
+        mine = rank in BAD_RANKS and (os.path.exists(FAIL_WHEN) if FAIL_WHEN else step == STEP_AT)
+        if mine and SCENARIO not in ("healthy", "straggler"):
+            announce(rank)
         if FAIL_WHEN:
             time.sleep(0.1)
         if mine and SCENARIO == "ckpt-hang":
@@ -98,30 +108,62 @@ def main() -> None:
                                "asynchronously reported at some other API call.")  # fmt: skip
         if mine and SCENARIO == "segv":
             ctypes.string_at(0)
+        if mine and SCENARIO == "stopped":  # as a debugger or a job-control stop would leave it
+            os.kill(os.getpid(), signal.SIGSTOP)
+        if mine and SCENARIO == "exit-early":  # leaves the loop (a rank-dependent `break`) and ends cleanly
+            break
+        if mine and SCENARIO == "exit-code":  # a library's exit() deep in native code: no exception, no atexit
+            os._exit(3)
+        if mine and SCENARIO == "comm-timeout" and MODEL != "plain":  # outside any collective, in user code
+            time.sleep(3600)
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
-        if mine and SCENARIO in ("skip-allreduce", "comm-timeout"):  # rank 1 never enters this all_reduce
+        if mine and SCENARIO in ("skip-allreduce", "comm-timeout"):  # this rank never enters this all_reduce
             time.sleep(3600)
         if mine and SCENARIO == "sigkill":  # as the kernel's OOM killer would
             os.kill(os.getpid(), signal.SIGKILL)
         if mine and SCENARIO == "mismatch":  # this rank calls a different collective than the others
-            dist.broadcast(model.weight.grad, src=0)
+            dist.broadcast(next(model.parameters()).grad, src=0)
             time.sleep(3600)
         if mine and SCENARIO == "collective-hang":  # skips this step's all_reduce, goes on to the epoch's barrier
             dist.barrier()
             time.sleep(3600)
-        if SCENARIO == "straggler" and rank == RANK_AT:
+        if SCENARIO == "straggler" and rank in BAD_RANKS:
             time.sleep(0.3)  # slow, not stuck: a slower disk, a hotter GPU
-        for p in model.parameters():
-            dist.all_reduce(p.grad)
+        if MODEL == "plain":  # DDP and FSDP reduce the gradients themselves, inside backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
         opt.step()
         if SCENARIO in ("healthy", "straggler"):
             print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
         if SCENARIO == "sigusr1-user" and step == 2:
             print(f"rank {rank}: ready", flush=True)
-            signal.pause() if rank == RANK_AT else None
+            signal.pause() if rank in BAD_RANKS else None
     dist.destroy_process_group()
+
+
+def announce(rank: int) -> None:
+    """The line the gallery's `collect` variants wait for before they look at the job."""
+    print(f"rank {rank}: failing now", flush=True)
+
+
+def wrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model as the job's MODEL reduces it: itself, under DistributedDataParallel, or sharded by FSDP2."""
+    if MODEL == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+    if MODEL == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for layer in model:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        return fully_shard(model, mesh=mesh)
+    return model
 
 
 def spin() -> None:

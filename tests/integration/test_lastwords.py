@@ -59,7 +59,7 @@ def bundle_names(run_dir: Path) -> list[str]:
         return tar.getnames()
 
 
-@pytest.mark.parametrize("scenario", ["data-hang", "data-hang-workers"])
+@pytest.mark.parametrize("scenario", ["data-hang", "ddp-data-hang-workers"])
 def test_data_hang(gallery: Gallery, scenario: str) -> None:
     run_dir, res = gallery(scenario)
     assert res.exit_code == 86, res.stderr
@@ -76,12 +76,13 @@ def test_data_hang(gallery: Gallery, scenario: str) -> None:
         assert loader["worker_pids"] == []
     else:  # the rank waits on its workers; their pids are recorded for the collector
         assert len(loader["worker_pids"]) == 2 and dump["dataloader"]["num_workers"] == 2
-    assert latest_pydump(run_dir, 0)["context"]["phase"] == "collective"
+    # rank 0 waits for it: in its own all_reduce, or (DDP) in backward(), where the reducer's all_reduce waits
+    assert latest_pydump(run_dir, 0)["context"]["phase"] == ("collective" if scenario == "data-hang" else "compute")
     names = bundle_names(run_dir)
     assert {"ranks/1/pydump-1.json", "ranks/1/loader.json", "ranks/1/threads.json"} <= set(names)
     # py-spy took every rank's stacks from outside, and the stuck loader worker's too
     assert {"ranks/0/py-spy.json", "ranks/1/py-spy.json"} <= set(names)
-    if scenario == "data-hang-workers":
+    if scenario == "ddp-data-hang-workers":
         (bundle,) = bundles(run_dir)
         with tarfile.open(bundle) as tar:
             workers = [json.load(tar.extractfile(n)) for n in names if n.startswith("ranks/1/py-spy-worker-")]  # type: ignore[arg-type]
@@ -157,7 +158,7 @@ def test_exception_and_the_survivors_sigterm_last_words(gallery: Gallery) -> Non
 
 
 def test_oom_record(gallery: Gallery) -> None:
-    run_dir, res = gallery("oom")
+    run_dir, res = gallery("ddp-oom")
     assert res.exit_code == 1
     (record,) = jsonl(run_dir / "ranks" / "0" / "oom.jsonl")
     assert record["message"].startswith("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -169,7 +170,7 @@ def test_oom_record(gallery: Gallery) -> None:
 
 
 def test_segfault_leaves_a_native_dump(gallery: Gallery) -> None:
-    run_dir, res = gallery("segv")
+    run_dir, res = gallery("ddp-segv")
     assert res.exit_code != 0
     text = (run_dir / "ranks" / "1" / "fatal.txt").read_text()
     assert "Segmentation fault" in text and "train.py" in text

@@ -30,4 +30,4 @@ def test_golden_verdict(name: str) -> None:
 def test_every_category_the_scenarios_reach_is_covered() -> None:
     categories = {str(v["category"]) for v in EXPECTED.values()}
     assert categories >= {"hang.data_loading", "hang.checkpoint_io", "hang.compute", "crash.exception",
-                          "crash.oom", "crash.comm_timeout", "crash.signal"}  # fmt: skip
+                          "crash.oom", "crash.comm_timeout", "crash.signal", "crash.exit", "hang.stopped"}  # fmt: skip

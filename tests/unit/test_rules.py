@@ -116,8 +116,10 @@ def test_a_quiet_rank_in_a_long_checkpoint_is_in_the_stall_facts() -> None:
     (d,) = rules.evaluate(views, now=110.0)
     # THEN only rank 1 is stalled, and rank 0's facts (in checkpoint, its longer timeout) come with it
     assert d.ranks == (1,)
-    assert [(f.rank, f.phase, f.timeout_rule) for f in d.findings] == [(1, "collective", "stall"),
-                                                                        (0, "checkpoint", "checkpoint")]
+    assert [(f.rank, f.phase, f.timeout_rule) for f in d.findings] == [
+        (1, "collective", "stall"),
+        (0, "checkpoint", "checkpoint"),
+    ]
 
 
 def test_only_the_stalled_rank_is_named_when_the_others_progress() -> None:

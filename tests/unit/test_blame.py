@@ -1,0 +1,191 @@
+"""The diagnosis in its parts, on small hand-made evidence: where a thread waits (frames.where), one rank's state
+from its sources (analyze.states.classify), and the one blame over all ranks (analyze.blame). Pure."""
+
+from __future__ import annotations
+
+from blackbox.adapters.stacks import Frame, ThreadStack
+from blackbox.analyze.blame import Context, blame
+from blackbox.analyze.states import Fact, classify
+from blackbox.frames import where
+
+TORCH = "/venv/lib/python3.11/site-packages/torch"
+LIBTORCH = f"{TORCH}/lib/libtorch_cpu.so"
+
+
+def thread(*frames: tuple[str, str]) -> ThreadStack:
+    """Frames outermost first, as (function, file)."""
+    return ThreadStack("1", "MainThread", False, tuple(Frame(file, 1, fn) for fn, file in frames))
+
+
+BACKWARD = (("<module>", "/job/train.py"), ("backward", f"{TORCH}/_tensor.py"),
+            ("_engine_run_backward", f"{TORCH}/autograd/graph.py"))  # fmt: skip
+
+
+# --- frames.where: the places real frameworks wait ------------------------------------------------------------
+def test_ddp_backward_is_ambiguous_without_native_frames_and_settled_with_them() -> None:
+    assert where(thread(*BACKWARD)).kind == "ambiguous"
+    waiting = thread(*BACKWARD, ("torch::autograd::Engine::execute", LIBTORCH),
+                     ("c10d::Reducer::finalize_backward", LIBTORCH), ("std::condition_variable::wait",
+                                                                      "/usr/lib/libstdc++.so.6.0.30"))  # fmt: skip
+    w = where(waiting)
+    assert (w.kind, w.native) == ("collective", True) and "Reducer" in w.what
+    computing = thread(*BACKWARD, ("torch::autograd::Engine::execute", LIBTORCH), ("at::native::addmm", LIBTORCH))
+    assert where(computing).kind == "compute"
+
+
+def test_fsdp_functional_and_user_collectives_are_waits() -> None:
+    fsdp = thread(("<module>", "/job/train.py"), ("forward", f"{TORCH}/nn/modules/module.py"),
+                  ("foreach_all_gather", f"{TORCH}/distributed/fsdp/_fully_shard/_fsdp_collectives.py"),
+                  ("all_gather_single", f"{TORCH}/distributed/distributed_c10d.py"))  # fmt: skip
+    assert where(fsdp).kind == "collective"
+    functional = thread(("step", "/job/train.py"), ("wait_tensor", f"{TORCH}/distributed/_functional_collectives.py"))
+    assert where(functional).kind == "collective"
+    buffers = thread(("<module>", "/job/train.py"), ("forward", f"{TORCH}/nn/parallel/distributed.py"),
+                     ("_sync_buffers", f"{TORCH}/nn/parallel/distributed.py"))  # fmt: skip
+    assert where(buffers).kind == "collective"
+
+
+def test_data_checkpoint_and_user_compute() -> None:
+    data = thread(("<module>", "/job/train.py"), ("__next__", f"{TORCH}/utils/data/dataloader.py"),
+                  ("__getitem__", "/job/data.py"))  # fmt: skip
+    w = where(data)
+    assert (w.kind, w.what) == ("data", "__getitem__ (data.py:1)")
+    assert where(thread(("save", f"{TORCH}/serialization.py"))).kind == "checkpoint"
+    assert where(thread(("<module>", "/job/train.py"), ("spin", "/job/train.py"))).kind == "compute"
+    assert where(ThreadStack("1", "MainThread", False, ())).kind == "ambiguous"
+
+
+# --- analyze.states.classify: one rank from its facts -----------------------------------------------------------
+def fact(says: str, text: str = "", source: str = "ranks/1/heartbeat.json") -> Fact:
+    return Fact(source, says, text or says)
+
+
+STACK = "ranks/1/py-spy.json"
+FR = "flight_recorder/ (rank 1's pg_status)"
+
+
+def test_stopped_process_wins_over_everything_it_cannot_say() -> None:
+    facts = [fact("stopped", "/proc state T (stopped)", "ranks/1/proc.json"), fact("gil", "liveness silent"),
+             fact("unanswered", "no stack")]  # fmt: skip
+    st = classify(1, "n", 7, facts, "compute", 3)
+    assert (st.kind, st.where) == ("elsewhere", "stopped")
+
+
+def test_an_ambiguous_stack_is_settled_by_the_flight_recorder() -> None:
+    facts = [fact("ambiguous", "main thread in _engine_run_backward", STACK),
+             fact("waiting", "enqueued all_reduce #9 of group 0 and it has not completed", FR)]  # fmt: skip
+    st = classify(0, "n", 7, facts, "compute", 3)
+    assert (st.kind, st.where, st.seq) == ("waiting", "collective", 9)
+    behind = [fact("ambiguous", "main thread in _engine_run_backward", STACK),
+              fact("behind", "never enqueued collective #9", FR)]  # fmt: skip
+    assert classify(0, "n", 7, behind, "compute", 3).where == "compute"  # backward, nothing pending: computing
+
+
+def test_an_ambiguous_stack_alone_is_unknown_and_the_heartbeat_helps() -> None:
+    assert classify(0, "n", 7, [fact("ambiguous", "main thread in backward", STACK)], "compute", 3).kind == "unknown"
+    st = classify(0, "n", 7, [fact("ambiguous", "x", STACK), fact("data", "heartbeat phase data")], "data", 3)
+    assert (st.kind, st.where) == ("elsewhere", "data")
+
+
+def test_the_stack_outranks_the_heartbeat_and_the_disagreement_is_kept() -> None:
+    facts = [fact("data", "main thread in __getitem__ (data.py:31)", STACK), fact("waiting", "heartbeat phase "
+             "collective all_reduce")]  # fmt: skip
+    st = classify(1, "n", 7, facts, "collective", 3)
+    assert (st.kind, st.where) == ("elsewhere", "data")
+    assert st.conflicts and "heartbeat phase collective" in st.conflicts[0]
+
+
+def test_a_silent_liveness_thread_in_user_code_holds_the_gil() -> None:
+    st = classify(1, "n", 7, [fact("compute", "main thread in <module> (train.py:9)", STACK), fact("gil")], "compute",
+                  3)  # fmt: skip
+    assert (st.where, st.phase) == ("gil", "compute")
+
+
+def test_an_exception_out_of_a_collective_is_a_victim() -> None:
+    st = classify(0, "n", 7, [fact("waiting", "raised DistBackendError out of a collective",
+                                   "ranks/0/exceptions.jsonl")], "collective", 3)  # fmt: skip
+    assert (st.kind, st.where) == ("waiting", "collective")
+
+
+# --- analyze.blame: the suspects are the ranks the waiting ones wait for -------------------------------------------
+def state(rank: int, *facts: Fact, phase: str = "compute", exit_code: int | None = None):  # type: ignore[no-untyped-def]
+    st = classify(rank, "n", 100 + rank, list(facts), phase, 3)
+    if exit_code is not None:
+        st.exit_code = exit_code
+    return st
+
+
+WAITING = fact("waiting", "main thread in c10d::Reducer::finalize_backward", STACK)
+
+
+def test_two_ranks_the_waiter_is_never_the_suspect() -> None:
+    b = blame(
+        [
+            state(0, WAITING),
+            state(
+                1,
+                fact("data", "main thread in __getitem__ (data.py:31)", STACK),
+                fact("data", "heartbeat phase data"),
+                phase="data",
+            ),
+        ],
+        Context("stall"),
+    )
+    assert (b.suspects, b.category, b.phase) == ([1], "hang.data_loading", "data")
+    assert b.confidence == "high"  # stack and heartbeat agree, and rank 0 is proven to wait
+
+
+def test_two_bad_ranks_of_four() -> None:
+    data = fact("data", "main thread in __getitem__ (data.py:31)", STACK)
+    b = blame([state(0, WAITING), state(1, WAITING), state(2, data, phase="data"), state(3, data, phase="data")],
+              Context("stall"))  # fmt: skip
+    assert (b.suspects, b.category) == ([2, 3], "hang.data_loading")
+
+
+def test_a_stopped_rank_gets_its_own_words() -> None:
+    stopped = fact("stopped", "/proc state T (stopped), wchan do_signal_stop", "ranks/1/proc.json")
+    b = blame([state(0, fact("ambiguous", "main thread in backward", STACK)), state(1, stopped)], Context("stall"))
+    assert (b.suspects, b.category) == ([1], "hang.stopped")
+    assert "rank 1 is stopped (SIGSTOP or a debugger)" in b.summary
+
+
+def test_exit_without_an_exception_and_an_early_clean_exit_are_crash_exit() -> None:
+    dead = state(1, fact("dead", "torchrun saw it end with exitcode 3", "console-tail.log"), exit_code=3)
+    b = blame([state(0, WAITING), dead], Context("rank_death"))
+    assert (b.suspects, b.category) == ([1], "crash.exit")
+    assert "Rank 1 exited with exit code 3 without raising" in b.summary
+    early = classify(1, "n", 101, [fact("exited", "exited normally at step 20")], "compute", 20)
+    victim = state(0, fact("waiting", "raised RuntimeError out of a collective", "ranks/0/exceptions.jsonl"))
+    victim.exception = {"rank": 0, "time": 5.0, "type": "RuntimeError", "message": "Connection closed by peer"}
+    b = blame([victim, early], Context("exception"))
+    assert (b.suspects, b.category) == ([1], "crash.exit")
+    assert "Rank 1 left the training loop at step 20 and exited 0 while rank 0 waited" in b.summary
+
+
+def test_all_ranks_named_only_when_they_all_stand_in_the_same_place() -> None:
+    spin = fact("compute", "main thread in spin (train.py:9)", STACK)
+    b = blame([state(0, spin), state(1, spin)], Context("stall"))
+    assert b.suspects == [0, 1] and b.category == "hang.compute" and b.confidence == "low"
+    # one rank in data, the other in an unsettled C call: the one in data, not both
+    b = blame([state(0, fact("ambiguous", "main thread in backward", STACK)),
+               state(1, fact("data", "main thread in __getitem__", STACK))],
+              Context("stall"))  # fmt: skip
+    assert b.suspects == [1]
+
+
+def test_on_request_a_hung_job_gets_a_hang_and_a_quiet_one_ok() -> None:
+    data = fact("data", "main thread in __getitem__ (data.py:31)", STACK)
+    hung = blame([state(0, WAITING), state(1, data)], Context("manual", progressing=None))
+    assert hung.category == "hang.data_loading" and hung.suspects == [1]
+    moving = blame([state(0, WAITING), state(1, data)], Context("manual", progressing=True))
+    assert moving.category == "ok" and moving.suspects == [1]  # the straggler, named
+    spin = fact("compute", "main thread in forward (model.py:3)", STACK)
+    assert blame([state(0, spin), state(1, spin)], Context("manual")).category == "ok"
+
+
+def test_comm_timeout_blames_the_rank_that_never_arrived() -> None:
+    victim = state(0, fact("waiting", "raised DistBackendError out of a collective", "ranks/0/exceptions.jsonl"))
+    victim.exception = {"rank": 0, "time": 5.0, "type": "DistBackendError", "message": "Timed out waiting 5000ms"}
+    b = blame([victim, state(1, fact("compute", "main thread in <module> (train.py:9)", STACK))],
+              Context("exception"))  # fmt: skip
+    assert (b.suspects, b.category, b.phase) == ([1], "crash.comm_timeout", "compute")
