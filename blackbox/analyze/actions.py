@@ -117,8 +117,10 @@ def next_actions(v: Verdict, facts: Facts) -> list[str]:
         actions.append(f"{where} exited without raising an exception: look for `sys.exit`/`os._exit` or a library "
                        "that exits (a rank-dependent `break` or `return` out of the training loop, a native "
                        "library's exit()), and at its last lines in the console tail.")  # fmt: skip
-        actions.append("Every rank must run the same number of steps and collectives: a rank that leaves early "
-                       "leaves the others waiting in the next collective (they then fail with 'connection closed').")
+        actions.append(
+            "Every rank must run the same number of steps and collectives: a rank that leaves early "
+            "leaves the others waiting in the next collective (they then fail with 'connection closed')."
+        )
     elif cat == "hang.compute":
         actions.append(f"Find the loop or native call {where} is in (its stack in the bundle), and what differs on "
                        "that rank: its data, a rank-dependent branch.")  # fmt: skip
