@@ -7,8 +7,8 @@ from __future__ import annotations
 import mmap
 import os
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, Optional
 
 from ._recorder import protocol as P
 
@@ -20,6 +20,11 @@ _Words = tuple["memoryview[int]", "memoryview[float]"]  # a group's words as int
 
 class HeartbeatFormatError(Exception):
     pass
+
+
+class HeartbeatBusy(Exception):
+    """No clean copy of a group could be had within the patience (its writer kept rewriting it, or died in the
+    middle of an update) and there is no earlier clean reading to fall back on."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,7 @@ class HeartbeatState:
     dump_ack: int
     data_wait_total: float
     batches: int
+    busy: bool = False  # a group was being rewritten throughout the read: its fields are the last clean reading
 
     def wall(self, mono: float) -> float:
         return self.wall0 + (mono - self.mono0)
@@ -78,9 +84,11 @@ def _group(q: memoryview[int], first: int, last: int, patience_s: float) -> _Wor
         time.sleep(0)
 
 
-def decode(buf: Any, patience_s: float = 0.05) -> HeartbeatState:
+def decode(buf: Any, patience_s: float = 0.05, last: Optional[HeartbeatState] = None) -> HeartbeatState:
     """Read a heartbeat from a buffer (an mmap or bytes). Raises HeartbeatFormatError for a file that is
-    not a heartbeat or comes from a newer layout."""
+    not a heartbeat or comes from a newer layout. A mixed reading is never returned: a group that cannot be
+    copied cleanly within the patience keeps its fields from `last` (the rank's last clean reading, marked
+    `busy`), and without one HeartbeatBusy is raised."""
     if len(buf) < P.HEARTBEAT_SIZE:
         raise HeartbeatFormatError("heartbeat file is %d bytes, expected %d" % (len(buf), P.HEARTBEAT_SIZE))
     magic, version, _size = P.HEADER.unpack_from(buf, P.OFF_HEADER)
@@ -93,15 +101,29 @@ def decode(buf: Any, patience_s: float = 0.05) -> HeartbeatState:
     pid, ticks, rank, local_rank, world, mode, wall0, mono0 = P.IDENT.unpack_from(buf, P.OFF_IDENT)
     view = memoryview(buf)[: P.HEARTBEAT_SIZE]
     q, d = view.cast("Q"), view.cast("d")
-    # A writer killed mid-update never finishes it: then take the words as they are.
-    pq, pd = _group(q, P.W_PROGRESS, P.W_PROGRESS_END, patience_s) or (
-        q[P.W_PROGRESS : P.W_PROGRESS_END + 1],
-        d[P.W_PROGRESS : P.W_PROGRESS_END + 1],
-    )
-    hq, hd = _group(q, P.W_PHASE, P.W_PHASE_END, patience_s) or (
-        q[P.W_PHASE : P.W_PHASE_END + 1],
-        d[P.W_PHASE : P.W_PHASE_END + 1],
-    )
+    progress = _group(q, P.W_PROGRESS, P.W_PROGRESS_END, patience_s)
+    phase_words = _group(q, P.W_PHASE, P.W_PHASE_END, patience_s)
+    if (progress is None or phase_words is None) and (last is None or last.pid != pid):
+        raise HeartbeatBusy(f"rank {rank}'s heartbeat was being rewritten throughout the read")
+    state = _state(buf, q, d, progress, phase_words)
+    if progress is not None and phase_words is not None:
+        return state
+    assert last is not None
+    keep: dict[str, Any] = {"busy": True}
+    if progress is None:
+        keep.update({k: getattr(last, k) for k in ("step", "last_progress", "last_step_dt", "slowest_step_dt")})
+    if phase_words is None:
+        keep.update({k: getattr(last, k) for k in ("phase", "phase_start", "collective", "collective_seq")})
+    return replace(state, **keep)
+
+
+def _state(buf: Any, q: Any, d: Any, progress: Optional[_Words], phase_words: Optional[_Words]) -> HeartbeatState:
+    """The reading from the groups' clean copies (a missing group's fields zero, for the caller to replace)."""
+    magic, version, _size = P.HEADER.unpack_from(buf, P.OFF_HEADER)
+    pid, ticks, rank, local_rank, world, mode, wall0, mono0 = P.IDENT.unpack_from(buf, P.OFF_IDENT)
+    zeros = memoryview(bytes(8 * (P.W_PHASE_END - P.W_PHASE + 1)))
+    pq, pd = progress or (zeros.cast("Q"), zeros.cast("d"))
+    hq, hd = phase_words or (zeros.cast("Q"), zeros.cast("d"))
     b = P.W_PHASE
     code, op = hq[P.W_PHASE_CODE - b], hq[P.W_OP - b]
     if code == P.PHASE_CUSTOM:
@@ -130,6 +152,7 @@ class HeartbeatTable:
         self.on_error = on_error  # (path, message), reported once per path and message
         self._maps: dict[str, tuple[int, mmap.mmap]] = {}
         self._errors: set[tuple[str, str]] = set()
+        self._last: dict[str, HeartbeatState] = {}  # each rank's last clean reading
 
     def read(self) -> list[HeartbeatState]:
         try:
@@ -147,8 +170,11 @@ class HeartbeatTable:
                         cached[1].close()
                     with open(path, "rb") as f:
                         self._maps[path] = (ino, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
-                states.append(decode(self._maps[path][1]))
-            except FileNotFoundError:
+                state = decode(self._maps[path][1], last=self._last.get(path))
+                if not state.busy:
+                    self._last[path] = state
+                states.append(state)
+            except (FileNotFoundError, HeartbeatBusy):
                 continue
             except (OSError, ValueError, HeartbeatFormatError) as exc:
                 key = (path, str(exc))

@@ -697,6 +697,9 @@ class Supervisor:
 
             bundle = read_bundle(path)
             report = analyze(bundle)
+            v = report.verdict
+            self.event("verdict", bundle=path, category=v.category, suspect_ranks=v.suspect_ranks, phase=v.phase,
+                       confidence=v.confidence, summary=v.summary)  # fmt: skip
             for line in report.headline():
                 self.say(f"  {line}")
         except Exception as exc:

@@ -27,6 +27,8 @@ TRAIN = HERE / "train.py"
 BIN = Path(sys.executable).parent
 SCENARIOS: dict[str, dict[str, Any]] = json.loads((HERE / "scenarios.json").read_text())
 DEFAULT_OPTIONS = ["--stall-timeout", "4"]
+LIVE: set[int] = set()  # pids of the gallery jobs running now (a test fixture that reaps leftovers spares them)
+LIVE_LOCK = threading.Lock()  # held from a job's start until its pid is in LIVE
 
 
 @dataclass
@@ -62,8 +64,10 @@ def run(name: str, run_dir: Path, cwd: Path, timeout: float = 180.0) -> Outcome:
     """Run the scenario; for one with `collect_after_step`, send blackbox SIGUSR1 ("collect now") once rank 0
     printed that step. The job is always ended (its process group killed) by the time this returns."""
     spec = SCENARIOS[name]
-    proc = subprocess.Popen(command(name, run_dir), cwd=cwd, env=environment(name), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    with LIVE_LOCK:
+        proc = subprocess.Popen(command(name, run_dir), cwd=cwd, env=environment(name), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+        LIVE.add(proc.pid)
     out: list[str] = []
     err: list[str] = []
     after = spec.get("collect_after_step")
@@ -91,6 +95,7 @@ def run(name: str, run_dir: Path, cwd: Path, timeout: float = 180.0) -> Outcome:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        LIVE.discard(proc.pid)
         deadline = time.monotonic() + 5
         for t in readers:
             t.join(max(0.0, deadline - time.monotonic()))
@@ -104,8 +109,10 @@ SETTLE_S = 3.0  # after the failing rank's line: time for its peers to reach the
 def collect(name: str, out_dir: Path, cwd: Path, timeout: float = 120.0) -> Outcome:
     """The scenario under plain torchrun (no blackbox, no recorder), collected by `blackbox collect AGENT` once
     the failing rank said so and its peers had a moment to reach their wait; then the job is killed."""
-    proc = subprocess.Popen(torchrun_command(name), cwd=cwd, env=environment(name), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    with LIVE_LOCK:
+        proc = subprocess.Popen(torchrun_command(name), cwd=cwd, env=environment(name), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+        LIVE.add(proc.pid)
     out: list[str] = []
     failing = threading.Event()
 
@@ -123,13 +130,24 @@ def collect(name: str, out_dir: Path, cwd: Path, timeout: float = 120.0) -> Outc
             return Outcome(-1, "".join(out), "the failing rank never said `failing now`")
         time.sleep(SETTLE_S)
         argv = [sys.executable, "-m", "blackbox", "collect", str(proc.pid), "--out", str(out_dir)]
-        res = subprocess.run(argv, cwd=cwd, env=environment(), capture_output=True, text=True, timeout=timeout / 2)
+        with LIVE_LOCK:
+            collector = subprocess.Popen(argv, cwd=cwd, env=environment(), stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+            LIVE.add(collector.pid)
+        try:
+            _, err = collector.communicate(timeout=timeout / 2)
+        finally:
+            LIVE.discard(collector.pid)
+            if collector.poll() is None:
+                collector.kill()
+                collector.communicate()
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        LIVE.discard(proc.pid)
         reader.join(5)
-    return Outcome(res.returncode, "".join(out), res.stderr, sorted(out_dir.glob("*.tar.gz")))
+    return Outcome(collector.returncode, "".join(out), err, sorted(out_dir.glob("*.tar.gz")))
 
 
 def verdict_of(bundle: Path) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import pytest
 
 from blackbox._recorder import protocol as P
 from blackbox._recorder.heartbeat import HeartbeatWriter
-from blackbox.heartbeat import HeartbeatFormatError, decode
+from blackbox.heartbeat import HeartbeatBusy, HeartbeatFormatError, decode
 
 
 def make_writer(tmp_path: Path) -> HeartbeatWriter:
@@ -87,16 +87,25 @@ def test_reads_are_consistent_under_concurrent_writes(tmp_path: Path) -> None:
         with open(tmp_path / "heartbeat", "rb") as f:
             mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             seen = set()
-            # WHEN this process decodes it meanwhile
+            last = None
+            # WHEN this process decodes it meanwhile, with a patience short enough to run out under load
             while proc.poll() is None:
-                s = decode(mm)
-                # THEN no reading mixes two updates
-                assert s.step == 0 or (s.last_progress, s.last_step_dt, s.slowest_step_dt) == (
-                    s.step,
-                    2 * s.step,
-                    3 * s.step,
-                )
-                seen.add(s.step)
+                for patience in (0.05, 0.0):
+                    try:
+                        s = decode(mm, patience_s=patience, last=last)
+                    except HeartbeatBusy:
+                        assert last is None  # only before the first clean reading
+                        continue
+                    # THEN no reading mixes two updates: a busy one is the last clean reading's
+                    assert s.step == 0 or (s.last_progress, s.last_step_dt, s.slowest_step_dt) == (
+                        s.step,
+                        2 * s.step,
+                        3 * s.step,
+                    )
+                    assert not s.busy or (last is not None and s.step == last.step)
+                    if not s.busy:
+                        last = s
+                    seen.add(s.step)
         assert len(seen) > 100  # it really read while the writer wrote
     finally:
         proc.kill()
@@ -120,3 +129,18 @@ def test_not_a_heartbeat(tmp_path: Path) -> None:
 def test_proc_stat_parser_handles_odd_names() -> None:
     text = "42 (my (odd) name) S 7 1 1 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 12345 1000 10"
     assert P.parse_proc_stat(text) == ("S", 7, 12345)
+
+
+def test_a_writer_killed_mid_update_never_yields_a_mixed_reading(tmp_path: Path) -> None:
+    # GIVEN a heartbeat with a clean reading, then a progress update left half done (its end version never written)
+    hb = make_writer(tmp_path)
+    clean = decode(hb.mm)
+    words = memoryview(hb.mm).cast("Q")
+    words[P.W_PROGRESS] = words[P.W_PROGRESS_END] + 1  # the update began...
+    words[P.W_STEP] = 999  # ...and wrote a field, and its writer died
+    words.release()
+    # THEN without an earlier reading there is none to give; with one, its fields are kept and marked busy
+    with pytest.raises(HeartbeatBusy):
+        decode(hb.mm, patience_s=0.0)
+    busy = decode(hb.mm, patience_s=0.0, last=clean)
+    assert busy.busy and busy.step == clean.step != 999
