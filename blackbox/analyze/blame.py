@@ -93,6 +93,20 @@ def _confidence(suspects: list[RankState], others: list[RankState]) -> str:
     return "medium" if agree >= 1 else "low"
 
 
+def _odd_ops(waiting: list[RankState]) -> list[int]:
+    """Ranks that wait in a different collective from the rest (read from their stacks): the smallest groups; every
+    rank when the groups are the same size. Empty when they all wait in the same one, or an op is unknown."""
+    by_op: dict[str, list[int]] = {}
+    for s in waiting:
+        if s.op is None:
+            return []
+        by_op.setdefault(s.op, []).append(s.rank)
+    if len(by_op) < 2:
+        return []
+    smallest = min(len(r) for r in by_op.values())
+    return sorted(r for ranks in by_op.values() if len(ranks) == smallest for r in ranks)
+
+
 def _pick(elsewhere: list[RankState]) -> list[RankState]:
     """Among ranks that are not waiting, those in the likeliest place to hold the others up."""
     for place in _PRIORITY:
@@ -149,8 +163,9 @@ def _hang(states: list[RankState], ctx: Context) -> Blame:
             inferred.append(f"{plural_ranks(ids)} {'is' if len(ids) == 1 else 'are'} the slowest: the ones the others "
                             "wait for in a collective while the job progresses")  # fmt: skip
         return Blame(ids, "ok", slow[0].phase if slow else None, "low", summary, inferred)
+    odd_ops = _odd_ops(waiting) if waiting and not (elsewhere or unknown or missing) else []
     if ctx.rule in ("manual", "unknown") and not (waiting and (elsewhere or unknown or missing)) and not any(
-            s.where in _STUCK for s in elsewhere):  # fmt: skip
+            s.where in _STUCK for s in elsewhere) and not odd_ops:  # fmt: skip
         # on request, nobody waits for anybody and nothing is stuck: no sign of a hang
         return Blame([], "ok", None, "low", "no rank stands out: none waits for another, none is stopped or gone")
     if ctx.mismatch_odd and not elsewhere:
@@ -180,6 +195,14 @@ def _hang(states: list[RankState], ctx: Context) -> Blame:
         if chosen[0].kind == "unknown":
             confidence = "low"
         return Blame(ids, category_of(chosen[0]), chosen[0].phase, confidence, summary, inferred)
+    if odd_ops and not ctx.absent:
+        by_op: dict[str, list[int]] = {}
+        for s in waiting:
+            by_op.setdefault(str(s.op), []).append(s.rank)
+        calls = "; ".join(f"{plural_ranks(r)} in {op}" for op, r in sorted(by_op.items(), key=lambda kv: kv[1]))
+        return Blame(odd_ops, "hang.collective", "collective", "medium", f"the ranks wait in different collectives "
+                     f"({calls}): a collective mismatch", [f"{plural_ranks(odd_ops)} called a collective the others "
+                     "did not (their stacks)"])  # fmt: skip
     if waiting and not elsewhere and not unknown:
         if ctx.absent:
             ids = sorted(ctx.absent)

@@ -56,6 +56,7 @@ class RankState:
     exception: Optional[dict[str, Any]] = None  # its first main-thread exception record
     exit_code: Optional[int] = None  # non-zero exit without an exception; negative: a signal
     left_early: bool = False  # exited 0 while others still ran
+    op: Optional[str] = None  # waiting: the collective its main thread waits in ("all_reduce", "barrier")
 
     def agreeing(self) -> int:
         """How many independent sources agree with the classification."""
@@ -323,6 +324,7 @@ def classify(rank: int, node: str, pid: Optional[int], facts: list[Fact], phase:
         fr_wait = next((f for f in facts if f.says == "waiting" and f.source.startswith("flight_recorder")), None)
         st = make("waiting", "collective", stack, "collective")
         st.seq = _seq(fr_wait.text) if fr_wait else None
+        st.op = stack.text.removeprefix("main thread in ").split(" ")[0]
         return st
     if kernel is not None:
         return make("elsewhere", "kernel", kernel, phase)

@@ -189,3 +189,16 @@ def test_comm_timeout_blames_the_rank_that_never_arrived() -> None:
     b = blame([victim, state(1, fact("compute", "main thread in <module> (train.py:9)", STACK))],
               Context("exception"))  # fmt: skip
     assert (b.suspects, b.category, b.phase) == ([1], "crash.comm_timeout", "compute")
+
+
+def test_without_the_flight_recorder_a_mismatch_shows_in_the_stacks() -> None:
+    # GIVEN a job collected without blackbox: three ranks in all_reduce, rank 2 in a barrier
+    def in_op(op: str) -> Fact:
+        return fact("waiting", f"main thread in {op} (distributed_c10d.py:3000)", STACK)
+
+    states = [state(r, in_op("barrier" if r == 2 else "all_reduce")) for r in range(4)]
+    b = blame(states, Context("manual"))
+    assert (b.suspects, b.category) == ([2], "hang.collective")
+    assert "ranks 0-1, 3 in all_reduce" in b.summary and "rank 2 in barrier" in b.summary
+    # AND every rank in the same collective, sampled on request, is no sign of a hang by itself
+    assert blame([state(r, in_op("all_reduce")) for r in range(4)], Context("manual")).category == "ok"
