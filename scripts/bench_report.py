@@ -1,4 +1,4 @@
-"""Benchmark: `blackbox report` time and peak memory on generated bundles of 8, 512 and 4,096 ranks (one rank
+"""Benchmark: `blackbox report` time and peak memory on generated bundles of 8 to 32,768 ranks (one rank
 stuck in its dataset, the others in all_reduce, a stall detection; per rank a heartbeat, py-spy stacks, /proc
 state and the recorder's dump). Each report runs in a fresh process (the CLI, JSON output), timed from outside;
 peak memory is that process's max RSS. Prints a Markdown table; the README quotes it.
@@ -88,7 +88,7 @@ def one_report(bundle: str, fmt: str) -> tuple[float, float]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--sizes", default="8,512,4096")
+    p.add_argument("--sizes", default="8,512,4096,32768")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     # every bundle reported or collected is indexed (that cost is measured too), in a scratch index

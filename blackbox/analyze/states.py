@@ -16,7 +16,7 @@ from typing import Any, Optional
 from ..adapters import flight_recorder as fr
 from ..adapters import stacks, torchelastic
 from ..bundle.reader import Bundle
-from ..frames import Where, where
+from ..frames import Where, is_native, where
 from .stackgroups import RankStack
 
 # What a rank is doing, as the blame sees it. "waiting" ranks are victims; the others may be causes.
@@ -76,22 +76,20 @@ def _float(v: Any) -> Optional[float]:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-def native_stack(bundle: Bundle, rank: int) -> Optional[stacks.ThreadStack]:
-    """The rank's main thread with native frames, when the collection took them (py-spy --native)."""
+def native_stack(bundle: Bundle, rank: int, rs: Optional[RankStack]) -> Optional[stacks.ThreadStack]:
+    """The rank's main thread with native frames, when the collection took them: the ambiguous ranks' own
+    `py-spy-native.json`, or the main stack itself when every stack was taken with --native."""
     from ..adapters import pyspy
 
-    for name in (f"ranks/{rank}/py-spy-native.json", f"ranks/{rank}/py-spy.json"):
-        data = bundle.json(name) if name in bundle.files else None
+    name = f"ranks/{rank}/py-spy-native.json"
+    if name in bundle.files:
+        data = bundle.json(name)
         thread = stacks.main_thread(pyspy.threads(data)) if isinstance(data, list) else None
-        if thread is not None and any(_is_native(f) for f in thread.frames):
+        if thread is not None:
             return thread
+    if rs is not None and any(is_native(f) for f in rs.thread.frames):
+        return rs.thread
     return None
-
-
-def _is_native(f: stacks.Frame) -> bool:
-    from ..frames import is_native
-
-    return is_native(f)
 
 
 def exception_records(bundle: Bundle, rank: int) -> list[dict[str, Any]]:
@@ -176,20 +174,22 @@ def read_state(
     rs: Optional[RankStack],
     fr_dump: Optional[dict[str, Any]],
     progress: GroupProgress,
-    peer_liveness: list[float],
+    peer_liveness: Optional[float],
     exits: dict[int, int],
+    job_entry: dict[str, Any],
 ) -> RankState:
-    """Every source's facts about one rank, then its classification (classify)."""
+    """Every source's facts about one rank, then its classification (classify). `peer_liveness`: the median
+    age of the other ranks' liveness threads; `job_entry`: the rank's entry in the manifest's job.local_ranks."""
     hb_raw = bundle.json(f"ranks/{rank}/heartbeat.json")
     hb: dict[str, Any] = hb_raw if isinstance(hb_raw, dict) else {}
     facts: list[Fact] = []
     hb_src = f"ranks/{rank}/heartbeat.json"
     pid = hb.get("pid") if isinstance(hb.get("pid"), int) else None
     alive = hb.get("alive") if isinstance(hb.get("alive"), bool) else None
-    for entry in bundle.section("job").get("local_ranks") or []:
-        if isinstance(entry, dict) and entry.get("rank") == rank:
-            pid = pid if pid is not None else entry.get("pid") if isinstance(entry.get("pid"), int) else None
-            alive = alive if alive is not None else bool(entry.get("alive"))
+    if job_entry:
+        entry_pid = job_entry.get("pid")
+        pid = pid if pid is not None else entry_pid if isinstance(entry_pid, int) else None
+        alive = alive if alive is not None else bool(job_entry.get("alive"))
     step = hb.get("step") if isinstance(hb.get("step"), int) else None
     phase = str(hb.get("phase") or "unknown")
     state = str(hb.get("state") or "")
@@ -230,7 +230,7 @@ def read_state(
     elif letter == "D":
         facts.append(Fact(psrc, "kernel", f"/proc state D (uninterruptible sleep in the kernel, wchan {wchan or '?'})"))
     # stacks
-    native = native_stack(bundle, rank)
+    native = native_stack(bundle, rank, rs)
     if rs is not None:
         w = where(native) if native is not None else where(rs.thread)
         src = f"ranks/{rank}/py-spy-native.json" if native is not None and f"ranks/{rank}/py-spy-native.json" in \
@@ -251,8 +251,7 @@ def read_state(
                 else ""  # fmt: skip
             facts.append(Fact(hb_src, hb_says, f"heartbeat phase {phase}{coll}"))
         age = _float(hb.get("liveness_age_s"))
-        peers = sorted(peer_liveness)
-        median = peers[len(peers) // 2] if peers else None
+        median = peer_liveness
         if age is not None and median is not None and age > max(FROZEN_MIN_S, 3 * median + 1):
             facts.append(Fact(hb_src, "gil", f"its liveness thread has not run for {age:.0f} s while its peers' ran "
                               f"{median:.1f} s ago (the GIL is held, or the process is stopped)"))  # fmt: skip

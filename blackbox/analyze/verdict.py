@@ -3,6 +3,7 @@ next actions. Pure: reads the Bundle object only. Imports the stdlib and blackbo
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from typing import Any, Optional
@@ -412,12 +413,28 @@ def _rank_states(
             ages[row.rank] = float(age)
     nodes = {row.rank: row.node for row in rows}
     node = str(bundle.manifest.get("node", "unknown"))
+    entries: dict[int, dict[str, Any]] = {}
+    for entry in bundle.section("job").get("local_ranks") or []:
+        if isinstance(entry, dict) and isinstance(entry.get("rank"), int):
+            entries.setdefault(entry["rank"], entry)
+    ordered = sorted(ages.values())
     out = []
     for rank in sorted(set(nodes) | set(bundle.ranks())):
-        peers = [a for r, a in ages.items() if r != rank]
         out.append(read_state(bundle, rank, nodes.get(rank, node), rank_stacks.get(rank), dumps.get(rank), progress,
-                              peers, exits))  # fmt: skip
+                              _peer_median(ordered, ages.get(rank)), exits, entries.get(rank, {})))  # fmt: skip
     return out
+
+
+def _peer_median(ordered: list[float], own: Optional[float]) -> Optional[float]:
+    """The median of the other ranks' values: `ordered` is every rank's, sorted; `own` this rank's (or None)."""
+    if own is None:
+        return ordered[len(ordered) // 2] if ordered else None
+    n = len(ordered) - 1
+    if n <= 0:
+        return None
+    at = bisect.bisect_left(ordered, own)
+    m = n // 2
+    return ordered[m] if m < at else ordered[m + 1]
 
 
 def _progressing(rows: list[RankRow]) -> Optional[bool]:

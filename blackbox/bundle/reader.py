@@ -14,7 +14,7 @@ from typing import Any, Optional
 from ..errors import BlackboxError
 from .writer import MANIFEST_NAME, MANIFEST_SCHEMA_VERSION
 
-MAX_MEMBERS = 100_000
+MAX_MEMBERS = 400_000  # 32,768 ranks with a dozen members each
 MAX_MEMBER_BYTES = 64 * 1024 * 1024
 MAX_TOTAL_BYTES = 256 * 1024 * 1024
 
@@ -26,15 +26,24 @@ class Bundle:
     files: dict[str, bytes]
     skipped: list[str]  # members refused (links, devices, unsafe paths), with the reason
     _by_rank: Optional[dict[int, list[str]]] = field(default=None, repr=False)
+    _parsed: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    # members every step of the analysis reads (each rank's heartbeat): parsed once, shared — never mutate them
+    SHARED = ("/heartbeat.json",)
 
     def json(self, name: str) -> Any:
+        if name in self._parsed:
+            return self._parsed[name]
         data = self.files.get(name)
         if data is None:
             return None
         try:
-            return json.loads(data)
+            value = json.loads(data)
         except ValueError:
-            return None
+            value = None
+        if name.endswith(self.SHARED):
+            self._parsed[name] = value
+        return value
 
     def text(self, name: str) -> str:
         return self.files.get(name, b"").decode("utf-8", "replace")
