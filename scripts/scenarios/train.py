@@ -31,7 +31,8 @@ from torch.utils.data import DataLoader, Dataset
 
 SCENARIO, STEP_AT = sys.argv[1], int(os.environ.get("BB_STEP_AT", "3"))  # 0: in the very first batch
 BAD_RANKS = {int(r) for r in sys.argv[2].split(",")}
-MODEL = sys.argv[3] if len(sys.argv) > 3 else "plain"
+MODELS = ("plain", "ddp", "fsdp")
+MODEL = next((a for a in sys.argv[3:] if a in MODELS), "plain")  # other arguments (a config file) are the job's
 FAIL_WHEN = os.environ.get("BB_FAIL_WHEN")
 STEPS = 30 if SCENARIO in ("healthy", "straggler") else 100_000 if FAIL_WHEN else 1000
 WORK = tempfile.mkdtemp(prefix="bb-scenario-")
