@@ -106,15 +106,15 @@ def next_actions(v: Verdict, facts: Facts) -> list[str]:
                        f"a FIFO or a stale network mount{disk}.")  # fmt: skip
     elif cat == "hang.stopped":
         pids = " ".join(live_pids) or "PID"
-        actions.append(f"{where} is stopped (SIGSTOP, job control, or a debugger attached): find who stopped it "
+        actions.append(f"R{where[1:]} is stopped (SIGSTOP, job control, or a debugger attached): find who stopped it "
                        f"(`ps -o pid,stat,tracerpid -p {pids}`; `grep TracerPid /proc/{pids.split()[0]}/status`); "
                        f"`kill -CONT {pids}` resumes it.")  # fmt: skip
     elif cat == "hang.kernel":
-        actions.append(f"{where} is in an uninterruptible sleep in the kernel: its wchan (ranks/<rank>/proc.json) "
+        actions.append(f"R{where[1:]} is in an uninterruptible sleep in the kernel: its wchan (ranks/<rank>/proc.json) "
                        "names the wait — a hung network filesystem (nfs, lustre), a device or driver; `dmesg -T | "
                        "tail -50` and the mount's health on the node.")  # fmt: skip
     elif cat == "crash.exit":
-        actions.append(f"{where} exited without raising an exception: look for `sys.exit`/`os._exit` or a library "
+        actions.append(f"R{where[1:]} exited without raising an exception: look for `sys.exit`/`os._exit` or a library "
                        "that exits (a rank-dependent `break` or `return` out of the training loop, a native "
                        "library's exit()), and at its last lines in the console tail.")  # fmt: skip
         actions.append(

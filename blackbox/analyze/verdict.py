@@ -537,6 +537,11 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
 
     # per-rank state from every source, then one blame
     states = _rank_states(bundle, rank_stacks, rows, dumps)
+    state_of = {s.rank: s for s in states}
+    for row in rows:  # without the recorder a rank's phase is what its state says (stack, native frames, /proc)
+        st = state_of.get(row.rank) if row.step is None else None
+        if st is not None:
+            row.phase = st.phase if st.phase not in ("unknown", "ambiguous") else st.where
     odd: list[int] = []
     for mm in mismatched[:1]:
         smallest = min(len(r) for r in mm.calls.values())
