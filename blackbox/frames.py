@@ -44,7 +44,10 @@ class Where:
 
 
 def is_native(frame: Frame) -> bool:
-    return bool(NATIVE_FILE.search(frame.file.rsplit("/", 1)[-1])) or frame.file == ""
+    file = frame.file
+    if file.endswith(".py"):  # the common case, cheaply: a Python source file
+        return False
+    return file == "" or bool(NATIVE_FILE.search(file.rsplit("/", 1)[-1]))
 
 
 def where(thread: ThreadStack) -> Where:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Optional
 
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call first\):$")
@@ -19,7 +20,7 @@ class Frame:
     line: int
     function: str
 
-    @property
+    @cached_property
     def is_library(self) -> bool:
         return any(m in self.file for m in LIBRARY_MARKERS)
 
@@ -35,8 +36,14 @@ class ThreadStack:
     frames: tuple[Frame, ...]  # outermost first
 
     def top_user_frame(self) -> Optional[Frame]:
-        user = [f for f in self.frames if not f.is_library] or list(self.frames)
-        return user[-1] if user else None
+        return self._top_user
+
+    @cached_property
+    def _top_user(self) -> Optional[Frame]:  # read once: a report asks it of every rank several times
+        for f in reversed(self.frames):
+            if not f.is_library:
+                return f
+        return self.frames[-1] if self.frames else None
 
 
 def parse_faulthandler(text: str, names: Optional[dict[str, str]] = None) -> list[list[ThreadStack]]:

@@ -10,7 +10,7 @@ from typing import Optional
 from ..adapters import pyspy, stacks
 from ..bundle.reader import Bundle
 from ..detections import rank_ranges
-from ..frames import where
+from ..frames import Where, where
 
 MAX_FRAMES_SHOWN = 12
 
@@ -22,6 +22,7 @@ class RankStack:
     source: str  # the bundle member it was read from
     waits_in: str  # collective | data | checkpoint | compute | ambiguous (frames.where)
     workers: tuple[tuple[int, stacks.ThreadStack], ...] = ()  # (pid, main thread) of its DataLoader workers
+    where: Optional[Where] = None  # frames.where of the main thread, read once
 
 
 @dataclass
@@ -76,7 +77,8 @@ def rank_stack(bundle: Bundle, rank: int) -> Optional[RankStack]:
             w = _from_pyspy(bundle, member, worker=True)
             if w is not None:
                 workers.append((int(member[len(head) : -5]), w))
-    return RankStack(rank, thread, source, waits_in(thread), tuple(workers))
+    at = where(thread)
+    return RankStack(rank, thread, source, at.kind, tuple(workers), at)
 
 
 def fold(thread: stacks.ThreadStack) -> list[str]:

@@ -232,7 +232,7 @@ def read_state(
     # stacks
     native = native_stack(bundle, rank, rs)
     if rs is not None:
-        w = where(native) if native is not None else where(rs.thread)
+        w = where(native) if native is not None else rs.where or where(rs.thread)
         src = f"ranks/{rank}/py-spy-native.json" if native is not None and f"ranks/{rank}/py-spy-native.json" in \
             bundle.files else rs.source  # fmt: skip
         says = {"collective": "waiting", "ambiguous": "ambiguous"}.get(w.kind, w.kind)

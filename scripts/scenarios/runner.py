@@ -60,6 +60,32 @@ def environment(name: str = "") -> dict[str, str]:
     return env
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` (torchrun starts each rank in a session of its own: killing the launcher's
+    process group would leave them running)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    for p in [pid, *_descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
 def run(name: str, run_dir: Path, cwd: Path, timeout: float = 180.0) -> Outcome:
     """Run the scenario; for one with `collect_after_step`, send blackbox SIGUSR1 ("collect now") once rank 0
     printed that step. The job is always ended (its process group killed) by the time this returns."""
@@ -93,7 +119,7 @@ def run(name: str, run_dir: Path, cwd: Path, timeout: float = 180.0) -> Outcome:
         proc.wait(timeout=timeout)
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             proc.wait()
         LIVE.discard(proc.pid)
         deadline = time.monotonic() + 5
@@ -142,8 +168,7 @@ def collect(name: str, out_dir: Path, cwd: Path, timeout: float = 120.0) -> Outc
                 collector.kill()
                 collector.communicate()
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc.pid)
         proc.wait()
         LIVE.discard(proc.pid)
         reader.join(5)

@@ -14,7 +14,7 @@ at step 3 (the multi-node tests choose the moment).
 
 Scenarios: healthy, straggler, data-hang, data-hang-workers, read-failure, ckpt-hang, spin, gil-hang,
 skip-allreduce, collective-hang, mismatch, comm-timeout, raise, oom, cuda-error, segv, sigkill, sigusr1-user,
-stopped, exit-early, exit-code."""
+stopped, kernel-hang, exit-early, exit-code."""
 
 import ctypes
 import os
@@ -109,6 +109,8 @@ def main() -> None:
                                "asynchronously reported at some other API call.")  # fmt: skip
         if mine and SCENARIO == "segv":
             ctypes.string_at(0)
+        if mine and SCENARIO == "kernel-hang":  # uninterruptible sleep (D) in the kernel, as on a hung mount
+            vfork_and_wait()
         if mine and SCENARIO == "stopped":  # as a debugger or a job-control stop would leave it
             os.kill(os.getpid(), signal.SIGSTOP)
         if mine and SCENARIO == "exit-early":  # leaves the loop (a rank-dependent `break`) and ends cleanly
@@ -142,6 +144,15 @@ def main() -> None:
             print(f"rank {rank}: ready", flush=True)
             signal.pause() if rank in BAD_RANKS else None
     dist.destroy_process_group()
+
+
+def vfork_and_wait() -> None:
+    """The main thread sleeps uninterruptibly in the kernel (state D, as a read on a dead NFS server would):
+    vfork() holds the parent in the kernel until the child execs or exits, and this child never does."""
+    libc = ctypes.CDLL(None)
+    if libc.vfork() == 0:
+        libc.pause()
+        libc._exit(0)
 
 
 def announce(rank: int) -> None:
