@@ -51,12 +51,13 @@ def _from_pyspy(bundle: Bundle, name: str, worker: bool = False) -> Optional[sta
     data = bundle.json(name)
     if not isinstance(data, list):
         return None
-    threads = pyspy.threads(data)
-    if worker:  # a forked DataLoader worker: the thread running its loop (others are the parent's leftovers)
-        for t in threads:
-            if any(f.function == "_worker_loop" for f in t.frames):
-                return t
-    return stacks.main_thread(threads)
+    if not worker:  # the main thread alone is read: a 32,768-rank report reads one per rank
+        main = [t for t in data if isinstance(t, dict) and t.get("thread_name") == "MainThread"]
+        return stacks.main_thread(pyspy.threads(main or data))
+    for t in pyspy.threads(data):  # a forked DataLoader worker: the thread running its loop (others are leftovers)
+        if any(f.function == "_worker_loop" for f in t.frames):
+            return t
+    return stacks.main_thread(pyspy.threads(data))
 
 
 def rank_stack(bundle: Bundle, rank: int) -> Optional[RankStack]:
