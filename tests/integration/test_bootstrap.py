@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from blackbox._recorder import protocol as P
 from blackbox.heartbeat import HeartbeatState, decode
 from blackbox.supervisor.supervisor import INJECT_DIR
@@ -108,8 +110,10 @@ def test_children_of_a_rank_do_not_record(tmp_path: Path) -> None:
     assert read_hb(tmp_path, 1).pid != int(out.stdout)
 
 
-def test_launchers_do_not_record(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--help"], env=rank_env(tmp_path),
+@pytest.mark.parametrize("options", [[], ["-W", "ignore"], ["-u", "-X", "dev", "-W", "ignore::DeprecationWarning"]])
+def test_launchers_do_not_record(tmp_path: Path, options: list[str]) -> None:
+    # interpreter options before `-m` (their values too) do not hide the launcher
+    out = subprocess.run([sys.executable, *options, "-m", "torch.distributed.run", "--help"], env=rank_env(tmp_path),
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert not (tmp_path / "ranks").exists()

@@ -11,6 +11,7 @@ _DISABLE = "BLACKBOX_DISABLE"
 # Command lines of launchers: they start ranks and are never ranks themselves.
 _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 _LAUNCHER_SCRIPTS = ("torchrun", "accelerate", "deepspeed", "composer")
+_VALUE_OPTIONS = ("-W", "-X", "--check-hash-based-pycs")  # interpreter options whose value is the next word
 
 
 def _blackbox_is_launcher() -> bool:
@@ -21,9 +22,18 @@ def _blackbox_is_launcher() -> bool:
                 argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
         except OSError:
             argv = list(sys.argv)
+    skip = False
     for i, arg in enumerate(argv[1:], 1):
+        if skip:  # the value of an interpreter option (`-W ignore`, `-X dev`)
+            skip = False
+            continue
         if arg == "-m" and i + 1 < len(argv):
             return argv[i + 1] in _LAUNCHER_MODULES or argv[i + 1].split(".")[0] in _LAUNCHER_SCRIPTS
+        if arg in _VALUE_OPTIONS:
+            skip = True
+            continue
+        if arg == "-c":
+            return False
         if not arg.startswith("-"):
             return os.path.basename(arg) in _LAUNCHER_SCRIPTS
     return False
