@@ -159,6 +159,9 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("coord_port", _port, AUTO, "a port number (1-65535) or `auto`",
            "Multi-node: the coordination store's port, the same on every node; `auto` = torchrun's rendezvous or "
            "master port + 1000 (- 1000 above 64535)."),
+    Option("console_log_max", _count, 256, "a whole number of MiB",
+           "console.log's bound: its first quarter keeps the head of the job's output, the rest the newest output "
+           "(console.tail.log); what lies between is dropped and counted in the log (the terminal has all of it)."),
     Option("cuda_memory_history", _count, 0, "a whole number of entries",
            "Record this many CUDA allocation events per rank once CUDA is initialised, for memory snapshots "
            "(0: off; it costs GPU-side time)."),
@@ -187,6 +190,7 @@ class RunConfig:
     status_interval: float
     coord: str
     coord_port: Union[int, str]
+    console_log_max: int
     cuda_memory_history: int
     sources: Mapping[str, str]  # option name -> where its value came from (for the events log)
 

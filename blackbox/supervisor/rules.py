@@ -169,6 +169,10 @@ FATAL_LINES: tuple[tuple[str, str], ...] = (
 )  # fmt: skip
 _FATAL = re.compile("|".join(f"(?P<{kind}>{rx})" for kind, rx in FATAL_LINES), re.MULTILINE | re.IGNORECASE)
 MAX_LINE = 4096
+# What any fatal line contains, lower-cased (FATAL_LINES' patterns): a chunk with none of them costs no pattern.
+_FATAL_CANDIDATES = (b"watchdog", b"timed out", b"cuda", b"cublas", b"cudnn", b"nccl", b"illegal memory",
+                     b"out of memory", b"outofmemoryerror", b"segmentation fault", b"fatal python error", b"sigsegv",
+                     b"sigbus", b"sigabrt", b"core dumped", b"childfailederror", b"traceback")  # fmt: skip
 
 
 class FatalLines:
@@ -186,7 +190,12 @@ class FatalLines:
             rest = buf[cut:]
             self._partial[stream] = rest[-MAX_LINE:]
         out: list[tuple[str, str]] = []
+        lower = buf[:cut].lower()
+        if not any(c in lower for c in _FATAL_CANDIDATES):  # the common case: one fast scan, no pattern at all
+            return out
         for line in buf[:cut].decode("utf-8", "replace").splitlines():
+            if not any(c in line.lower().encode() for c in _FATAL_CANDIDATES):
+                continue
             m = _FATAL.search(line[:MAX_LINE])
             if m and m.lastgroup:
                 out.append((m.lastgroup, line.strip()[:500]))

@@ -129,7 +129,8 @@ class Supervisor:
         remember_secrets(self.env)  # the job's credentials, scrubbed from everything blackbox writes
         self.run_dir = prepare_run_dir(self.run_dir)
         self.events = EventLog(os.path.join(self.run_dir, "events.jsonl"))
-        self.console = ConsoleLog(os.path.join(self.run_dir, "console.log"), lambda m: self.say_once("console", m))
+        self.console = ConsoleLog(os.path.join(self.run_dir, "console.log"), lambda m: self.say_once("console", m),
+                                  max(1, self.cfg.console_log_max) * 1024 * 1024)  # fmt: skip
         self._table = HeartbeatTable(os.path.join(self.run_dir, "ranks"), self._heartbeat_error)
         facts = self._header()
         self.event(
