@@ -191,17 +191,23 @@ class LastWords:
         try:
             if not rec.enabled:
                 return
-            if thread == "MainThread":
-                rec.mark_exception()
             record = {
                 "time": time.time(), "rank": rec.rank, "pid": rec.pid, "thread": thread,
                 "type": getattr(tp, "__module__", "") + "." + getattr(tp, "__qualname__", str(tp)),
                 "message": str(value)[:4000], "traceback": frames_of(tb) if tb is not None else [],
                 "chain": _chain(value), **rec.context(),
             }  # fmt: skip
+            # written before the heartbeat says "exception": whoever sees the state finds the record (and can
+            # tell a Ctrl-C's KeyboardInterrupt from a crash)
             append_jsonl(os.path.join(self.dir, "exceptions.jsonl"), record)
         except Exception as exc:
             rec.fail("exceptions", exc)
+        finally:
+            if rec.enabled and thread == "MainThread":
+                try:
+                    rec.mark_exception()
+                except Exception as exc:
+                    rec.fail("exceptions", exc)
 
     # --- CUDA out of memory --------------------------------------------------------------------------------
     def watch_oom(self, torch: Any) -> None:

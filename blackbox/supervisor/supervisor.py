@@ -5,6 +5,7 @@ Imports the stdlib, psutil (through adapters) and blackbox's host side."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import signal
@@ -77,6 +78,7 @@ class Supervisor:
         self.ending_since: Optional[float] = None
         self.kill_deadline: Optional[float] = None
         self.sigints = 0
+        self.interrupted = False  # the user interrupted the job (Ctrl-C): what follows is no incident
         self.bundles: list[str] = []
         self._pending: list[int] = []
         self._rules = Rules(cfg)
@@ -264,6 +266,9 @@ class Supervisor:
 
     def _forward(self, sig: int) -> None:
         assert self.launched is not None
+        if sig == signal.SIGINT:  # the user's own decision: pass it on, keep no bundle, file no incident
+            self._say_interrupted()
+            self.terminating = True
         if not self.terminating:
             # The launcher will now tear the ranks down: keep what they were doing first (a job that hung
             # until the scheduler's time limit is a stall nobody saw).
@@ -514,6 +519,10 @@ class Supervisor:
         if d.rule == "rank_death" and self.terminating:  # the teardown we asked for: a record, no alarm
             self.event(d.rule, ranks=list(d.ranks), expected=True)
             return
+        if self.interrupted or (d.rule in ("exception", "rank_death") and self._interrupt_in(d)):
+            self._say_interrupted()
+            self.event(d.rule, ranks=list(d.ranks), reason=d.reason, expected=True, interrupted=True)
+            return
         if self.ending_since is not None:  # blackbox is ending the job (its evidence is taken): what follows —
             # stalls, peers' "connection closed" exceptions, deaths — is that ending, not a new incident
             self.event(d.rule, ranks=list(d.ranks), reason=d.reason, expected=True)
@@ -541,6 +550,34 @@ class Supervisor:
                 pids = ", ".join(str(r.pid) for r in report.ranks if r.rank in suspects) if report else ", ".join(
                     str(f.pid) for f in d.findings)  # fmt: skip
                 self.say(f"leaving the job running (--on-stall keep); inspect it with: py-spy dump --pid {pids}")
+
+    def _interrupt_in(self, d: Detection) -> bool:
+        """Whether the ranks of a detection ended by an interrupt (Ctrl-C at the terminal reaches every process
+        of the job): their last exception is a KeyboardInterrupt, or they died of SIGINT."""
+        if not d.ranks:
+            return False
+        for f in d.findings:
+            if f.exit_status and "SIGINT" in f.exit_status:
+                continue
+            path = os.path.join(self.run_dir, "ranks", str(f.rank), "exceptions.jsonl")
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(0, os.SEEK_END)
+                    fh.seek(max(0, fh.tell() - 65536))
+                    last = fh.read().splitlines()[-1:]
+                record = json.loads(last[0]) if last else {}
+            except (OSError, ValueError):
+                return False
+            if not (isinstance(record, dict) and str(record.get("type", "")).endswith("KeyboardInterrupt")):
+                return False
+        return bool(d.findings)
+
+    def _say_interrupted(self) -> None:
+        if not self.interrupted:
+            self.interrupted = True
+            self.event("interrupted")
+            self.say("interrupted (Ctrl-C): the job is ending as you asked; no bundle, not an incident (send "
+                     "SIGUSR1 to blackbox first to keep one)")
 
     def _end_after_stall(self, what: str) -> None:
         self.ended_after_stall = True
@@ -794,7 +831,7 @@ class Supervisor:
         if self.watching:
             with contextlib.suppress(Exception):
                 self._poll_guarded()  # deaths at the very end still get their record
-        if code != 0 and not self.bundles and self.watching:
+        if code != 0 and not self.bundles and self.watching and not self.interrupted:
             self._collect("exit", None)
         for thread in self._indexing:
             thread.join(5.0)

@@ -290,3 +290,56 @@ def test_python_m_torch_distributed_run(tmp_path: Path, run_dir: Path) -> None:
     assert sorted(heartbeat_pids(run_dir)) == [0, 1]
     launcher = int(events(run_dir, "launched")[0]["pid"])  # type: ignore[call-overload]
     assert launcher not in heartbeat_pids(run_dir).values() and not bundles(run_dir)
+
+
+def test_ctrl_c_at_the_terminal_is_the_users_decision_not_a_crash(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN an interactive run (blackbox on a terminal, as a user's shell starts it) of a 2-rank DDP job
+    import fcntl
+    import termios
+
+    master, slave = os.openpty()
+    train = Path(__file__).resolve().parents[2] / "scripts" / "scenarios" / "train.py"
+    home = tmp_path / "home"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "blackbox", "run", "--run-dir", str(run_dir), "--", TORCHRUN, "--standalone",
+         "--nproc-per-node", "2", str(train), "data-hang", "1", "ddp"],
+        cwd=tmp_path, env=job_env(BB_FAIL_WHEN=str(tmp_path / "never"), BLACKBOX_HOME=str(home)),
+        stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+    )  # fmt: skip
+    os.close(slave)
+    out = bytearray()
+
+    def drain() -> bytes:
+        with __import__("contextlib").suppress(OSError):
+            while __import__("select").select([master], [], [], 0.05)[0]:
+                chunk = os.read(master, 65536)
+                if not chunk:
+                    break
+                out.extend(chunk)
+        return bytes(out)
+
+    try:
+        wait_for(lambda: drain() is not None and len(events(run_dir, "first_step")) == 2, 90, "both ranks to step")
+        # WHEN the user presses Ctrl-C
+        os.write(master, b"\x03")
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            drain()
+        drain()
+        assert proc.returncode is not None, bytes(out)[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(master)
+    text = bytes(out).decode("utf-8", "replace")
+    # THEN one line says so, the job's own exit code is kept, and there is no bundle, no verdict, no incident
+    assert "interrupted (Ctrl-C)" in text, text[-3000:]
+    assert "verdict:" not in text and "evidence bundle" not in text, text[-3000:]
+    assert not bundles(run_dir)
+    end = events(run_dir, "end")[-1]
+    assert end["exit_code"] == end["job_exit_code"] == proc.returncode != 0
+    assert not (home / "incidents.sqlite").exists() or "KeyboardInterrupt" not in (
+        home / "incidents.sqlite"
+    ).read_bytes().decode("latin-1")
