@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+from . import protocol as P
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
@@ -97,6 +99,7 @@ class LastWords:
         rec = self.rec
         rec.guard("fatal", self._enable_fatal)
         rec.guard("sigusr1", self._register, signal.SIGUSR1)
+        rec.guard("dump_signal", self._register, P.dump_signal())
         rec.guard("sigterm", self._register, signal.SIGTERM)
         rec.guard("signal_watch", self._watch_signal_calls)
         rec.guard("exceptions", self._install_excepthooks)
@@ -108,7 +111,7 @@ class LastWords:
         faulthandler.enable(file=self._open("fatal", "fatal.txt"), all_threads=True)
 
     def _file_for(self, sig: int) -> Any:
-        if sig == signal.SIGUSR1:
+        if sig in (signal.SIGUSR1, P.dump_signal()):
             return self._files.get("usr1") or self._open("usr1", "stacks-%d.txt" % self.stack_dump_index)
         return self._files.get("term") or self._open("term", "sigterm.txt")
 
@@ -119,6 +122,8 @@ class LastWords:
             handler = signal.getsignal(sig)
         if sig == signal.SIGTERM:
             chain = handler is not signal.SIG_IGN
+        elif sig == P.dump_signal():  # blackbox's own: a dump and nothing else, whatever the job installed
+            chain = False
         else:  # SIGUSR1's default would kill the rank: chain only to a real handler
             chain = handler not in (signal.SIG_DFL, signal.SIG_IGN)
         faulthandler.register(sig, file=self._file_for(sig), all_threads=True, chain=chain)
@@ -126,7 +131,7 @@ class LastWords:
     def step_aside(self) -> None:
         """This process no longer records (the ranks it started do): its signal dumps stop, and SIGUSR1 and
         SIGTERM do again what they did before."""
-        for sig in (signal.SIGUSR1, signal.SIGTERM):
+        for sig in (signal.SIGUSR1, signal.SIGTERM, P.dump_signal()):
             try:
                 faulthandler.unregister(sig)
             except Exception:
@@ -137,6 +142,7 @@ class LastWords:
         self.stack_dump_index += 1
         self._open("usr1", "stacks-%d.txt" % self.stack_dump_index)
         self._register(signal.SIGUSR1)
+        self._register(P.dump_signal())
 
     def _watch_signal_calls(self) -> None:
         """`signal.signal(SIGUSR1 or SIGTERM, h)` by the job would silently replace faulthandler's handler:

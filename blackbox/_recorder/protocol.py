@@ -56,6 +56,19 @@ STATE_EXITED = 2  # the interpreter ran its exit handlers (a normal exit or sys.
 STATE_EXCEPTION = 3  # an uncaught exception reached sys.excepthook
 STATE_NAMES = ("starting", "running", "exited", "exception")
 
+# --- the dump signal -----------------------------------------------------------------------------------
+# blackbox's automated dumps never fire a job's own handler (many jobs catch SIGUSR1 to checkpoint before a Slurm
+# preemption): a rank registers faulthandler, unchained, on this real-time signal, which nothing else registers;
+# the collector sends it only to a process whose SigCgt shows it. SIGUSR1 stays the user's manual "dump now".
+DUMP_SIGNAL_FROM_MAX = 3  # SIGRTMAX - 3
+
+
+def dump_signal() -> int:
+    import signal
+
+    return int(signal.SIGRTMAX) - DUMP_SIGNAL_FROM_MAX
+
+
 # --- phases ------------------------------------------------------------------------------------------
 PHASE_STARTUP = 0
 PHASE_COMPUTE = 1

@@ -1,7 +1,8 @@
 """One collection: every rank's and helper process's evidence gathered in parallel within a time budget, then
 redacted, bounded and written as one bundle. Used by `blackbox run` on a trigger and by `blackbox collect PID`.
-Order matters (DESIGN.md §7): from outside first (py-spy, /proc), then the rank's own dump, SIGUSR1 last and only
-to a process with a handler. Imports the stdlib and blackbox's host side; never prints (it reports progress)."""
+Order matters (DESIGN.md §7): from outside first (py-spy, /proc), then the rank's own dump, and last the
+recorder's own dump signal, only to a process that registered it (never SIGUSR1: that may be the job's).
+Imports the stdlib and blackbox's host side; never prints (it reports progress)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import glob
 import json
 import os
 import re
-import signal
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -312,9 +312,10 @@ class Collector:
                f"{len(procs) - len(gone)}/{len(procs)} process(es)" + (f"; gone: {gone}" if gone else ""))  # fmt: skip
 
     def request_dumps(self, ranks: list[RankTarget], w: BundleWriter, deadline: float) -> None:
-        """Ask every live recorded rank for its own dump. SIGUSR1 (faulthandler, from C: it works while a rank
-        holds the GIL or is blocked in C) goes at once when the job is about to end anyway; otherwise only to
-        the ranks that did not answer the quiet way, and only to a process that has a handler for it."""
+        """Ask every live recorded rank for its own dump. The recorder's dump signal (faulthandler, from C: it
+        works while a rank holds the GIL or is blocked in C; a real-time signal only the recorder registers, so a
+        job's own SIGUSR1 handler never runs) goes at once when the job is about to end anyway; otherwise only to
+        the ranks that did not answer the quiet way, and only to a process that shows a handler for it."""
         t = time.monotonic()
         live = [r for r in ranks if r.alive and r.hb is not None]
         if self.table is None or not live:
@@ -330,12 +331,13 @@ class Collector:
             except OSError as exc:
                 notes.append(f"rank {r.rank}: dump request failed: {exc.strerror}")
         signalled: list[int] = []
+        dump_signal = P.dump_signal()
 
         def signal_ranks(targets: list[RankTarget]) -> None:
             for r in targets:
-                if not procfs.has_handler(r.pid, signal.SIGUSR1):
-                    notes.append(f"rank {r.rank}: no SIGUSR1 handler, not signalled (it would die of it)")
-                elif procfs.signal_if_same(r.pid, r.start_ticks, signal.SIGUSR1):
+                if not procfs.has_handler(r.pid, dump_signal):
+                    notes.append(f"rank {r.rank}: the recorder's dump signal is not registered, not signalled")
+                elif procfs.signal_if_same(r.pid, r.start_ticks, dump_signal):
                     signalled.append(r.rank)
 
         if self.options.job_ends:
@@ -356,7 +358,7 @@ class Collector:
         if signalled:
             time.sleep(0.2)  # faulthandler writes from the signal handler: a fraction of a millisecond
         answered = sorted(set(asked) - set(pending))
-        detail = (f"{len(answered)}/{len(live)} rank(s) wrote their dump; SIGUSR1 to rank(s) "
+        detail = (f"{len(answered)}/{len(live)} rank(s) wrote their dump; the dump signal to rank(s) "
                   f"{signalled or 'none'}" + ("; " + "; ".join(notes) if notes else ""))  # fmt: skip
         if pending:
             detail += f"; no answer within {wait:g} s from rank(s) {sorted(pending)}"

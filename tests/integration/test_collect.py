@@ -107,7 +107,7 @@ def test_collect_finds_every_rank_and_leaves_the_job_running(
 
 
 def test_no_signal_to_a_process_without_a_handler(tmp_path: Path) -> None:
-    # GIVEN a process under the recorder that cannot answer (GIL held in C) and has no SIGUSR1 handler
+    # GIVEN a process under the recorder that cannot answer (GIL held in C) and has no handler for the dump signal
     record_dir = tmp_path / "run"
     (record_dir / "ranks").mkdir(parents=True)
     ready = tmp_path / "ready"
@@ -123,7 +123,7 @@ def test_no_signal_to_a_process_without_a_handler(tmp_path: Path) -> None:
     files = members(Path(json.loads(res.stdout)["bundle"]))
     # THEN it was asked the quiet way, not signalled, and it is alive; py-spy still saw it
     step = manifest_step(files, "rank dumps")
-    assert step["status"] == "partial" and "no SIGUSR1 handler, not signalled" in step["detail"]
+    assert step["status"] == "partial" and "dump signal is not registered, not signalled" in step["detail"]
     assert target.is_running() and target.status() != psutil.STATUS_ZOMBIE
     assert "ranks/0/py-spy.json" in files and "ranks/0/heartbeat.json" in files
 

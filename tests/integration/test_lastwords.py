@@ -203,6 +203,22 @@ def test_user_sigusr1_handler_is_kept_behind_faulthandler(tmp_path: Path) -> Non
         proc.communicate()
 
 
+def test_blackbox_never_fires_the_jobs_own_sigusr1_handler(tmp_path: Path) -> None:
+    # GIVEN a job that checkpoints on SIGUSR1 (as Slurm jobs do before a preemption), hung at step 2 in rank 1
+    run_dir, res = run_scenario(tmp_path, "sigusr1-user", 1)
+    # WHEN blackbox collects the stall and ends the job (every rank signalled for its dump at once)
+    assert res.returncode == 86, res.stderr
+    # THEN the job's handler never ran, and the dumps came through the recorder's own signal
+    assert b"user SIGUSR1 handler ran" not in res.stdout, res.stdout[-2000:]
+    dumps = "".join(p.read_text() for p in (run_dir / "ranks" / "1").glob("stacks-*.txt"))
+    assert "Current thread" in dumps or "Thread 0x" in dumps
+    (bundle,) = bundles(run_dir)
+    with tarfile.open(bundle) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+    step = next(s for s in manifest["steps"] if s["name"] == "rank dumps")
+    assert "the dump signal to rank(s) [0, 1]" in step["detail"], step
+
+
 def test_flight_recorder_names_the_rank_that_skipped(tmp_path: Path, gallery: Gallery) -> None:
     # GIVEN a job where rank 1 skips an all_reduce and rank 0 waits in it: a stall, collected
     run_dir, res = gallery("skip-allreduce")
