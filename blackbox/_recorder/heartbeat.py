@@ -23,10 +23,21 @@ class HeartbeatWriter:
         tmp = "%s.%d.tmp" % (path, pid)
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
-            os.ftruncate(fd, P.HEARTBEAT_SIZE)
+            # The page is written for real before it is mapped: a sparse file (ftruncate) on a full or over-quota
+            # filesystem would raise SIGBUS at the first store and kill the rank. Here it is an OSError, and the
+            # recorder stays off in this rank.
+            zeros = memoryview(bytes(P.HEARTBEAT_SIZE))
+            while zeros:
+                zeros = zeros[os.write(fd, zeros) :]
             self.mm = mmap.mmap(fd, P.HEARTBEAT_SIZE)
-        finally:
+        except BaseException:
             os.close(fd)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        os.close(fd)
         self.wall0 = time.time()
         self.mono0 = time.monotonic()
         self._q = memoryview(self.mm).cast("Q")  # one machine store per item assignment

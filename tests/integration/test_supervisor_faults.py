@@ -3,7 +3,9 @@ The supervisor runs in this process here, over a real child job, with its rule e
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from blackbox.config import load_run_config
 from blackbox.events import read_events
 from blackbox.supervisor import supervisor as sup
 from blackbox.supervisor.rules import Rules
-from tests.conftest import job_env
+from tests.conftest import PROGRAMS, TORCHRUN, job_env, run_blackbox
 
 
 def run_in_process(run_dir: Path, code: str, said: list[str]) -> int:
@@ -45,3 +47,28 @@ def test_not_linux_runs_the_job_unwatched(tmp_path: Path, monkeypatch: pytest.Mo
     assert rc == 4
     assert said == ["cannot watch on darwin (blackbox reads /proc, which only Linux has); running the job unwatched"]
     assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_full_filesystem_never_stops_a_rank(tmp_path: Path) -> None:
+    # GIVEN a run directory on a filesystem with no space left (a 64 KiB tmpfs, filled)
+    import shutil
+
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        (mnt / "runs").mkdir()
+        with open(mnt / "fill", "wb") as f, contextlib.suppress(OSError):
+            f.write(b"\0" * 128 * 1024)
+        # WHEN a 2-rank job runs under blackbox there
+        job = [TORCHRUN, "--standalone", "--nproc-per-node", "2", str(PROGRAMS / "gloo_job.py"), "--steps", "5"]
+        res = run_blackbox(["run", "--run-dir", str(mnt / "runs" / "r"), "--", *job], tmp_path)
+        err = res.stderr.decode()
+        # THEN every rank runs to its end (no SIGBUS from an unbacked heartbeat page) and the exit code is the job's
+        assert res.returncode == 0, err[-3000:]
+        assert "SIGBUS" not in err and "internal error" not in err, err[-3000:]
+        assert res.stdout.count(b"done") == 2
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        shutil.rmtree(mnt, ignore_errors=True)
