@@ -41,13 +41,30 @@ def payload(bundle: str, report: Optional[Report], run_id: str, node: str, trigg
             "next_action": report.next_actions[0] if report is not None and report.next_actions else None}  # fmt: skip
 
 
+# Sessions of the alert commands running now: they are not part of the job (the supervisor neither signals
+# them when it ends the job nor reaps them: their own Popen does, and reads their exit code).
+SESSIONS: set[int] = set()
+SESSIONS_LOCK = threading.Lock()
+
+
 def run_command(cmd: str, extra_env: dict[str, str], timeout: float = COMMAND_TIMEOUT_S) -> tuple[Optional[int], str]:
     """(exit code or None, how it went). The command runs in its own session, killed with it at the timeout."""
     try:
-        proc = subprocess.Popen(cmd, shell=True, env={**os.environ, **extra_env}, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+        with SESSIONS_LOCK:
+            proc = subprocess.Popen(cmd, shell=True, env={**os.environ, **extra_env}, stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                    start_new_session=True)  # fmt: skip
+            SESSIONS.add(proc.pid)
     except OSError as exc:
         return None, f"could not be started: {exc.strerror}"
+    try:
+        return _wait(proc, timeout)
+    finally:
+        with SESSIONS_LOCK:
+            SESSIONS.discard(proc.pid)
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> tuple[Optional[int], str]:
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

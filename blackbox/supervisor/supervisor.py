@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Callable, Optional
 
-from .. import __version__
+from .. import __version__, alerts
 from .._recorder import protocol as P
 from ..adapters import gpu, host, procfs
 from ..alerts import Alerts
@@ -369,16 +369,21 @@ class Supervisor:
         return True
 
     def _reap(self) -> None:
-        """Collect the exit of the launcher and of any orphaned job process that was handed to us."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            except InterruptedError:
+        """Collect the exit of the launcher and of any orphaned job process that was handed to us. Each child
+        is waited for by pid: the alert commands and the coordination helper are reaped by their own owners,
+        which read their exit codes."""
+        pids = set(procfs.children(os.getpid()))
+        if self.launched is not None:  # whatever /proc says, the launcher is always waited for
+            pids.add(self.launched.pid)
+        for pid in sorted(pids):
+            if self._not_the_jobs(pid):
                 continue
-            if pid == 0:
-                return
+            try:
+                got, status = os.waitpid(pid, os.WNOHANG)
+            except (ChildProcessError, InterruptedError):
+                continue
+            if got == 0:
+                continue
             if self.launched is not None and pid == self.launched.pid:
                 self.launcher_status = status
                 self.launched.popen.returncode = os.waitstatus_to_exitcode(status)
@@ -576,8 +581,10 @@ class Supervisor:
         if not self.interrupted:
             self.interrupted = True
             self.event("interrupted")
-            self.say("interrupted (Ctrl-C): the job is ending as you asked; no bundle, not an incident (send "
-                     "SIGUSR1 to blackbox first to keep one)")
+            self.say(
+                "interrupted (Ctrl-C): the job is ending as you asked; no bundle, not an incident (send "
+                "SIGUSR1 to blackbox first to keep one)"
+            )
 
     def _end_after_stall(self, what: str) -> None:
         self.ended_after_stall = True
@@ -767,9 +774,8 @@ class Supervisor:
         """(pid, start ticks) of every live process of the job: our descendants (orphans are handed
         to us, a subreaper) and the ranks whose heartbeats we read. Nothing else is ever signalled."""
         procs: dict[int, int] = {}
-        helper = self._coord.pid if self._coord is not None else None
         for pid in procfs.descendants(os.getpid()):
-            if pid == helper:
+            if self._not_the_jobs(pid):
                 continue
             st = procfs.proc_stat(pid)
             if st is not None:
@@ -778,6 +784,20 @@ class Supervisor:
             if procfs.is_alive(pid, hb.start_ticks):
                 procs[pid] = hb.start_ticks
         return sorted(procs.items())
+
+    def _not_the_jobs(self, pid: int) -> bool:
+        """blackbox's own helpers: the coordination helper, and the --on-incident commands with what they
+        started (each runs in a session of its own)."""
+        if self._coord is not None and pid == self._coord.pid:
+            return True
+        with alerts.SESSIONS_LOCK:
+            sessions = set(alerts.SESSIONS)
+        if not sessions:
+            return False
+        try:
+            return pid in sessions or os.getsid(pid) in sessions
+        except OSError:
+            return False
 
     def _end_job(self, reason: str) -> None:
         if self.ending_since is not None:

@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
+from blackbox.events import read_events
 from tests.conftest import BLACKBOX, PROGRAMS, TORCHRUN, bundles, job_env, run_blackbox
 
 GLOO_JOB = str(PROGRAMS / "gloo_job.py")
@@ -132,3 +133,17 @@ def test_a_throttling_gpu_is_an_event_and_a_finding(tmp_path: Path, run_dir: Pat
                          env=job_env(), timeout=60)  # fmt: skip
     assert any("GPU 0 throttled its clocks (hw_thermal); hottest reading 93.0C" in f["text"]
                for f in json.loads(rep.stdout)["findings"])  # fmt: skip
+
+
+def test_the_on_incident_command_is_not_part_of_the_job(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN an on-incident command still running while blackbox ends the job after a stall
+    done = tmp_path / "done"
+    cmd = f"sleep 4; echo finished > {done}; exit 7"
+    res = run_blackbox(["run", "--run-dir", str(run_dir), *STALL, "--on-incident", cmd, "--", *stalling_job(tmp_path)],
+                       tmp_path)  # fmt: skip
+    assert res.returncode == 86, res.stderr
+    # THEN it was neither killed with the job's processes nor reaped by blackbox's loop: it finished, and its own
+    # exit code is the one recorded
+    assert done.read_text() == "finished\n"
+    (ran,) = [e for e in read_events(str(run_dir / "events.jsonl")) if e["event"] == "on_incident"]
+    assert ran["exit_code"] == 7, ran
