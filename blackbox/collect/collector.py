@@ -346,10 +346,15 @@ class Collector:
         end = time.monotonic() + wait
         quiet_end = time.monotonic() + min(2.0, wait / 2)
         pending = dict(asked)
+        gone: list[int] = []
         while pending and time.monotonic() < end:
             for hb in self.table.read():
                 if hb.rank in pending and hb.dump_ack >= pending[hb.rank]:
                     del pending[hb.rank]
+            for r in live:  # a rank that died meanwhile (the job is being ended) will not answer: stop waiting
+                if r.rank in pending and not procfs.is_alive(r.pid, r.start_ticks):
+                    del pending[r.rank]
+                    gone.append(r.rank)
             if not self.options.job_ends and not signalled and time.monotonic() > quiet_end and pending:
                 signal_ranks([r for r in live if r.rank in pending])
                 if not signalled:
@@ -357,11 +362,13 @@ class Collector:
             time.sleep(0.05)
         if signalled:
             time.sleep(0.2)  # faulthandler writes from the signal handler: a fraction of a millisecond
-        answered = sorted(set(asked) - set(pending))
+        answered = sorted(set(asked) - set(pending) - set(gone))
         detail = (f"{len(answered)}/{len(live)} rank(s) wrote their dump; the dump signal to rank(s) "
                   f"{signalled or 'none'}" + ("; " + "; ".join(notes) if notes else ""))  # fmt: skip
         if pending:
             detail += f"; no answer within {wait:g} s from rank(s) {sorted(pending)}"
+        if gone:
+            detail += f"; rank(s) {sorted(gone)} ended before answering"
         w.step("rank dumps", "ok" if not pending else "partial", t, detail)
 
     def rank_files(self, ranks: list[RankTarget], w: BundleWriter, error_files: dict[int, str]) -> None:

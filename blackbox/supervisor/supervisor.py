@@ -77,7 +77,8 @@ class Supervisor:
         self.terminating = False  # a termination signal was passed on, or blackbox is ending the job
         self.ending_since: Optional[float] = None
         self.kill_deadline: Optional[float] = None
-        self.sigints = 0
+        self.sigints = 0  # SIGINTs received (counted in the handler, which acts on the 2nd and 3rd at once)
+        self._sigints_handled = 0  # ... and those the loop has said and logged
         self.interrupted = False  # the user interrupted the job (Ctrl-C): what follows is no incident
         self.bundles: list[str] = []
         self._pending: list[int] = []
@@ -236,6 +237,17 @@ class Supervisor:
 
     # --- signals ----------------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGINT:
+            # Counted and acted on here, at once: the main loop may be inside a collection (seconds) and a user
+            # pressing Ctrl-C again wants the job gone now. Only signals are sent here; the loop says and logs it.
+            self.sigints += 1
+            try:
+                if self.sigints == 2 and self.launched is not None and self.launcher_status is None:
+                    os.kill(self.launched.pid, signal.SIGTERM)
+                elif self.sigints >= 3:
+                    self._kill_all(signal.SIGKILL)
+            except Exception:
+                pass  # the loop's own handling follows
         self._pending.append(signum)
 
     def _handle_signals(self) -> None:
@@ -252,12 +264,13 @@ class Supervisor:
                 self._collect("manual", None)
                 continue
             if sig == signal.SIGINT:
-                self.sigints += 1
-                if self.sigints == 2:
+                self._sigints_handled += 1
+                handled = self._sigints_handled
+                if handled == 2:
                     self.event("signal", signal="SIGINT", action="end job")
                     self._end_job("a second SIGINT")
                     continue
-                if self.sigints >= 3:
+                if handled >= 3:
                     self.event("signal", signal="SIGINT", action="kill job")
                     self.say("third SIGINT: killing every job process now (SIGKILL)")
                     self._kill_all(signal.SIGKILL)

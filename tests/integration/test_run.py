@@ -13,6 +13,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from blackbox.adapters.procfs import is_alive
@@ -343,3 +344,28 @@ def test_ctrl_c_at_the_terminal_is_the_users_decision_not_a_crash(tmp_path: Path
     assert not (home / "incidents.sqlite").exists() or "KeyboardInterrupt" not in (
         home / "incidents.sqlite"
     ).read_bytes().decode("latin-1")
+
+
+def test_repeated_sigints_act_at_once_even_during_a_collection(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN a collection in progress that waits up to 60 s for a rank that cannot answer (it is stopped)
+    train = Path(__file__).resolve().parents[2] / "scripts" / "scenarios" / "train.py"
+    proc = start_blackbox(["run", "--run-dir", str(run_dir), "--dump-timeout", "60", "--kill-grace", "3", "--",
+                           TORCHRUN, "--standalone", "--nproc-per-node", "2", str(train), "stopped", "1", "ddp"],
+                          tmp_path)  # fmt: skip
+    wait_for(lambda: len(events(run_dir, "first_step")) == 2, 90, "both ranks to step")
+    pid = heartbeat_pids(run_dir)[1]
+    wait_for(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED, 60, "rank 1 to stop")
+    send(proc, signal.SIGUSR1)  # "collect now": py-spy and /proc take a second, then the 60 s wait for rank 1
+    wait_for(lambda: events(run_dir, "signal"), 10, "the collection to begin")
+    time.sleep(2.0)
+    # WHEN the user interrupts, again, and again
+    started = time.monotonic()
+    for _ in range(3):
+        send(proc, signal.SIGINT)
+        time.sleep(0.3)
+    proc.communicate(timeout=120)
+    # THEN the job was ended and killed at once, not after the collection's 60 s wait
+    assert time.monotonic() - started < 30
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    end = events(run_dir, "end")[-1]
+    assert end["job_exit_code"] != 0
