@@ -53,7 +53,8 @@ def resolve_command(argv: list[str], env: Mapping[str, str]) -> str:
 
 
 def prepare_run_dir(path: str) -> str:
-    """Create the run directory, private (0700), and refuse one that already holds a run."""
+    """Create the run directory, private (0700), and refuse one that already holds a run. A directory that exists
+    already (a shared group directory given with --run-dir) keeps its modes: only what blackbox creates is 0700."""
     path = os.path.abspath(path)
     if os.path.exists(os.path.join(path, "events.jsonl")):
         raise BlackboxError(
@@ -61,8 +62,10 @@ def prepare_run_dir(path: str) -> str:
             hint="Give a new --run-dir, or leave it out to get a fresh one under ./blackbox-runs.",
         )
     try:
+        existed = os.path.isdir(path)
         os.makedirs(path, mode=0o700, exist_ok=True)
-        os.chmod(path, 0o700)
+        if not existed:
+            os.chmod(path, 0o700)
         for sub in ("ranks", "bundles"):
             os.makedirs(os.path.join(path, sub), mode=0o700, exist_ok=True)
         probe = os.path.join(path, ".write-test")

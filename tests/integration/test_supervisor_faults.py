@@ -72,3 +72,16 @@ def test_a_full_filesystem_never_stops_a_rank(tmp_path: Path) -> None:
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
         shutil.rmtree(mnt, ignore_errors=True)
+
+
+def test_an_existing_run_dir_keeps_its_modes(tmp_path: Path) -> None:
+    # GIVEN a shared group directory given as --run-dir
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o2775)
+    res = run_blackbox(["run", "--run-dir", str(shared), "--", sys.executable, "-c", "print('hi')"], tmp_path)
+    assert res.returncode == 0, res.stderr
+    # THEN its modes are as they were; what blackbox made inside it is private
+    assert shared.stat().st_mode & 0o7777 == 0o2775
+    assert (shared / "bundles").stat().st_mode & 0o777 == 0o700
+    assert (shared / "console.log").stat().st_mode & 0o777 == 0o600
