@@ -34,6 +34,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) scripts/bench_overhead.py
+	$(PY) scripts/bench_output.py
 	$(PY) scripts/bench_collect.py
 	$(PY) scripts/bench_report.py
 	$(PY) scripts/bench_coord.py
