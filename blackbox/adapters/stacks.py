@@ -12,6 +12,7 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
 # Frames of the interpreter, torch and blackbox itself: folded so that the user's frames stand out.
 LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/_recorder/", "<frozen ")
+_LIBRARY_FILES: dict[str, bool] = {}
 
 
 @dataclass(frozen=True)
@@ -20,9 +21,14 @@ class Frame:
     line: int
     function: str
 
-    @cached_property
+    @property
     def is_library(self) -> bool:
-        return any(m in self.file for m in LIBRARY_MARKERS)
+        known = _LIBRARY_FILES.get(self.file)
+        if known is None:  # files repeat across threads and ranks: each is looked at once
+            known = _LIBRARY_FILES[self.file] = any(m in self.file for m in LIBRARY_MARKERS)
+            if len(_LIBRARY_FILES) > 100_000:
+                _LIBRARY_FILES.clear()
+        return known
 
     def describe(self) -> str:
         return f"{self.function} ({self.file.rsplit('/', 1)[-1]}:{self.line})"

@@ -104,6 +104,8 @@ def describe_seen(entry: dict[str, Any]) -> str:
 
 def _plain(obj: Any) -> Any:
     """Dataclasses to dicts, tuples to lists — like dataclasses.asdict, without its deep copies (4,096 ranks)."""
+    if obj is None or isinstance(obj, (str, int, float)):  # most of a big report: answered first
+        return obj
     if is_dataclass(obj) and not isinstance(obj, type):
         return {k: _plain(v) for k, v in obj.__dict__.items()}
     if isinstance(obj, (list, tuple)):
