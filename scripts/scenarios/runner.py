@@ -43,7 +43,7 @@ def command(name: str, run_dir: Path) -> list[str]:
     spec = SCENARIOS[name]
     options = spec.get("options", DEFAULT_OPTIONS)
     return [sys.executable, "-m", "blackbox", "run", "--run-dir", str(run_dir), "--poll-interval", "0.5",
-            "--kill-grace", "5", *options, "--", *torchrun_command(name)]  # fmt: skip
+            "--kill-grace", "3", *options, "--", *torchrun_command(name)]  # fmt: skip
 
 
 def torchrun_command(name: str) -> list[str]:

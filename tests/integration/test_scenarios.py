@@ -15,7 +15,10 @@ import pytest
 from tests.conftest import GALLERY_ROWS, ROOT
 
 sys.path.insert(0, str(ROOT / "scripts" / "scenarios"))
-from runner import SCENARIOS, compare, verdict_of
+from runner import SCENARIOS, compare
+
+from blackbox.analyze.verdict import analyze
+from blackbox.bundle.reader import read_bundle
 
 ROWS = [(name, "run") for name in SCENARIOS] + [(name, "collect") for name, s in SCENARIOS.items() if s.get("collect")]
 
@@ -33,7 +36,8 @@ def test_scenario_verdict(gallery: Callable[..., tuple[Path, Any]], name: str, m
         assert not outcome.bundles and "blackbox:" not in outcome.stderr, outcome.stderr[-3000:]
         return
     assert outcome.bundles, outcome.stderr[-3000:]
-    verdict = verdict_of(outcome.bundles[0])
+    # the report's analysis in this process (the CLI's JSON of it is tested elsewhere): a second saved per row
+    verdict = analyze(read_bundle(str(outcome.bundles[0]))).to_json()["verdict"]
     got, same = compare(name, verdict)
     GALLERY_ROWS.append((name, mode, spec["verdict"], got, same))
     assert same, f"{verdict}\n{outcome.stderr[-3000:]}"
