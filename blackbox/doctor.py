@@ -46,7 +46,8 @@ class Check:
 
 _SLEEPER = "import sys, time; sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)"
 _HANDLER = ("import faulthandler, signal, sys, time; faulthandler.register(signal.SIGUSR1); "
-            "sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)")  # fmt: skip
+            "faulthandler.register(signal.SIGRTMAX - %d, chain=False); "
+            "sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(60)") % P.DUMP_SIGNAL_FROM_MAX  # fmt: skip
 _TORCH_PROBE = r"""
 import json, sys
 out = {"python": sys.version.split()[0]}
@@ -140,21 +141,24 @@ def check_run_dir(path: str) -> Check:
 
 
 def check_signals() -> Check:
-    """faulthandler on SIGUSR1 in a child, seen from outside the way the collector looks before signalling."""
+    """faulthandler on SIGUSR1 and on the recorder's dump signal in a child, seen from outside the way the
+    collector looks before signalling."""
     proc = _child(_HANDLER)
     try:
-        if not procfs.has_handler(proc.pid, signal.SIGUSR1):
-            return Check(
-                "signals",
-                "fail",
-                "a SIGUSR1 handler installed in a child is not visible in /proc/PID/status (SigCgt)",
-                "blackbox needs Linux's /proc; run it on the job's host.",
-            )
-        os.kill(proc.pid, signal.SIGUSR1)
-        time.sleep(0.2)
-        if proc.poll() is not None:
-            return Check("signals", "fail", "a child with a SIGUSR1 handler died of SIGUSR1")
-        return Check("signals", "ok", "SIGUSR1 handlers install, show in SigCgt, and a dump leaves the process alive")
+        for sig, name in ((signal.SIGUSR1, "SIGUSR1"), (P.dump_signal(), "the dump signal (SIGRTMAX-3)")):
+            if not procfs.has_handler(proc.pid, sig):
+                return Check(
+                    "signals",
+                    "fail",
+                    f"a handler for {name} installed in a child is not visible in /proc/PID/status (SigCgt)",
+                    "blackbox needs Linux's /proc; run it on the job's host.",
+                )
+            os.kill(proc.pid, sig)
+            time.sleep(0.2)
+            if proc.poll() is not None:
+                return Check("signals", "fail", f"a child with a handler for {name} died of it")
+        return Check("signals", "ok", "SIGUSR1 and dump-signal handlers install, show in SigCgt, and a dump leaves "
+                     "the process alive")
     finally:
         _end(proc)
 
