@@ -157,8 +157,11 @@ def check_signals() -> Check:
             time.sleep(0.2)
             if proc.poll() is not None:
                 return Check("signals", "fail", f"a child with a handler for {name} died of it")
-        return Check("signals", "ok", "SIGUSR1 and dump-signal handlers install, show in SigCgt, and a dump leaves "
-                     "the process alive")
+        return Check(
+            "signals",
+            "ok",
+            "SIGUSR1 and dump-signal handlers install, show in SigCgt, and a dump leaves the process alive",
+        )
     finally:
         _end(proc)
 
