@@ -87,8 +87,8 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step, (x, y) in enumerate(loader, 1):
         mine = rank in BAD_RANKS and (os.path.exists(FAIL_WHEN) if FAIL_WHEN else step == STEP_AT)
-        if mine and SCENARIO not in ("healthy", "straggler"):
-            announce(rank)
+        if mine and SCENARIO not in ("healthy", "straggler", "read-failure") and not SCENARIO.startswith("data-hang"):
+            announce(rank)  # the data scenarios fail in their loader, and say so there
         if FAIL_WHEN:
             time.sleep(0.1)
         if mine and SCENARIO == "ckpt-hang":
