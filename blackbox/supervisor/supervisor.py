@@ -298,6 +298,8 @@ class Supervisor:
         while True:
             self._reap()
             if self.launcher_status is not None:
+                with contextlib.suppress(Exception):  # signals acted on in the handler are still said and logged
+                    self._handle_signals()
                 return
             try:
                 self._handle_signals()
