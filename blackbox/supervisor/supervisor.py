@@ -280,7 +280,7 @@ class Supervisor:
     def _forward(self, sig: int) -> None:
         assert self.launched is not None
         if sig == signal.SIGINT:  # the user's own decision: pass it on, keep no bundle, file no incident
-            self._say_interrupted()
+            self._say_interrupted("SIGINT, passed on to the job")
             self.terminating = True
         if not self.terminating:
             # The launcher will now tear the ranks down: keep what they were doing first (a job that hung
@@ -592,13 +592,13 @@ class Supervisor:
                 return False
         return bool(d.findings)
 
-    def _say_interrupted(self) -> None:
+    def _say_interrupted(self, how: str = "Ctrl-C") -> None:
         if not self.interrupted:
             self.interrupted = True
-            self.event("interrupted")
+            self.event("interrupted", how=how)
             self.say(
-                "interrupted (Ctrl-C): the job is ending as you asked; no bundle, not an incident (send "
-                "SIGUSR1 to blackbox first to keep one)"
+                f"interrupted ({how}): your decision, so no bundle and no incident (send SIGUSR1 to blackbox "
+                "first to keep one)"
             )
 
     def _end_after_stall(self, what: str) -> None:
