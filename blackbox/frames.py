@@ -83,10 +83,3 @@ def _near_user(thread: ThreadStack, f: Frame) -> str:
     """The innermost user frame (the user's `__getitem__`, the `torch.save` call), else the deciding frame."""
     user = thread.top_user_frame()
     return user.describe() if user is not None and not user.is_library else f.describe()
-
-
-def collective_op(w: Where) -> str:
-    """A short name for the collective a `where` waits in: "all_reduce", "DDP's reducer"."""
-    if w.native:
-        return "DDP's gradient reduction" if "Reducer" in w.what else w.what.split("(")[0].strip()
-    return w.what.split(" (")[0]

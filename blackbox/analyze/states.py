@@ -69,7 +69,6 @@ class GroupProgress:
     """Per process group, the furthest collective any rank enqueued (flight recorder)."""
 
     top: dict[str, int]
-    names: dict[str, str]
 
 
 def _float(v: Any) -> Optional[float]:
@@ -145,7 +144,7 @@ def group_progress(dumps: dict[int, dict[str, Any]]) -> GroupProgress:
     for rank, dump in dumps.items():
         for s in fr.pg_status(rank, dump):
             top[s.group] = max(top.get(s.group, -1), s.last_enqueued)
-    return GroupProgress(top, {})
+    return GroupProgress(top)
 
 
 def _fr_facts(rank: int, dump: Optional[dict[str, Any]], progress: GroupProgress) -> list[Fact]:
