@@ -64,13 +64,24 @@ def rank_of(filename: str) -> Optional[int]:
     return int(m.group(1)) if m else None
 
 
+def _seq(status: dict[Any, Any], key: str) -> int:
+    """A sequence number of `pg_status` (an int, or a string of digits in some releases); -1 when absent or odd."""
+    value = status.get(key, -1)
+    if isinstance(value, str) and value.lstrip("-").isascii() and value.lstrip("-").isdigit() and len(value) < 19:
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
 def pg_status(rank: int, dump: dict[str, Any]) -> list[GroupStatus]:
+    """Each group's last enqueued / started / completed collective, as the dump says (untrusted: what is not a
+    table of numbers is left out)."""
+    groups = dump.get("pg_status")
     out = []
-    for group, status in sorted((dump.get("pg_status") or {}).items()):
+    for group, status in sorted(groups.items(), key=lambda kv: str(kv[0])) if isinstance(groups, dict) else []:
         if isinstance(status, dict):
-            out.append(GroupStatus(rank, str(group), int(status.get("last_enqueued_collective", -1)),
-                                   int(status.get("last_started_collective", -1)),
-                                   int(status.get("last_completed_collective", -1))))  # fmt: skip
+            out.append(GroupStatus(rank, str(group), _seq(status, "last_enqueued_collective"),
+                                   _seq(status, "last_started_collective"),
+                                   _seq(status, "last_completed_collective")))  # fmt: skip
     return out
 
 

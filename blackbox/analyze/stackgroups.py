@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..adapters import pyspy, stacks
-from ..bundle.reader import Bundle
+from ..bundle.reader import Bundle, is_number
 from ..detections import rank_ranges
 from ..frames import Where, where
 
@@ -74,7 +74,7 @@ def rank_stack(bundle: Bundle, rank: int) -> Optional[RankStack]:
     workers = []
     head = f"ranks/{rank}/py-spy-worker-"
     for member in bundle.rank_files(rank):
-        if member.startswith(head) and member.endswith(".json") and member[len(head) : -5].isdigit():
+        if member.startswith(head) and member.endswith(".json") and is_number(member[len(head) : -5]):
             w = _from_pyspy(bundle, member, worker=True)
             if w is not None:
                 workers.append((int(member[len(head) : -5]), w))

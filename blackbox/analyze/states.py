@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 from ..adapters import flight_recorder as fr
 from ..adapters import stacks, torchelastic
-from ..bundle.reader import Bundle
+from ..bundle.reader import Bundle, number
 from ..frames import Where, is_native, where
 from .stackgroups import RankStack
 
@@ -71,10 +71,6 @@ class GroupProgress:
     top: dict[str, int]
 
 
-def _float(v: Any) -> Optional[float]:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-
 def native_stack(bundle: Bundle, rank: int, rs: Optional[RankStack]) -> Optional[stacks.ThreadStack]:
     """The rank's main thread with native frames, when the collection took them: the ambiguous ranks' own
     `py-spy-native.json`, or the main stack itself when every stack was taken with --native."""
@@ -99,7 +95,7 @@ def exception_records(bundle: Bundle, rank: int) -> list[dict[str, Any]]:
             rec = json.loads(line)
         except ValueError:
             continue
-        if isinstance(rec, dict) and rec.get("thread") == "MainThread" and _float(rec.get("time")) is not None:
+        if isinstance(rec, dict) and rec.get("thread") == "MainThread" and number(rec.get("time")) is not None:
             out.append({**rec, "rank": rank})
     return sorted(out, key=lambda r: float(r["time"]))
 
@@ -249,7 +245,7 @@ def read_state(
             coll = f" {hb.get('collective')}" if phase == "collective" and hb.get("collective") not in (None, "none") \
                 else ""  # fmt: skip
             facts.append(Fact(hb_src, hb_says, f"heartbeat phase {phase}{coll}"))
-        age = _float(hb.get("liveness_age_s"))
+        age = number(hb.get("liveness_age_s"))
         median = peer_liveness
         if age is not None and median is not None and age > max(FROZEN_MIN_S, 3 * median + 1):
             facts.append(Fact(hb_src, "gil", f"its liveness thread has not run for {age:.0f} s while its peers' ran "
@@ -260,7 +256,7 @@ def read_state(
     node_name = str(hb.get("node") or node)
     st = classify(rank, node_name, pid, facts, phase, step)
     st.exception = exc
-    st.failed_at = _float(exc.get("time")) if exc else None
+    st.failed_at = number(exc.get("time")) if exc else None
     if exit_code:
         st.exit_code = exit_code
     return st

@@ -12,7 +12,7 @@ from .._recorder.protocol import FR_PREFIX
 from ..adapters import cuda_memory, stacks
 from ..adapters import flight_recorder as fr
 from ..adapters.cuda_memory import human
-from ..bundle.reader import Bundle
+from ..bundle.reader import Bundle, integer, is_number, number
 from ..detections import rank_ranges
 from .actions import Facts, next_actions
 from .blame import Blame, Context, blame
@@ -28,7 +28,7 @@ def _newest(bundle: Bundle, rank: int, prefix: str, suffix: str) -> Optional[str
     best: tuple[int, str] | None = None
     head = f"ranks/{rank}/{prefix}"
     for name in bundle.rank_files(rank):
-        if name.startswith(head) and name.endswith(suffix) and name[len(head) : len(name) - len(suffix)].isdigit():
+        if name.startswith(head) and name.endswith(suffix) and is_number(name[len(head) : len(name) - len(suffix)]):
             n = int(name[len(head) : len(name) - len(suffix)])
             if best is None or n > best[0]:
                 best = (n, name)
@@ -66,25 +66,20 @@ def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack]) -> list[
         hb = bundle.json(name)
         if not isinstance(hb, dict):
             continue
-        try:
-            rank = int(hb["rank"])
-            host = str(rank_nodes.get(str(rank), node))
-            rows[rank] = RankRow(
-                rank=rank, node=host, pid=int(hb["pid"]), state=str(hb.get("state", "unknown")),
-                step=int(hb.get("step", 0)), phase=str(hb.get("phase", "unknown")),
-                top_frame=_top_frame(rank_stacks.get(rank)),
-                idle_s=_float(hb.get("idle_s")), alive=bool(hb.get("alive")),
-                collective=str(hb.get("collective")) if hb.get("phase") == "collective" else None,
-                last_step_s=_float(hb.get("last_step_dt")),
-            )  # fmt: skip
-        except (KeyError, TypeError, ValueError):
-            continue
-    for entry in bundle.section("job").get("local_ranks") or []:
-        try:
-            rank, pid = int(entry["rank"]), int(entry["pid"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        if rank in rows:
+        rank = integer(hb.get("rank"))
+        rank = rank_id if rank is None else rank
+        host = str(rank_nodes.get(str(rank), node))
+        rows[rank] = RankRow(
+            rank=rank, node=host, pid=integer(hb.get("pid")) or 0, state=str(hb.get("state", "unknown")),
+            step=integer(hb.get("step", 0)), phase=str(hb.get("phase", "unknown")),
+            top_frame=_top_frame(rank_stacks.get(rank)),
+            idle_s=number(hb.get("idle_s")), alive=bool(hb.get("alive")),
+            collective=str(hb.get("collective")) if hb.get("phase") == "collective" else None,
+            last_step_s=number(hb.get("last_step_dt")),
+        )  # fmt: skip
+    for entry in bundle.local_ranks():
+        rank, pid = integer(entry.get("rank")), integer(entry.get("pid"))
+        if rank is None or pid is None or rank in rows:
             continue
         rs = rank_stacks.get(rank)
         host = str(entry.get("node") or rank_nodes.get(str(rank), node))
@@ -97,13 +92,6 @@ def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack]) -> list[
 def _top_frame(rs: Optional[RankStack]) -> Optional[str]:
     frame = rs.thread.top_user_frame() if rs is not None else None
     return frame.describe() if frame is not None else None
-
-
-def _float(value: Any) -> Optional[float]:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def _int_list(value: Any) -> list[int]:
@@ -238,11 +226,12 @@ def _timeline(bundle: Bundle, rows: list[RankRow], suspects: list[int]) -> dict[
         samples = []
         history = bundle.json(f"ranks/{row.rank}/history.json") if row.rank in drawn else None
         for h in history if isinstance(history, list) else []:
-            if isinstance(h, dict) and isinstance(h.get("t"), (int, float)) and isinstance(h.get("step"), int):
-                samples.append([float(h["t"]), h["step"], str(h.get("phase", ""))])
+            t = number(h.get("t")) if isinstance(h, dict) else None
+            if t is not None and integer(h.get("step")) is not None:
+                samples.append([t, integer(h.get("step")), str(h.get("phase", ""))])
         hb = bundle.json(f"ranks/{row.rank}/heartbeat.json")
-        last = hb.get("last_progress_wall") if isinstance(hb, dict) else None
-        last = float(last) if isinstance(last, (int, float)) and last > 0 else None
+        last = number(hb.get("last_progress_wall")) if isinstance(hb, dict) else None
+        last = last if last is not None and last > 0 else None
         if last is not None and not samples:
             samples.append([last, row.step or 0, row.phase])
         out.append({"rank": row.rank, "node": row.node, "samples": samples[-500:], "last_progress": last})
@@ -317,47 +306,50 @@ def _one_rank(row: RankRow, rs: Optional[RankStack]) -> list[Finding]:
     return out
 
 
-def _gpu_series(bundle: Bundle) -> list[dict[str, Any]]:
-    history = bundle.json("node/gpu-history.json")
+def _gpu_samples(history: Any) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The supervisor's GPU history (index -> samples), untrusted: tables only, numbers made numbers (or None)."""
+    keys = ("t", "utilization_pct", "temperature_c", "memory_used_mib", "memory_total_mib", "ecc_uncorrected")
     out = []
     for index, samples in sorted(history.items()) if isinstance(history, dict) else []:
-        good = [x for x in samples if isinstance(x, dict)] if isinstance(samples, list) else []
-        rows = [[x["t"], x.get("utilization_pct"), x.get("temperature_c")] for x in good
-                if isinstance(x.get("t"), (int, float))]  # fmt: skip
+        good = [{**x, **{k: number(x.get(k)) for k in keys}} for x in samples if isinstance(x, dict)] \
+            if isinstance(samples, list) else []  # fmt: skip
+        if good:
+            out.append((str(index), good))
+    return out
+
+
+def _gpu_series(bundle: Bundle) -> list[dict[str, Any]]:
+    out = []
+    for index, samples in _gpu_samples(bundle.json("node/gpu-history.json")):
+        rows = [[x["t"], x["utilization_pct"], x["temperature_c"]] for x in samples if x["t"] is not None]
         if rows:
-            out.append({"index": index, "name": good[-1].get("name"), "samples": rows[-500:]})
+            out.append({"index": index, "name": str(samples[-1].get("name")), "samples": rows[-500:]})
     return out
 
 
 def _gpu_findings(bundle: Bundle, findings: list[Finding]) -> None:
     """From the supervisor's GPU history: each GPU's last reading, how long it sat at 0 %, and any throttling,
     heat or ECC errors seen."""
-    history = bundle.json("node/gpu-history.json")
-    if not isinstance(history, dict):
-        return
     source = "node/gpu-history.json"
-    for index, samples in sorted(history.items()):
-        samples = [x for x in samples if isinstance(x, dict)] if isinstance(samples, list) else []
-        if not samples:
-            continue
+    for index, samples in _gpu_samples(bundle.json(source)):
         last = samples[-1]
         idle = 0
         for x in reversed(samples):
-            if x.get("utilization_pct") != 0:
+            if x["utilization_pct"] != 0:
                 break
             idle += 1
         span = ""
-        if idle > 1 and isinstance(samples[-idle].get("t"), (int, float)) and isinstance(last.get("t"), (int, float)):
+        if idle > 1 and samples[-idle]["t"] is not None and last["t"] is not None:
             span = f", at 0 % for the last {last['t'] - samples[-idle]['t']:.0f} s"
-        findings.append(Finding("observed", f"GPU {index} ({last.get('name')}): {last.get('utilization_pct')} % "
-                                f"utilisation, {last.get('temperature_c')}C, {last.get('memory_used_mib')} of "
-                                f"{last.get('memory_total_mib')} MiB{span}", source))  # fmt: skip
+        findings.append(Finding("observed", f"GPU {index} ({last.get('name')}): {last['utilization_pct']} % "
+                                f"utilisation, {last['temperature_c']}C, {last['memory_used_mib']} of "
+                                f"{last['memory_total_mib']} MiB{span}", source))  # fmt: skip
         throttled = {str(x["throttle"]) for x in samples if x.get("throttle")}
         if throttled:
-            hottest = max((x.get("temperature_c") or 0) for x in samples)
+            hottest = max(x["temperature_c"] or 0 for x in samples)
             findings.append(Finding("observed", f"GPU {index} throttled its clocks ({', '.join(sorted(throttled))}); "
                                     f"hottest reading {hottest}C", source))  # fmt: skip
-        ecc = [x.get("ecc_uncorrected") or 0 for x in samples]
+        ecc = [x["ecc_uncorrected"] or 0 for x in samples]
         if ecc and max(ecc) > min(ecc):
             findings.append(Finding("observed", f"GPU {index}: uncorrected ECC errors rose from {min(ecc):g} to "
                                     f"{max(ecc):g}", source))  # fmt: skip
@@ -391,7 +383,7 @@ def _node_findings(bundle: Bundle) -> list[Finding]:
         last = info.get("summary") if isinstance(info, dict) else None
         ranks: dict[str, Any] = last["ranks"] if isinstance(last, dict) and isinstance(last.get("ranks"), dict) else {}
         seen = ", ".join(f"rank {r} step {v.get('step')} {v.get('phase')}" for r, v in sorted(
-            ranks.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0) if isinstance(v, dict))  # fmt: skip
+            ranks.items(), key=lambda kv: integer(kv[0]) or 0) if isinstance(v, dict))  # fmt: skip
         quiet = info.get("silent_s") if isinstance(info, dict) else None
         out.append(Finding("observed", f"node {node}'s blackbox supervisor fell silent (no liveness for {quiet} s: "
                            "killed, or its host is down); that node was not watched and has no bundle for this "
@@ -419,8 +411,8 @@ def _rank_states(
     nodes = {row.rank: row.node for row in rows}
     node = str(bundle.manifest.get("node", "unknown"))
     entries: dict[int, dict[str, Any]] = {}
-    for entry in bundle.section("job").get("local_ranks") or []:
-        if isinstance(entry, dict) and isinstance(entry.get("rank"), int):
+    for entry in bundle.local_ranks():
+        if isinstance(entry.get("rank"), int):
             entries.setdefault(entry["rank"], entry)
     ordered = sorted(ages.values())
     out = []

@@ -5,6 +5,7 @@ bounded in count and size; nothing is executed or unpickled. Imports the stdlib 
 from __future__ import annotations
 
 import json
+import math
 import os
 import zlib
 from collections.abc import Iterator
@@ -17,6 +18,9 @@ from .writer import MANIFEST_NAME, MANIFEST_SCHEMA_VERSION
 MAX_MEMBERS = 400_000  # 32,768 ranks with a dozen members each
 MAX_MEMBER_BYTES = 64 * 1024 * 1024
 MAX_TOTAL_BYTES = 256 * 1024 * 1024
+# tables, lists and items one JSON member may hold: each costs ~60 bytes parsed, whatever its few bytes on disk
+# (the manifest of a 32,768-rank node holds ~300,000)
+MAX_JSON_ITEMS = 2_000_000
 
 
 @dataclass
@@ -32,13 +36,14 @@ class Bundle:
     SHARED = ("/heartbeat.json",)
 
     def json(self, name: str) -> Any:
+        """The member parsed, or None when it is absent or not JSON a report can afford (see `parse_json`)."""
         if name in self._parsed:
             return self._parsed[name]
         data = self.files.get(name)
         if data is None:
             return None
         try:
-            value = json.loads(data)
+            value = parse_json(data)
         except ValueError:
             value = None
         if name.endswith(self.SHARED):
@@ -54,13 +59,18 @@ class Bundle:
         value = self.manifest.get(name)
         return value if isinstance(value, dict) else {}
 
+    def local_ranks(self) -> list[dict[str, Any]]:
+        """The manifest's job.local_ranks (each rank the node started: rank, pid, alive…): its tables only."""
+        entries = self.section("job").get("local_ranks")
+        return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
     def rank_files(self, rank: int) -> list[str]:
         """The members under ranks/<rank>/, sorted (an index built once: bundles may hold thousands of ranks)."""
         if self._by_rank is None:
             index: dict[int, list[str]] = {}
             for name in sorted(self.files):
                 parts = name.split("/", 2)
-                if len(parts) == 3 and parts[0] == "ranks" and parts[1].isdigit():
+                if len(parts) == 3 and parts[0] == "ranks" and is_number(parts[1]):
                     index.setdefault(int(parts[1]), []).append(name)
             self._by_rank = index
         return self._by_rank.get(rank, [])
@@ -69,6 +79,43 @@ class Bundle:
         self.rank_files(0)
         assert self._by_rank is not None
         return sorted(self._by_rank)
+
+
+def is_number(text: str) -> bool:
+    """ASCII digits only, and few enough to be a rank or a size (`str.isdigit` also admits `²`)."""
+    return 0 < len(text) <= 18 and text.isascii() and text.isdigit()
+
+
+def number(value: Any) -> Optional[float]:
+    """A finite number from a bundle value: an int, a float or a numeric string; None for anything else (NaN,
+    1e308, a list, `True`): every number a report computes with comes through here or `integer`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        out = float(value)
+    except (ValueError, OverflowError):
+        return None
+    return out if math.isfinite(out) and abs(out) < 1e20 else None
+
+
+def integer(value: Any) -> Optional[int]:
+    """An integer from a bundle value: an int, or a string of ASCII digits; None for anything else."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and is_number(value[1:] if value.startswith("-") else value):
+        return int(value)
+    return None
+
+
+def parse_json(data: bytes) -> Any:
+    """JSON from a bundle. ValueError for what is not JSON, nests deeper than the parser's recursion, or holds
+    more than MAX_JSON_ITEMS tables, lists and items (16 MB of `[{},{},…]` would take ~500 MB parsed)."""
+    if len(data) > MAX_JSON_ITEMS and data.count(b",") + data.count(b"{") + data.count(b"[") > MAX_JSON_ITEMS:
+        raise ValueError(f"more than {MAX_JSON_ITEMS} items")
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
 
 
 def _safe_name(name: str) -> bool:
@@ -107,9 +154,9 @@ def read_bundle(path: str) -> Bundle:
     if raw is None:
         raise BlackboxError(f"`{path}` is not a blackbox bundle: it has no {MANIFEST_NAME}.")
     try:
-        manifest = json.loads(raw)
-    except ValueError:
-        raise BlackboxError(f"The manifest of `{path}` is not valid JSON.") from None
+        manifest = parse_json(raw)
+    except ValueError as exc:
+        raise BlackboxError(f"The manifest of `{path}` is not readable JSON ({str(exc)[:80]}).") from None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("schema_version"), int):
         raise BlackboxError(f"The manifest of `{path}` has no schema version.")
     if manifest["schema_version"] > MANIFEST_SCHEMA_VERSION:
@@ -156,13 +203,16 @@ class _TarFormatError(Exception):
 
 
 def _octal(field: bytes) -> int:
-    if field and field[0] & 0x80:  # GNU base-256 for large sizes
+    """A header's number: octal digits, or GNU base-256 for large sizes. Never negative (a negative size would
+    step the reader back onto the same header forever)."""
+    if field and field[0] & 0x80:
+        if field[0] & 0x40:
+            raise _TarFormatError("a header field is negative")
         return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
     text = field.split(b"\0", 1)[0].strip()
-    try:
-        return int(text, 8) if text else 0
-    except ValueError:
-        raise _TarFormatError(f"a header field is not a number: {text[:20]!r}") from None
+    if text and not all(48 <= c <= 55 for c in text):
+        raise _TarFormatError(f"a header field is not an octal number: {text[:20]!r}")
+    return int(text, 8) if text else 0
 
 
 def _pax(data: bytes) -> dict[str, str]:
@@ -173,12 +223,12 @@ def _pax(data: bytes) -> dict[str, str]:
         space = data.find(b" ", pos)
         if space < 0:
             break
-        try:
-            length = int(data[pos:space])
-        except ValueError:
-            raise _TarFormatError("a PAX record has no length") from None
-        if length <= 0:
-            break
+        digits = data[pos:space].decode("ascii", "replace")
+        if not is_number(digits):
+            raise _TarFormatError("a PAX record has no length")
+        length = int(digits)
+        if length <= space - pos or pos + length > len(data):
+            raise _TarFormatError("a PAX record's length is out of bounds")
         key, _, value = data[space + 1 : pos + length - 1].partition(b"=")
         out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
         pos += length
@@ -205,7 +255,10 @@ def _members(data: bytes) -> Iterator[tuple[str, str, int, int]]:
         if kind == "x":
             pax = _pax(data[start : start + size])
             pending_name = pax.get("path", pending_name)
-            pending_size = int(pax["size"]) if pax.get("size", "").isdigit() else pending_size
+            if "size" in pax:
+                if not is_number(pax["size"]):
+                    raise _TarFormatError(f"a PAX size is not a number: {pax['size'][:20]!r}")
+                pending_size = int(pax["size"])
             continue
         if kind == "L":
             pending_name = data[start : start + size].split(b"\0", 1)[0].decode("utf-8", "replace")
@@ -222,6 +275,8 @@ def _members(data: bytes) -> Iterator[tuple[str, str, int, int]]:
         if pending_size is not None and kind in "07":
             size = pending_size
             pos = start + (size + 511) // 512 * 512
+            if start + size > len(data):
+                raise _TarFormatError("a member runs past the end of the archive")
         pending_name, pending_size = None, None
         yield name, kind, start, size
 
@@ -358,9 +413,7 @@ def merge(bundles: list[Bundle], skipped: list[str]) -> Bundle:
                 files[name] = data
             elif name != MANIFEST_NAME:
                 files[f"nodes/{node}/{name}"] = data
-        for entry in b.section("job").get("local_ranks") or []:
-            if isinstance(entry, dict):
-                local_ranks.append({**entry, "node": node})
+        local_ranks.extend({**entry, "node": node} for entry in b.local_ranks())
         for name in b.files:
             if name.startswith("ranks/"):
                 rank_nodes[name.split("/")[1]] = node

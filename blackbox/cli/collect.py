@@ -31,6 +31,7 @@ def _remember(path: str, say: Callable[[str], None]) -> None:
     """Index the new bundle; say when this failure has been seen before. Never fails the collection."""
     from ..analyze.model import describe_seen
     from ..incidents.indexing import analyze_path, remember
+    from ..render import printable
 
     try:
         report, bundle = analyze_path(path)
@@ -38,7 +39,7 @@ def _remember(path: str, say: Callable[[str], None]) -> None:
         say(f"warning: the new bundle could not be analysed for the incident index ({exc})")
         return
     for entry in remember(report, bundle, lambda m: say(f"warning: {m}"))[:3]:
-        say(f"seen before: {describe_seen(entry)}")
+        say(f"seen before: {printable(describe_seen(entry))}")
 
 
 @click.command()

@@ -1,17 +1,25 @@
 """`--format html`: one self-contained page (no network: inline CSS, SVG and a few lines of script) with the
 verdict, next actions, the per-rank table, a timeline of each rank's progress showing which rank stopped first,
-the stack groups, the evidence and the console tail. Imports the stdlib and the model."""
+the stack groups, the evidence and the console tail. Bundle text is escaped everywhere (`e`). Imports the stdlib,
+the model and render."""
 
 from __future__ import annotations
 
 import json
 from html import escape
-from html import escape as e
 from typing import Any, TextIO
 
 from ..analyze.model import Report, describe_seen
+from . import printable
 
 MAX_TIMELINE_RANKS = 64
+
+
+def e(text: object) -> str:
+    """Bundle text on the page: printable, and HTML-escaped (quotes too: it also goes into attributes)."""
+    return escape(printable(text))
+
+
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1100px;color:#1d1d1f;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
@@ -62,15 +70,15 @@ def _timeline_svg(report: Report) -> str:
         last = r["last_progress"] or r["samples"][-1][0]
         first_stop = r["rank"] == tl.get("stopped_first")
         label = f"rank {r['rank']}" + (" (stopped first)" if first_stop else "")
-        parts.append(f"<text x='4' y='{y + 13}'>{escape(label)}</text>")
-        parts.append(f"<rect id='tl-{r['rank']}' x='{x(r['samples'][0][0]):.1f}' y='{y + 3}' "
+        parts.append(f"<text x='4' y='{y + 13}'>{e(label)}</text>")
+        parts.append(f"<rect id='tl-{e(r['rank'])}' x='{x(r['samples'][0][0]):.1f}' y='{y + 3}' "
                      f"width='{max(x(last) - x(r['samples'][0][0]), 2):.1f}' height='12' fill='#81c784'/>")  # fmt: skip
         if t1 > last:
             parts.append(f"<rect x='{x(last):.1f}' y='{y + 3}' width='{max(x(t1) - x(last), 1):.1f}' height='12' "
                          f"fill='{'#e57373' if first_stop else '#ffcc80'}'><title>no progress for "
                          f"{t1 - last:.0f} s</title></rect>")  # fmt: skip
         step = r["samples"][-1][1]
-        parts.append(f"<text x='{min(x(last) + 3, width - 60):.1f}' y='{y + 13}'>step {step}</text>")
+        parts.append(f"<text x='{min(x(last) + 3, width - 60):.1f}' y='{y + 13}'>step {e(step)}</text>")
     parts.append(f"<text x='{left}' y='{row_h * len(shown) + 26}'>{span:.0f} s shown; green: progressing, "
                  "orange: no progress since, red: the rank that stopped first</text></svg>")  # fmt: skip
     more = len(ranks) - len(shown)
@@ -96,7 +104,7 @@ def _gpu_svg(report: Report) -> str:
         parts.append(f"<text x='4' y='{y + 20}'>GPU {e(str(g['index']))} {e(str(g.get('name') or ''))}</text>")
         parts.append(f"<line x1='{left}' y1='{y + 30}' x2='{width - 20}' y2='{y + 30}' stroke='#ccc'/>")
         parts.append(f"<polyline fill='none' stroke='#1565c0' stroke-width='1.5' points='{points}'/>")
-        parts.append(f"<text x='{width - 140}' y='{y + 10}'>{last[1]}% {last[2]}C</text>")
+        parts.append(f"<text x='{width - 140}' y='{y + 10}'>{e(last[1])}% {e(last[2])}C</text>")
     parts.append(f"<text x='{left}' y='{row_h * len(series) + 20}'>{span:.0f} s of GPU utilisation (0-100 %)</text>"
                  "</svg>")  # fmt: skip
     return "<h2>GPUs</h2>" + "".join(parts)
@@ -106,7 +114,6 @@ def render_html(report: Report, out: TextIO) -> None:
     v = report.verdict
     kind = v.category.split(".")[0]
     suspects = ", ".join(map(str, v.suspect_ranks)) or "none named"
-    e = escape
     w = out.write
     title = f"blackbox: {v.category} — rank(s) {suspects}"
     w(f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{e(title)}</title>"
@@ -126,14 +133,15 @@ def render_html(report: Report, out: TextIO) -> None:
         cls = " class='suspect'" if r.rank in v.suspect_ranks else ""
         phase = f"{r.phase} ({r.collective})" if r.collective else r.phase
         idle = "" if r.idle_s is None else f"{r.idle_s:.0f}"
-        w(f"<tr{cls} data-rank='{r.rank}'><td class='n'>{r.rank}</td><td>{e(r.node)}</td><td class='n'>{r.pid}</td>"
-          f"<td>{e(r.state)}</td><td class='n'>{'-' if r.step is None else r.step}</td><td>{e(phase)}</td>"
+        w(f"<tr{cls} data-rank='{e(r.rank)}'><td class='n'>{e(r.rank)}</td><td>{e(r.node)}</td>"
+          f"<td class='n'>{e(r.pid)}</td>"
+          f"<td>{e(r.state)}</td><td class='n'>{'-' if r.step is None else e(r.step)}</td><td>{e(phase)}</td>"
           f"<td class='n'>{idle}</td><td><code>{e(r.top_frame or '')}</code></td></tr>")  # fmt: skip
     w("</table><h2>Timeline</h2>" + _timeline_svg(report) + _gpu_svg(report))
     if report.stack_groups:
         w("<h2>Stacks</h2><p class='meta'>Main threads; identical stacks merged, the odd ones first.</p>")
         for g in report.stack_groups:
-            frames = e("\n".join(g.get("frames", [])))
+            frames = "\n".join(e(frame) for frame in g.get("frames", []))
             w(f"<details{' open' if g.get('odd') else ''}><summary><code>{e(str(g.get('describe')))}</code> "
               f"({e(str(g.get('waits_in')))})</summary><pre>{frames}</pre></details>")  # fmt: skip
     w("<h2>Evidence</h2><ul>")
@@ -142,8 +150,8 @@ def render_html(report: Report, out: TextIO) -> None:
         w(f"<li><span class='tag {e(f.kind)}'>{e(f.kind)}</span> {e(f.text)}{src}</li>")
     w("</ul>")
     if report.console_tail:
-        w("<h2>Console tail</h2><pre>" + e("\n".join(report.console_tail)) + "</pre>")
+        w("<h2>Console tail</h2><pre>" + "\n".join(map(e, report.console_tail)) + "</pre>")
     w(f"<p class='meta'>Bundle: <code>{e(report.bundle)}</code></p>")
-    w("<script type='application/json' id='report-data'>" + json.dumps(report.to_json()).replace("</", "<\\/")
+    w("<script type='application/json' id='report-data'>" + json.dumps(report.to_json()).replace("<", "\\u003c")
       + "</script>")  # fmt: skip
     w(f"<script>{_SCRIPT}</script></body></html>\n")

@@ -1,32 +1,45 @@
-"""`--format markdown`: the report as Markdown to paste into an issue tracker. Imports the stdlib and the model."""
+"""`--format markdown`: the report as Markdown to paste into an issue tracker. Bundle text is written inert: control
+characters made printable, HTML escaped, code spans unable to close early. Imports the stdlib, the model and render."""
 
 from __future__ import annotations
 
+import html
 from typing import TextIO
 
 from ..analyze.model import Report, describe_seen
+from . import printable
 
 MAX_ROWS = 64
 
 
+def _t(text: object) -> str:
+    """Bundle text in running Markdown: printable, with HTML escaped."""
+    return html.escape(printable(text), quote=False)
+
+
 def _cell(text: object) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return _t(text).replace("|", "\\|")
+
+
+def _code(text: object) -> str:
+    """Bundle text inside a code span or block: printable, and no backtick to end it early."""
+    return printable(text).replace("`", "'")
 
 
 def render_markdown(report: Report, out: TextIO) -> None:
     v = report.verdict
     suspects = ", ".join(map(str, v.suspect_ranks)) or "none named"
     w = out.write
-    w(f"## blackbox: `{v.category}` — suspect rank(s) {suspects}\n\n")
-    w(f"**Phase:** {v.phase or '?'} · **confidence:** {v.confidence} · **run:** `{report.run_id}` · "
-      f"**node:** {report.node} · **trigger:** {report.trigger}\n\n")  # fmt: skip
-    w(f"{v.summary}\n\n")
+    w(f"## blackbox: `{_code(v.category)}` — suspect rank(s) {suspects}\n\n")
+    w(f"**Phase:** {_t(v.phase or '?')} · **confidence:** {_t(v.confidence)} · **run:** `{_code(report.run_id)}` · "
+      f"**node:** {_t(report.node)} · **trigger:** {_t(report.trigger)}\n\n")  # fmt: skip
+    w(f"{_t(v.summary)}\n\n")
     if report.similar_incidents:
-        w("### Seen before\n\n" + "".join(f"- {describe_seen(e)}\n" for e in report.similar_incidents) + "\n")
+        w("### Seen before\n\n" + "".join(f"- {_t(describe_seen(e))}\n" for e in report.similar_incidents) + "\n")
     if report.next_actions:
         w("### Next actions\n\n")
         for i, action in enumerate(report.next_actions, 1):
-            w(f"{i}. {action}\n")
+            w(f"{i}. {_t(action)}\n")
         w("\n")
     w("### Ranks\n\n| rank | node | pid | state | step | phase | where (main thread) |\n")
     w("| ---: | --- | ---: | --- | ---: | --- | --- |\n")
@@ -38,18 +51,19 @@ def render_markdown(report: Report, out: TextIO) -> None:
     for r in rows:
         mark = "**" if r.rank in v.suspect_ranks else ""
         phase = f"{r.phase} ({r.collective})" if r.collective else r.phase
-        w(f"| {mark}{r.rank}{mark} | {_cell(r.node)} | {r.pid} | {r.state} | {'-' if r.step is None else r.step} | "
+        w(f"| {mark}{_cell(r.rank)}{mark} | {_cell(r.node)} | {_cell(r.pid)} | {_cell(r.state)} | "
+          f"{'-' if r.step is None else _cell(r.step)} | "
           f"{_cell(phase)} | {_cell(r.top_frame or '')} |\n")  # fmt: skip
     if len(rows) < len(report.ranks):
         w(f"\n… {len(report.ranks) - len(rows)} more rank(s) (grouped under Evidence).\n")
     if report.stack_groups:
         w("\n### Stacks (identical main threads merged, odd ones first)\n\n")
         for g in report.stack_groups:
-            w(f"- {'**odd** ' if g.get('odd') else ''}{_cell(g.get('describe'))} ({g.get('waits_in')})\n\n")
-            w("  ```\n" + "".join(f"  {frame}\n" for frame in g.get("frames", [])) + "  ```\n")
+            w(f"- {'**odd** ' if g.get('odd') else ''}{_cell(g.get('describe'))} ({_t(g.get('waits_in'))})\n\n")
+            w("  ```\n" + "".join(f"  {_code(frame)}\n" for frame in g.get("frames", [])) + "  ```\n")
     w("\n### Evidence\n\n")
     for f in report.findings:
-        w(f"- *{f.kind}*: {f.text}" + (f" — `{f.source}`" if f.source else "") + "\n")
+        w(f"- *{_t(f.kind)}*: {_t(f.text)}" + (f" — `{_code(f.source)}`" if f.source else "") + "\n")
     if report.console_tail:
-        w("\n### Console tail\n\n```\n" + "\n".join(report.console_tail) + "\n```\n")
-    w(f"\nBundle: `{report.bundle}`\n")
+        w("\n### Console tail\n\n```\n" + "\n".join(map(_code, report.console_tail)) + "\n```\n")
+    w(f"\nBundle: `{_code(report.bundle)}`\n")

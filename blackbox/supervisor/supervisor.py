@@ -34,6 +34,7 @@ from ..errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, Blac
 from ..events import EventLog
 from ..heartbeat import HeartbeatState, HeartbeatTable
 from ..redact import redact_argv, redact_text, remember_secrets
+from ..render import printable
 from .gpuwatch import GpuWatch
 from .launch import ConsoleLog, Launched, resize_ptys, spawn
 from .rules import FatalLines, RankView, Rules
@@ -761,7 +762,7 @@ class Supervisor:
             self.event("verdict", bundle=path, category=v.category, suspect_ranks=v.suspect_ranks, phase=v.phase,
                        confidence=v.confidence, summary=v.summary)  # fmt: skip
             for line in report.headline():
-                self.say(f"  {line}")
+                self.say(f"  {printable(line)}")  # it quotes the job's exception: shown, never acted on
         except Exception as exc:
             self._internal_error("report", exc)
             return None
