@@ -14,6 +14,7 @@ import urllib.request
 from typing import Any, Callable, Optional
 
 from .analyze.model import Report
+from .redact import redact_value
 
 COMMAND_TIMEOUT_S = 60.0
 POST_TIMEOUT_S = 10.0
@@ -36,9 +37,10 @@ def payload(bundle: str, report: Optional[Report], run_id: str, node: str, trigg
         v = report.verdict
         verdict = {"category": v.category, "phase": v.phase, "suspect_ranks": v.suspect_ranks,
                    "confidence": v.confidence, "summary": v.summary}  # fmt: skip
-    return {"source": "torch-blackbox", "run_id": run_id, "node": node, "host": node, "trigger": trigger,
+    body = {"source": "torch-blackbox", "run_id": run_id, "node": node, "host": node, "trigger": trigger,
             "bundle": bundle, "verdict": verdict,
             "next_action": report.next_actions[0] if report is not None and report.next_actions else None}  # fmt: skip
+    return dict(redact_value(body))  # it leaves the machine: the summary quotes the job's own exception
 
 
 # Sessions of the alert commands running now: they are not part of the job (the supervisor neither signals

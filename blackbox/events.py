@@ -1,5 +1,5 @@
-"""The run's event log, `events.jsonl`: one versioned JSON object per line, appended by the supervisor.
-Imports only the stdlib."""
+"""The run's event log, `events.jsonl`: one versioned JSON object per line, appended by the supervisor, redacted
+as data. Imports the stdlib and blackbox.redact."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import threading
 import time
 from datetime import datetime, timezone
 from typing import Any
+
+from .redact import redact_value
 
 EVENTS_VERSION = 1
 
@@ -28,7 +30,7 @@ class EventLog:
             "time": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="milliseconds"),
             "t": round(now, 3),
             "event": event,
-            **fields,
+            **redact_value(fields),  # a job's command, a fatal line, the config: never a secret on disk
         }
         line = (json.dumps(record, default=str, sort_keys=False) + "\n").encode()
         with self._lock:

@@ -38,23 +38,24 @@ def frames_of(tb_or_frame: Any, limit: int = MAX_FRAMES) -> list[dict[str, Any]]
 _redactor: Any = None
 
 
-def _redacted(text: str) -> str:
-    """Secrets never reach disk, not even the rank's own files: exception messages, code lines and argv go
-    through the shared redaction, which also knows this process's credential-named variables."""
+def _redacted(data: Any) -> Any:
+    """Secrets never reach disk, not even the rank's own files: records are redacted as data (exception
+    messages, code lines, argv, metrics), before they are encoded, by the shared redaction, which also knows
+    this process's credential-named variables. The files still parse."""
     global _redactor
     if _redactor is None:
         from . import redact
 
         redact.remember_secrets(os.environ)
-        _redactor = redact.redact_text
-    return str(_redactor(text))
+        _redactor = redact.redact_value
+    return _redactor(data)
 
 
 def write_json(path: str, data: Any) -> None:
     """Atomic, private and redacted: a reader never sees half a record, nor a secret."""
     import json
 
-    text = _redacted(json.dumps(data, indent=1, default=repr))
+    text = json.dumps(_redacted(data), indent=1, default=repr)
     tmp = "%s.%d.tmp" % (path, os.getpid())
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -65,7 +66,7 @@ def write_json(path: str, data: Any) -> None:
 def append_jsonl(path: str, record: Any) -> None:
     import json
 
-    line = _redacted(json.dumps(record, default=repr)) + "\n"
+    line = json.dumps(_redacted(record), default=repr) + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     with os.fdopen(fd, "a") as f:
         f.write(line)

@@ -23,7 +23,7 @@ from ..detections import Detection
 from ..events import EventLog
 from ..frames import where
 from ..heartbeat import HeartbeatState
-from ..redact import redact_argv, redact_config, redact_env, redact_text
+from ..redact import redact_argv, redact_config, redact_env, redact_json_text, redact_text
 from .job import Job, RankTarget
 
 CONSOLE_TAIL_BYTES = 256 * 1024
@@ -41,6 +41,18 @@ RANK_PATTERNS = (
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".ini", ".cfg", ".conf", ".env")
 
 Progress = Callable[[str], None]
+
+
+def _redact_file(name: str, text: str) -> str:
+    """A run-directory file for the bundle: JSON (and each line of JSON Lines) redacted as data, so that it still
+    parses; anything else as text."""
+    if name.endswith(".json"):
+        redacted = redact_json_text(text)
+        return text if redacted is None else redacted
+    if name.endswith(".jsonl"):
+        lines = text.splitlines(keepends=True)
+        return "".join(r if (r := redact_json_text(line)) is not None else redact_text(line) for line in lines)
+    return redact_text(text)
 
 
 @dataclass(frozen=True)
@@ -390,7 +402,7 @@ class Collector:
                 if binary:  # pickles: kept whole or not at all, not redacted, never unpickled by blackbox
                     w.add_bytes(arc, data, keep="whole", cap=cap)
                 else:
-                    w.add_bytes(arc, redact_text(data.decode("utf-8", "replace")).encode())
+                    w.add_bytes(arc, _redact_file(arc, data.decode("utf-8", "replace")).encode())
                 copied += 1
             except OSError as exc:
                 failed.append(f"{arc}: {exc.strerror}")
@@ -523,7 +535,8 @@ class Collector:
                 t = time.monotonic()
                 try:
                     with open(os.path.join(job.record_dir, "events.jsonl"), "rb") as f:
-                        w.add_bytes("events.jsonl", redact_text(f.read().decode("utf-8", "replace")).encode())
+                        w.add_bytes("events.jsonl", _redact_file("events.jsonl", f.read().decode("utf-8", "replace"))
+                                    .encode())  # fmt: skip
                     w.step("events", "ok", t)
                 except OSError as exc:
                     w.step("events", "failed", t, exc.strerror)

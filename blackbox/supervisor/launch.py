@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Callable, Optional
 
-from ..redact import redact_text
+from ..redact import StreamRedactor
 
 Sink = Callable[[bytes, int], None]  # (data, stream: 1 stdout or 2 stderr)
 DEFAULT_LOG_BYTES = 256 * 1024 * 1024  # console.log and its tail files together
@@ -42,6 +42,7 @@ class ConsoleLog:
         self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._tail_fd: Optional[int] = None
         self.head_bytes = max_bytes // 4
+        self._redact = StreamRedactor()  # a private key printed line by line is dropped from BEGIN to END
         self.tail_bytes = (max_bytes - self.head_bytes) // 2  # each of the two tail files
         self._written = 0  # into the file being written now (console.log, then console.tail.log)
         self._on_error = on_error
@@ -99,7 +100,7 @@ class ConsoleLog:
             self._write(buf[:cut])
 
     def _write(self, data: bytes) -> None:
-        text = redact_text(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+        text = self._redact(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
         try:
             if self._tail_fd is None and self._written + len(text) > self.head_bytes and self._fd is not None:
                 tail = os.path.basename(self.tail_path)

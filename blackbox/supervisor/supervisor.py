@@ -33,7 +33,7 @@ from ..detections import CRASH_RULES, HANG_RULES, Detection, incident_kind
 from ..errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
 from ..events import EventLog
 from ..heartbeat import HeartbeatState, HeartbeatTable
-from ..redact import redact_argv, redact_text, remember_secrets
+from ..redact import redact_argv, redact_text, redact_url, remember_secrets, remember_value
 from ..render import printable
 from .gpuwatch import GpuWatch
 from .launch import ConsoleLog, Launched, resize_ptys, spawn
@@ -131,6 +131,8 @@ class Supervisor:
             self.say(f"{exc.message[:-1] if exc.message.endswith('.') else exc.message}: no multi-node "
                      "coordination, this node watches and collects on its own")  # fmt: skip
         remember_secrets(self.env)  # the job's credentials, scrubbed from everything blackbox writes
+        if self.cfg.notify_url:  # a webhook URL is a credential too: only its host is ever written
+            remember_value(self.cfg.notify_url)
         self.run_dir = prepare_run_dir(self.run_dir)
         self.events = EventLog(os.path.join(self.run_dir, "events.jsonl"))
         self.console = ConsoleLog(os.path.join(self.run_dir, "console.log"), lambda m: self.say_once("console", m),
@@ -140,7 +142,9 @@ class Supervisor:
         self.event(
             "start", run_id=self.run_id, node=self.node, pid=os.getpid(), command=redact_argv(self.argv),
             cwd=os.getcwd(), blackbox_version=__version__, config={
-                k: getattr(self.cfg, k) for k in self.cfg.sources}, config_sources=dict(self.cfg.sources),
+                k: redact_url(v) if k == "notify_url" and v else v
+                for k, v in ((k, getattr(self.cfg, k)) for k in self.cfg.sources)},
+            config_sources=dict(self.cfg.sources),
             **facts,
         )  # fmt: skip
         become_subreaper()

@@ -369,3 +369,44 @@ def test_repeated_sigints_act_at_once_even_during_a_collection(tmp_path: Path, r
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     end = events(run_dir, "end")[-1]
     assert end["job_exit_code"] != 0
+
+
+def test_look_alikes_survive_and_secrets_in_every_form_do_not(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN a job printing ML look-alikes and a private key line by line, logging metrics and annotations, raising
+    # with a password holding `"`, `\` and non-ASCII characters; its command line holds `-p` and `--pass`
+    # values, and blackbox posts to a Slack webhook
+    key = ["b3BlbnNzaC1rZXktdjEAAAAABG5vbmU", "AAAAEbm9uZQAAAAAAAAABAAABlwAAAAd"]
+    (tmp_path / "key").write_text("\n".join(["-----BEGIN OPENSSH PRIVATE KEY-----", *key,
+                                             "-----END OPENSSH PRIVATE KEY-----"]))  # fmt: skip
+    secrets = {"HF_TOKEN": "hf-annotated-value-0123", "SERVICE_PASSWORD": 'pä"ss\\wörd-1234'}
+    hook = "https://hooks.slack.com/services/T0000AAAA/B0000BBBB/webhookpathsecret0123"
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--notify-url", hook, "--", sys.executable,
+                        str(PROGRAMS / "lookalikes_job.py"), "-p", "mysqlpass77", "--pass", "cli-pass-88"],
+                       tmp_path, KEY_FILE=str(tmp_path / "key"), **secrets)  # fmt: skip
+    assert res.returncode == 1, res.stderr
+    values = [*key, *secrets.values(), "webhookpathsecret0123", "mysqlpass77", "cli-pass-88"]
+    forms = {
+        v for value in values for v in (value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1])
+    }
+    (bundle,) = bundles(run_dir)
+    written = {str(p): p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != "heartbeat"}
+    with tarfile.open(bundle) as tar:
+        written.update({f"bundle:{m.name}": tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()})  # type: ignore[union-attr]
+    # THEN no form of any secret is anywhere blackbox wrote
+    for name, data in written.items():
+        for form in forms:
+            assert form.encode() not in data, f"{form!r} reached {name}"
+    # AND the look-alikes are intact, the records still parse, and the key's neighbours are kept
+    console = (run_dir / "console.log").read_text()
+    for kept in ("tokenizer: gpt2", "max_tokens: 4096 eos_token_id=2 token_type_ids: [0, 0, 1] key_dim: 64 "
+                 "use_auth_token=True", "TOKENIZER_NAME=meta-llama/Llama-3-8B KEY_DIR=/data/imagenet "
+                 "--session-dir /tmp/sess", "after the key"):  # fmt: skip
+        assert kept in console
+    metrics = json.loads((run_dir / "ranks" / "0" / "metrics.json").read_text())
+    assert "51234.5" in json.dumps(metrics) and "tokens_per_sec" in json.dumps(metrics)
+    annotations = json.loads((run_dir / "ranks" / "0" / "annotations.json").read_text())
+    assert "gpt2" in json.dumps(annotations) and "<pad>" in json.dumps(annotations)
+    for line in (run_dir / "ranks" / "0" / "exceptions.jsonl").read_text().splitlines():
+        assert "login refused for password" in json.loads(line)["message"]
+    start = events(run_dir, "start")[0]
+    assert start["config"]["notify_url"] == "https://hooks.slack.com/<redacted>"

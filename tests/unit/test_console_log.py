@@ -21,7 +21,7 @@ def test_a_stuck_writer_never_holds_the_job(tmp_path: Path, monkeypatch: pytest.
         release.wait(30)
         return text
 
-    monkeypatch.setattr(launch, "redact_text", stuck)
+    monkeypatch.setattr(launch, "StreamRedactor", lambda: stuck)
     monkeypatch.setattr(ConsoleLog, "MAX_QUEUE", 64 * 1024)
     errors: list[str] = []
     log = ConsoleLog(str(tmp_path / "console.log"), errors.append)
