@@ -1,6 +1,6 @@
 """Decoding a rank's heartbeat file (layout in blackbox/_recorder/protocol.py) into one consistent
 HeartbeatState, and the table of a run's heartbeats (read each poll; a dump request written into one).
-Host side; imports the stdlib and the protocol."""
+Host side; imports the stdlib, the protocol and safeopen."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Optional
 
 from ._recorder import protocol as P
+from .safeopen import RunDir
 
 _MODES = {v: k for k, v in P.MODE_CODES.items()}
 
@@ -147,9 +148,13 @@ def _state(buf: Any, q: Any, d: Any, progress: Optional[_Words], phase_words: Op
 
 
 class HeartbeatTable:
-    def __init__(self, ranks_dir: str, on_error: Callable[[str, str], None]) -> None:
+    """Every rank's heartbeat page under `ranks_dir`, mapped read-only; files that are symlinks, not regular, or
+    (with `owner`) not the job's user's are refused (blackbox collect may run as root on another user's job)."""
+
+    def __init__(self, ranks_dir: str, on_error: Callable[[str, str], None], owner: Optional[int] = None) -> None:
         self.ranks_dir = ranks_dir
         self.on_error = on_error  # (path, message), reported once per path and message
+        self.dir = RunDir(ranks_dir, owner)
         self._maps: dict[str, tuple[int, mmap.mmap]] = {}
         self._errors: set[tuple[str, str]] = set()
         self._last: dict[str, HeartbeatState] = {}  # each rank's last clean reading
@@ -163,13 +168,16 @@ class HeartbeatTable:
         for name in sorted(names, key=lambda n: (len(n), n)):
             path = os.path.join(self.ranks_dir, name, "heartbeat")
             try:
-                ino = os.stat(path).st_ino
+                ino = os.stat(path, follow_symlinks=False).st_ino
                 cached = self._maps.get(path)
                 if cached is None or cached[0] != ino:
                     if cached is not None:
                         cached[1].close()
-                    with open(path, "rb") as f:
-                        self._maps[path] = (ino, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+                    fd = self.dir.open_fd(f"{name}/heartbeat")
+                    try:
+                        self._maps[path] = (os.fstat(fd).st_ino, mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+                    finally:
+                        os.close(fd)
                 state = decode(self._maps[path][1], last=self._last.get(path))
                 if not state.busy:
                     self._last[path] = state
@@ -185,8 +193,12 @@ class HeartbeatTable:
 
     def request_dump(self, rank: int) -> int:
         """Ask a rank for its own dump (its daemon thread watches this word); returns the request number."""
-        path = os.path.join(self.ranks_dir, str(rank), "heartbeat")
-        with open(path, "r+b") as f, mmap.mmap(f.fileno(), 0) as mm:
+        fd = self.dir.open_fd(f"{rank}/heartbeat", write=True)  # never through a link planted in its place
+        try:
+            mm = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        with mm:
             words = memoryview(mm).cast("Q")
             try:
                 request = int(words[P.W_DUMP_REQUEST]) + 1

@@ -87,6 +87,14 @@ def environ(pid: int) -> dict[str, str]:
     return env
 
 
+def uid(pid: int) -> Optional[int]:
+    """The user a process runs as (the owner of its /proc directory), None when it is gone."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
 def cmdline(pid: int) -> list[str]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:

@@ -109,7 +109,8 @@ def collect(pid: int, out: Optional[str], native: bool, with_locals: bool, dump_
     err.print(f"blackbox: job {job.run_id} on {job.node}: rank(s) {ranks}", markup=False)
     for note in job.notes:
         err.print(f"blackbox: note: {note}", markup=False)
-    table = HeartbeatTable(os.path.join(job.record_dir, "ranks"), lambda p, m: None) if job.record_dir else None
+    table = HeartbeatTable(os.path.join(job.record_dir, "ranks"), lambda p, m: None, job.owner) if job.record_dir \
+        else None  # fmt: skip
     options = CollectOptions(dump_timeout=dump_timeout, budget=budget, native=native, locals=with_locals)
     try:
         with err.status("collecting", spinner="dots") as status:

@@ -6,7 +6,7 @@ Imports the stdlib and blackbox's host side; never prints (it reports progress).
 
 from __future__ import annotations
 
-import glob
+import fnmatch
 import json
 import os
 import re
@@ -24,6 +24,7 @@ from ..events import EventLog
 from ..frames import where
 from ..heartbeat import HeartbeatState
 from ..redact import redact_argv, redact_config, redact_env, redact_json_text, redact_text
+from ..safeopen import RunDir, UnsafeFile, read_file
 from .job import Job, RankTarget
 
 CONSOLE_TAIL_BYTES = 256 * 1024
@@ -38,6 +39,7 @@ RANK_PATTERNS = (
     "rank.json", "exceptions.jsonl", "oom.jsonl", "fatal.txt", "sigterm.txt", "stacks-*.txt", "pydump-*.json",
     "fr_trace.json", "memory-snapshot-*.pickle", "error.json",
 )  # fmt: skip
+EVENTS_CAP = 16 * 1024 * 1024  # the run's events.jsonl: its newest part
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".ini", ".cfg", ".conf", ".env")
 
 Progress = Callable[[str], None]
@@ -82,17 +84,15 @@ class _Table(Protocol):
 
 
 class FileTail:
-    """The end of a file on disk (console.log of a run, when `blackbox collect` finds one)."""
+    """The end of a file on disk (console.log of a run, when `blackbox collect` finds one), read safely (see
+    blackbox.safeopen): `read(limit)` gives the last `limit` bytes."""
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, read: Callable[[int], bytes]) -> None:
+        self.read = read
 
     def tail(self, limit: int) -> bytes:
         try:
-            with open(self.path, "rb") as f:
-                f.seek(0, os.SEEK_END)
-                f.seek(max(0, f.tell() - limit))
-                return f.read()
+            return self.read(limit)
         except OSError:
             return b""
 
@@ -162,23 +162,23 @@ def _helpers(t: RankTarget) -> list[int]:
     return out[:MAX_HELPERS_PER_RANK]
 
 
-def _rank_files(record_dir: str, ranks: Iterable[int]) -> list[tuple[str, str]]:
-    """(path on disk, path in the bundle) of the recorder's files worth keeping; empty files are skipped."""
+def _rank_files(run: RunDir, ranks: Iterable[int]) -> list[tuple[str, str]]:
+    """(path in the run directory, path in the bundle) of the recorder's files worth keeping; empty files, and
+    files that are links, not regular or not the job's user's, are skipped."""
     out = []
-    ranks_dir = os.path.join(record_dir, "ranks")
     for rank in ranks:
+        names = run.list(f"ranks/{rank}")
         for pattern in RANK_PATTERNS:
-            for path in sorted(glob.glob(os.path.join(ranks_dir, str(rank), pattern))):
-                if os.path.isfile(path) and os.path.getsize(path) > 0:
-                    out.append((path, f"ranks/{rank}/{os.path.basename(path)}"))
-    fr_dir = os.path.join(record_dir, "flight_recorder")
-    for path in sorted(glob.glob(os.path.join(fr_dir, P.FR_PREFIX + "*"))):
-        if os.path.isfile(path) and not path.endswith(".tmp"):
-            out.append((path, f"flight_recorder/{os.path.basename(path)}"))
+            for name in fnmatch.filter(names, pattern):
+                if run.size(f"ranks/{rank}/{name}"):
+                    out.append((f"ranks/{rank}/{name}", f"ranks/{rank}/{name}"))
+    for name in fnmatch.filter(run.list("flight_recorder"), P.FR_PREFIX + "*"):
+        if not name.endswith(".tmp") and run.size(f"flight_recorder/{name}") is not None:
+            out.append((f"flight_recorder/{name}", f"flight_recorder/{name}"))
     return out
 
 
-def _torchelastic_error_file(record_dir: Optional[str], t: RankTarget) -> Optional[str]:
+def _torchelastic_error_file(record_dir: Optional[str], t: RankTarget, owner: Optional[int]) -> Optional[str]:
     """Where the rank's torchelastic error file goes: from its live environment (read at the start of a
     collection: a rank that raised may be gone by the time files are copied), else the recorder's rank.json.
     The file itself may appear only later, while the rank dies."""
@@ -191,8 +191,8 @@ def _torchelastic_error_file(record_dir: Optional[str], t: RankTarget) -> Option
             pass
     if record_dir:
         try:
-            with open(os.path.join(record_dir, "ranks", str(t.rank), "rank.json")) as f:
-                path = json.load(f).get("torchelastic_error_file")
+            data = RunDir(record_dir, owner).read(f"ranks/{t.rank}/rank.json", RANK_FILE_CAP)
+            path = json.loads(data).get("torchelastic_error_file")
             return path if isinstance(path, str) and path else None
         except (OSError, ValueError, AttributeError):
             pass
@@ -385,27 +385,27 @@ class Collector:
 
     def rank_files(self, ranks: list[RankTarget], w: BundleWriter, error_files: dict[int, str]) -> None:
         t = time.monotonic()
-        files = _rank_files(self.job.record_dir, [r.rank for r in ranks]) if self.job.record_dir else []
-        for rank, error_file in sorted(error_files.items()):
-            if os.path.isfile(error_file):
-                files.append((error_file, f"ranks/{rank}/torchelastic-error.json"))
+        run = RunDir(self.job.record_dir, self.job.owner) if self.job.record_dir else None
+        files = [(src, arc, True) for src, arc in _rank_files(run, [r.rank for r in ranks])] if run else []
+        for rank, error_file in sorted(error_files.items()):  # a path the job chose: only the job's own file
+            if os.path.lexists(error_file):
+                files.append((error_file, f"ranks/{rank}/torchelastic-error.json", False))
         if not files:
             return
         self.progress(f"copying {len(files)} recorder file(s)")
         copied, failed = 0, []
-        for src, arc in files:
+        for src, arc, in_run in files:
             binary = src.endswith(".pickle") or os.path.basename(src).startswith(P.FR_PREFIX)
             cap = BINARY_FILE_CAP if binary else RANK_FILE_CAP
             try:
-                with open(src, "rb") as f:
-                    data = f.read(cap + 1)
+                data = run.read(src, cap + 1) if in_run and run else read_file(src, self.job.owner, cap + 1)
                 if binary:  # pickles: kept whole or not at all, not redacted, never unpickled by blackbox
                     w.add_bytes(arc, data, keep="whole", cap=cap)
                 else:
                     w.add_bytes(arc, _redact_file(arc, data.decode("utf-8", "replace")).encode())
                 copied += 1
             except OSError as exc:
-                failed.append(f"{arc}: {exc.strerror}")
+                failed.append(f"{arc}: {exc.strerror}" + (" (not copied)" if isinstance(exc, UnsafeFile) else ""))
         w.step("rank files", "failed" if failed else "ok", t, "; ".join(failed) or f"{copied} file(s)")
 
     def node_facts(self, pool: ThreadPoolExecutor) -> dict[str, Future[Any]]:
@@ -476,14 +476,20 @@ class Collector:
         stderr is redirected to (a Slurm output file, `> job.log`), when it is a regular file."""
         if self.console is not None:
             return self.console, "console.log"
-        if self.job.record_dir and os.path.isfile(os.path.join(self.job.record_dir, "console.log")):
-            return FileTail(os.path.join(self.job.record_dir, "console.log")), "the run's console.log"
+        run = RunDir(self.job.record_dir, self.job.owner) if self.job.record_dir else None
+        if run is not None and run.size("console.log") is not None:
+            return FileTail(lambda limit: run.read("console.log", limit, tail=True)), "the run's console.log"
         pids = ([self.job.agent_pid] if self.job.agent_pid else []) + [r.pid for r in self.job.ranks]
         for pid in pids:
             for fd in (2, 1):
                 path = procfs.fd_target(pid, fd)
-                if path is not None and os.path.isfile(path):
-                    return FileTail(path), f"`{path}` (fd {fd} of pid {pid})"
+                if path is not None and path.startswith("/") and os.path.isfile(path):
+                    link = f"/proc/{pid}/fd/{fd}"  # the open file itself, not the path (which may have changed)
+
+                    def read(limit: int, link: str = link, owner: Optional[int] = self.job.owner) -> bytes:
+                        return read_file(link, owner, limit, tail=True, proc_link=True)
+
+                    return FileTail(read), f"`{path}` (fd {fd} of pid {pid})"
         return None, ""
 
     # --- the whole collection ----------------------------------------------------------------------
@@ -499,7 +505,7 @@ class Collector:
         w = BundleWriter(job.run_id, job.node, trigger)
         ranks = job.ranks
         # read while the ranks live: a rank that raised may be gone by the time its files are copied
-        error_files = {r.rank: p for r in ranks if (p := _torchelastic_error_file(job.record_dir, r))}
+        error_files = {r.rank: p for r in ranks if (p := _torchelastic_error_file(job.record_dir, r, job.owner))}
         procs = [_Proc(r.rank, r.pid, False) for r in ranks if r.alive]
         procs += [_Proc(r.rank, pid, True) for r in ranks for pid in _helpers(r)]
         if job.agent_pid is not None and job.mode == "collect" and _is_python(job.agent_pid):
@@ -531,12 +537,13 @@ class Collector:
                 tail = console.tail(CONSOLE_TAIL_BYTES)
                 w.add_bytes("console-tail.log", redact_text(tail.decode("utf-8", "replace")).encode())
                 w.step("console tail", "ok", t, f"last {len(tail)} bytes of {where}")
-            if job.record_dir and os.path.exists(os.path.join(job.record_dir, "events.jsonl")):
+            if job.record_dir and os.path.lexists(os.path.join(job.record_dir, "events.jsonl")):
                 t = time.monotonic()
                 try:
-                    with open(os.path.join(job.record_dir, "events.jsonl"), "rb") as f:
-                        w.add_bytes("events.jsonl", _redact_file("events.jsonl", f.read().decode("utf-8", "replace"))
-                                    .encode())  # fmt: skip
+                    data = RunDir(job.record_dir, job.owner).read("events.jsonl", EVENTS_CAP, tail=True)
+                    if len(data) == EVENTS_CAP:  # the newest events; the first, cut line is dropped
+                        data = data[data.find(b"\n") + 1 :]
+                    w.add_bytes("events.jsonl", _redact_file("events.jsonl", data.decode("utf-8", "replace")).encode())
                     w.step("events", "ok", t)
                 except OSError as exc:
                     w.step("events", "failed", t, exc.strerror)

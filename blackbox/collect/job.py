@@ -14,6 +14,7 @@ from .._recorder import protocol as P
 from ..adapters import host, procfs, torchelastic
 from ..errors import EXIT_NO_PERMISSION, BlackboxError
 from ..heartbeat import HeartbeatFormatError, HeartbeatState, decode
+from ..safeopen import RunDir
 
 PERMISSION_HINT = (
     "Run `blackbox collect` as the job's user, or as root (sudo); in a container the collector needs the "
@@ -51,6 +52,7 @@ class Job:
     history: dict[int, list[dict[str, object]]] = field(default_factory=dict)  # rank -> heartbeat changes
     gpu_history: dict[str, list[dict[str, object]]] = field(default_factory=dict)  # GPU index -> readings
     rank_gpus: tuple[dict[int, list[int]], str] = ({}, "not mapped")  # rank -> GPU indices, and how it was found
+    owner: Optional[int] = None  # the job's user: only its files are read from the run directory (None: any)
     incident: Optional[dict[str, object]] = None  # the incident this collection is for (every node's bundle has it)
     coordination: Optional[dict[str, object]] = None  # multi-node: the coordination's state and the other nodes
 
@@ -77,10 +79,15 @@ def _is_python(pid: int) -> bool:
 
 
 def _heartbeat(record_dir: str, rank: int, pid: int) -> Optional[HeartbeatState]:
-    """The recorder's heartbeat of this rank, if the file there belongs to this very process."""
+    """The recorder's heartbeat of this rank, if the file there belongs to this very process (and is a regular
+    file of the process's user: the run directory is named by the job's environment)."""
     try:
-        path = os.path.join(record_dir, "ranks", str(rank), "heartbeat")
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        fd = RunDir(record_dir, procfs.uid(pid)).open_fd(f"ranks/{rank}/heartbeat")
+        try:
+            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        with mm:
             hb = decode(mm)
     except (OSError, ValueError, HeartbeatFormatError):
         return None
@@ -189,5 +196,5 @@ def discover(pid: int) -> Job:
         run_id=run_id, node=host.hostname(), argv=procfs.cmdline(top_pid), cwd=procfs.cwd(top_pid) or "/",
         env=first_env, python=job_python(rank_procs[0][0]), record_dir=record_dir, ranks=ranks,
         world_size=torchelastic.world_size_of(first_env) or len(ranks), agent_pid=agent, mode="collect",
-        notes=notes,
+        notes=notes, owner=procfs.uid(rank_procs[0][0]),
     )  # fmt: skip

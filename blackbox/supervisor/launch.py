@@ -18,9 +18,18 @@ from collections.abc import Mapping
 from typing import Callable, Optional
 
 from ..redact import StreamRedactor
+from ..safeopen import read_file
 
 Sink = Callable[[bytes, int], None]  # (data, stream: 1 stdout or 2 stderr)
 DEFAULT_LOG_BYTES = 256 * 1024 * 1024  # console.log and its tail files together
+
+
+def _tail(path: str, limit: int) -> bytes:
+    """The last `limit` bytes of one of the log's files (never through a link put in its place)."""
+    try:
+        return read_file(path, None, limit, tail=True)
+    except OSError:
+        return b""
 
 
 class ConsoleLog:
@@ -147,14 +156,12 @@ class ConsoleLog:
 
     def tail(self, limit: int) -> bytes:
         """The last `limit` bytes of the job's output in the log, across the tail files."""
-        from ..collect.collector import FileTail
-
         self.sync()
         if self._tail_fd is None and not os.path.exists(self.tail_path):
-            return FileTail(self.path).tail(limit)
-        newest = FileTail(self.tail_path).tail(limit)
+            return _tail(self.path, limit)
+        newest = _tail(self.tail_path, limit)
         if len(newest) < limit and os.path.exists(self.old_tail_path):
-            newest = FileTail(self.old_tail_path).tail(limit - len(newest)) + newest
+            newest = _tail(self.old_tail_path, limit - len(newest)) + newest
         return newest
 
     def close(self) -> None:

@@ -233,3 +233,41 @@ def test_ten_secrets_never_reach_the_bundle(tmp_path: Path, run_dir: Path) -> No
         if path.is_file() and path.name != "heartbeat":
             data = path.read_bytes()
             assert not any(v.encode() in data for v in values), f"a secret reached {path}"
+
+
+LOOP = "import time\nfor i in range(100000):\n    print('step', i, flush=True)\n    time.sleep(0.2)\n"
+
+
+def test_collect_never_follows_what_the_job_planted(tmp_path: Path, run_dir: Path) -> None:
+    """Links the job's user planted where blackbox reads (console.log, events.jsonl, rank files, the
+    torchelastic error file its rank.json names) are never followed; a file not owned by the job's user is never
+    read either (tests/unit/test_safeopen.py, which can give files to another user)."""
+    # GIVEN a job under `blackbox run`
+    job = start_blackbox(["run", "--run-dir", str(run_dir), "--", sys.executable, "-c", LOOP], tmp_path)
+    try:
+        rank_dir = run_dir / "ranks" / "0"
+        wait_for(lambda: (rank_dir / "threads.json").exists() and psutil.Process(job.pid).children(), 60, "the rank")
+        rank_pid = psutil.Process(job.pid).children()[0].pid
+        # AND a private file elsewhere, and links to it planted where blackbox reads
+        secret = tmp_path / "private" / "secret.txt"
+        secret.parent.mkdir()
+        secret.write_text("PRIVATE-CONTENT\n")
+        secret.chmod(0o600)
+        for planted in (run_dir / "console.log", run_dir / "events.jsonl", rank_dir / "metrics.json",
+                        rank_dir / "recorder.log", tmp_path / "error-link.json"):  # fmt: skip
+            planted.unlink(missing_ok=True)
+            planted.symlink_to(secret)
+        error_file = {"torchelastic_error_file": str(tmp_path / "error-link.json")}
+        (rank_dir / "rank.json").write_text(json.dumps(error_file))
+        # WHEN it is collected
+        res = collect(rank_pid, tmp_path / "out")
+        assert res.returncode == 0, res.stderr
+        # THEN nothing of the private file is in the bundle, and the job runs on
+        files = members(Path(json.loads(res.stdout)["bundle"]))
+        assert "ranks/0/py-spy.json" in files
+        for name, data in files.items():
+            assert b"PRIVATE-CONTENT" not in data, f"the private file reached {name}"
+        assert job.poll() is None
+    finally:
+        job.terminate()
+        job.communicate(timeout=30)
