@@ -1,16 +1,46 @@
 """Opening the files a job wrote, as a process that may be more privileged than the job (`blackbox collect` as
-root): never through a symlink (every component opened relative to its directory's descriptor, O_NOFOLLOW),
-only regular files, and only files (and directories) owned by the job's user. Imports the stdlib only."""
+root): as the job's user where the kernel allows it (this thread's filesystem uid, so that root's privileges do
+not apply), never through a symlink (every component opened relative to its directory's descriptor,
+O_NOFOLLOW), only regular files, and only files (and directories) owned by the job's user. Imports the stdlib
+only."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import os
 import stat
-from typing import Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY  # a FIFO never blocks the open
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+_libc: Any = None
+
+
+@contextlib.contextmanager
+def as_user(uid: Optional[int]) -> Iterator[None]:
+    """Within the block, this thread opens files as user `uid` (Linux's filesystem uid, set per thread: the
+    other threads keep root), so that a file the job's user may not read cannot be read through blackbox either.
+    A no-op unless we are root and the job is not; where the call is unavailable, the ownership checks remain."""
+    global _libc
+    if uid is None or uid == 0 or os.geteuid() != 0:
+        yield
+        return
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        previous = _libc.setfsuid(uid)
+    except (OSError, AttributeError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        _libc.setfsuid(previous)
 
 
 class UnsafeFile(OSError):
@@ -40,7 +70,8 @@ def open_fd(path: str, owner: Optional[int], write: bool = False, dir_fd: Option
     flags = (_READ | os.O_RDWR) if write else _READ  # O_RDONLY is 0
     if proc_link:
         flags &= ~os.O_NOFOLLOW
-    fd = os.open(path, flags, dir_fd=dir_fd)
+    with as_user(owner):
+        fd = os.open(path, flags, dir_fd=dir_fd)
     try:
         _check(fd, path, owner, directory=False)
         os.set_blocking(fd, True)
@@ -84,11 +115,13 @@ class RunDir:
         parts = [p for p in rel.split("/") if p]
         if not parts or any(p in (".", "..") for p in parts):
             raise UnsafeFile(os.path.join(self.root, rel), "not a path below the run directory")
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        with as_user(self.owner):
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
             _check(fd, self.root, self.owner, directory=True)
             for i, part in enumerate(parts[:-1]):
-                child = os.open(part, _DIR, dir_fd=fd)
+                with as_user(self.owner):
+                    child = os.open(part, _DIR, dir_fd=fd)
                 os.close(fd)
                 fd = child
                 _check(fd, os.path.join(self.root, *parts[: i + 1]), self.owner, directory=True)
@@ -121,11 +154,13 @@ class RunDir:
             if rel:
                 parent, name = self._parent(rel)
                 try:
-                    fd = os.open(name, _DIR, dir_fd=parent)
+                    with as_user(self.owner):
+                        fd = os.open(name, _DIR, dir_fd=parent)
                 finally:
                     os.close(parent)
             else:
-                fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                with as_user(self.owner):
+                    fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
                 _check(fd, os.path.join(self.root, rel), self.owner, directory=True)
                 return sorted(os.listdir(fd))

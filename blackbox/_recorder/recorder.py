@@ -65,7 +65,8 @@ class Recorder:
         self._stop = threading.Event()
         # what a dump or a last-words record says besides the stacks
         self._group_seq: dict[int, int] = {}  # per process group (id of the group object; 0 = default)
-        self._last_batch: Any = None  # (path, shape, dtype) of the last batch's tensors, stringified late
+        # (path, shape, dtype) of a recent batch's tensors (each loader's first, then every SHAPES_EVERY-th one)
+        self._last_batch: Any = None
         self._last_wait = 0.0
         self._loader: Any = None  # weak reference to the DataLoader iterator in use
         self._loader_written: Any = None
@@ -209,12 +210,14 @@ class Recorder:
         self._last_wait = now - self._phase[1]
         self._data_wait += self._last_wait
         self._batches += 1
-        self._last_batch = batch_shapes(batch)
         loader = self._loader
         if loader is None or loader() is not it:
             import weakref
 
             self._loader = weakref.ref(it)
+            self._last_batch = batch_shapes(batch)
+        elif self._batches % SHAPES_EVERY == 0:  # shapes rarely change: a recent batch's will do
+            self._last_batch = batch_shapes(batch)
         self.hb.data(self._data_wait, self._batches)
         self.hb.progress(self.step_count, now, self._last_dt, self._slowest)
         self.exit_phase(previous, now)
@@ -654,6 +657,7 @@ def _versions(torch: Any) -> dict[str, Any]:
 
 
 MAX_BATCH_TENSORS = 32
+SHAPES_EVERY = 64  # batches between two readings of the batch's shapes (and the first of every loader)
 
 
 def batch_shapes(batch: Any, path: str = "batch", depth: int = 0, out: Optional[list[Any]] = None) -> list[Any]:
