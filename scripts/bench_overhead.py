@@ -445,7 +445,8 @@ def main() -> int:
 
     parts = {
         "recorder hooks (1 batch, 1 optimizer step, 4 collectives: more than this job has)": per_step / 1e9,
-        f"flight recorder, {P.FR_ENTRIES} entries, 2 collectives": 2 * max(fr_cost[P.FR_ENTRIES], 0.0),
+        f"flight recorder, {P.FR_ENTRIES} entries, 2 collectives ({fr_cost[P.FR_ENTRIES] * 1e6:+.2f} µs measured per "
+        "collective; below 0 is noise, read as 0)": 2 * max(fr_cost[P.FR_ENTRIES], 0.0),
         "liveness thread (its share of a core, as time taken from the step)": liveness * plain_step,
         "supervisor polling and tee (its share of a core, likewise)": supervisor_cpu * plain_step,
     }
