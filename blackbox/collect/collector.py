@@ -458,9 +458,8 @@ class Collector:
         configs = config_files(job.argv, job.cwd)
         unreadable = []
         for path in configs:
-            try:
-                with open(path, "rb") as f:
-                    data = f.read(CONFIG_FILE_CAP + 1)
+            try:  # a path on the job's command line: only the job's user's own regular file, never through a link
+                data = read_file(path, job.owner, CONFIG_FILE_CAP + 1)
             except OSError as exc:
                 unreadable.append(f"{path}: {exc.strerror}")
                 continue

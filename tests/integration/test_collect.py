@@ -240,10 +240,13 @@ LOOP = "import time\nfor i in range(100000):\n    print('step', i, flush=True)\n
 
 def test_collect_never_follows_what_the_job_planted(tmp_path: Path, run_dir: Path) -> None:
     """Links the job's user planted where blackbox reads (console.log, events.jsonl, rank files, the
-    torchelastic error file its rank.json names) are never followed; a file not owned by the job's user is never
-    read either (tests/unit/test_safeopen.py, which can give files to another user)."""
+    torchelastic error file its rank.json names, a config file on its command line) are never followed; a
+    file not owned by the job's user is never read either (tests/unit/test_safeopen.py, which can give files
+    to another user)."""
     # GIVEN a job under `blackbox run`
-    job = start_blackbox(["run", "--run-dir", str(run_dir), "--", sys.executable, "-c", LOOP], tmp_path)
+    config = tmp_path / "conf.yaml"  # a config file on the job's command line: collected, when it is the job's own
+    job = start_blackbox(["run", "--run-dir", str(run_dir), "--", sys.executable, "-c", LOOP, "--config", str(config)],
+                         tmp_path)  # fmt: skip
     try:
         rank_dir = run_dir / "ranks" / "0"
         wait_for(lambda: (rank_dir / "threads.json").exists() and psutil.Process(job.pid).children(), 60, "the rank")
@@ -254,7 +257,7 @@ def test_collect_never_follows_what_the_job_planted(tmp_path: Path, run_dir: Pat
         secret.write_text("PRIVATE-CONTENT\n")
         secret.chmod(0o600)
         for planted in (run_dir / "console.log", run_dir / "events.jsonl", rank_dir / "metrics.json",
-                        rank_dir / "recorder.log", tmp_path / "error-link.json"):  # fmt: skip
+                        rank_dir / "recorder.log", tmp_path / "error-link.json", config):  # fmt: skip
             planted.unlink(missing_ok=True)
             planted.symlink_to(secret)
         error_file = {"torchelastic_error_file": str(tmp_path / "error-link.json")}
