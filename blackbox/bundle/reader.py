@@ -210,9 +210,14 @@ def _octal(field: bytes) -> int:
             raise _TarFormatError("a header field is negative")
         return int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
     text = field.split(b"\0", 1)[0].strip()
-    if text and not all(48 <= c <= 55 for c in text):
-        raise _TarFormatError(f"a header field is not an octal number: {text[:20]!r}")
-    return int(text, 8) if text else 0
+    if not text:
+        return 0
+    try:
+        if not text.isdigit():  # ASCII digits only: no sign, no `²`
+            raise ValueError
+        return int(text, 8)
+    except ValueError:
+        raise _TarFormatError(f"a header field is not an octal number: {text[:20]!r}") from None
 
 
 def _pax(data: bytes) -> dict[str, str]:
