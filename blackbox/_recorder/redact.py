@@ -259,8 +259,13 @@ _CANDIDATES = ("token", "secret", "pass", "pwd", "pw", "key", "credential", "cre
 _BY_LINE = 4096  # longer texts are matched line by line: only the lines with a candidate pay for the patterns
 
 
+# A needle holding `-` is slow to search in a row of dashes (every dash is a possible start), so its dash-free
+# core is searched first: a 6,000-dash line then costs a few fast scans, not one slow one per such needle.
+_CORED = [(c.replace("-", "") or c, c) for c in _CANDIDATES]
+
+
 def _candidate(lower: str) -> bool:
-    return any(c in lower for c in _CANDIDATES)
+    return any(core in lower and needle in lower for core, needle in _CORED)
 
 
 def redact_text(text: str) -> str:
