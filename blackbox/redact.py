@@ -112,42 +112,25 @@ _USER_FLAGS = ("-u", "--user")  # curl -u user:password
 
 
 def redact_argv(argv: list[str]) -> list[str]:
-    """A command line with secret values replaced, the flag that names them kept."""
+    """A command line with secret values replaced, the flag that names them kept (a number after `-p` is a
+    port, `True` after a token flag a switch: both kept)."""
     out: list[str] = []
-    hide_next = user_next = False
+    flag = ""  # the flag whose value is the next word: a secret (`--hf-token`, `-p`) or a user (`-u`)
     for arg in argv:
-        if hide_next or user_next:
-            if user_next and ":" in arg:
-                out.append(arg.split(":", 1)[0] + ":" + REDACTED)
-            elif hide_next:
-                out.append(REDACTED)
-            else:
-                out.append(redact_text(arg))
-            hide_next = user_next = False
-            continue
-        name = arg.lstrip("-")
-        if arg in _USER_FLAGS:
+        key, eq, value = arg.partition("=")
+        name = key.lstrip("-")
+        if flag in _USER_FLAGS:
+            out.append(arg.split(":", 1)[0] + ":" + REDACTED if ":" in arg else redact_text(arg))
+        elif flag:
+            harmless = (flag in _PASSWORD_FLAGS and arg.isdigit()) or _harmless(flag.lstrip("-"), arg)
+            out.append(arg if harmless else REDACTED)
+        elif arg.startswith("-") and not eq and (arg in _USER_FLAGS or arg in _PASSWORD_FLAGS or _kind(name)):
             out.append(arg)
-            user_next = True
+            flag = arg
             continue
-        if arg.startswith("-") and "=" not in arg and (arg in _PASSWORD_FLAGS or _kind(name)):
-            out.append(arg)
-            hide_next = True
-            continue
-        if arg.startswith("-") and "=" in arg:
-            flag, _, value = arg.partition("=")
-            if _kind(flag.lstrip("-")) and not _harmless(flag.lstrip("-"), value):
-                out.append(flag + "=" + REDACTED)
-                continue
-        out.append(redact_text(arg))
-    return _unhide_harmless(argv, out)
-
-
-def _unhide_harmless(argv: list[str], out: list[str]) -> list[str]:
-    """A flag's next word that is no secret after all: a number after `-p` (a port), `True` after a token flag."""
-    for i in range(1, len(argv)):
-        if out[i] == REDACTED and argv[i] != REDACTED:
-            flag = argv[i - 1]
-            if (flag in _PASSWORD_FLAGS and argv[i].isdigit()) or _harmless(flag.lstrip("-"), argv[i]):
-                out[i] = argv[i]
+        elif arg.startswith("-") and eq and _kind(name) and not _harmless(name, value):
+            out.append(key + "=" + REDACTED)
+        else:
+            out.append(redact_text(arg))
+        flag = ""
     return out
