@@ -1,6 +1,7 @@
-"""The words both sides of blackbox use about an incident: a detection and its per-rank findings, the rule kinds
-(hang or crash), and rank ranges ("0-2, 5"). Neither the supervisor's nor the report's: the supervisor writes a
-detection, the collector records it, the analysis reads it. Imports the stdlib only."""
+"""The words both sides of blackbox use about an incident: a detection and its per-rank findings, why a bundle was
+taken (its trigger), the rule kinds (hang or crash), and rank ranges ("0-2, 5"). Neither the supervisor's nor the
+report's: the supervisor writes a detection, the collector records it, the analysis reads it. Imports the stdlib
+only."""
 
 from __future__ import annotations
 
@@ -12,8 +13,58 @@ HANG_RULES = ("stall", "gpu_idle")  # kind "hang": collected, then (--on-stall k
 CRASH_RULES = ("exception", "rank_death", "console", "exit")  # kind "crash": what follows is the same episode
 
 
+ON_REQUEST_RULES = ("manual", "signal")  # SIGUSR1 or `blackbox collect`; a termination signal passed on to the job
+
+
 def incident_kind(rule: str) -> str:
     return "hang" if rule in HANG_RULES else "crash" if rule in CRASH_RULES else rule
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """Why a bundle was taken, as data: the rule that fired (stall, frozen, exception, rank_death, console, gpu_idle,
+    exit; manual or signal on request), the kind of fatal line for `console` (comm_timeout, cuda_error, oom,
+    segfault, child_failed), and whether this node collected for another node's incident. `name` is how bundle file
+    names, the manifest's `trigger` and `BLACKBOX_TRIGGER` spell it: `stall`, `rank-death`, `remote-console-oom`."""
+
+    rule: str
+    kind: Optional[str] = None
+    remote: bool = False
+
+    @property
+    def name(self) -> str:
+        base = self.rule.replace("_", "-") + (f"-{self.kind.replace('_', '-')}" if self.kind else "")
+        return f"remote-{base}" if self.remote else base
+
+    @property
+    def on_request(self) -> bool:
+        return self.rule in ON_REQUEST_RULES
+
+    def joined(self) -> Trigger:
+        """The same trigger, as another node collects for it."""
+        return Trigger(self.rule, self.kind, remote=True)
+
+    def to_json(self) -> dict[str, object]:
+        return {"rule": self.rule, "kind": self.kind, "remote": self.remote}
+
+    @classmethod
+    def from_json(cls, value: object, name: object = None) -> Trigger:
+        """From a manifest's `triggered_by` (untrusted), else from the `trigger` name alone (bundles written before
+        the trigger travelled as data)."""
+        if isinstance(value, dict) and isinstance(value.get("rule"), str) and value["rule"]:
+            kind = value.get("kind")
+            return cls(value["rule"], kind if isinstance(kind, str) and kind else None, value.get("remote") is True)
+        return cls.parse(str(name or "unknown"))
+
+    @classmethod
+    def parse(cls, name: str) -> Trigger:
+        """A trigger's name read back: `remote-console-oom` -> console, oom, remote."""
+        remote = name.startswith("remote-")
+        base = name[len("remote-") :] if remote else name
+        if base.startswith("console-"):
+            return cls("console", base[len("console-") :].replace("-", "_") or None, remote)
+        rule = base.replace("-", "_") or "unknown"
+        return cls("manual" if rule in ("collect", "sigusr1") else rule, None, remote)
 
 
 @dataclass(frozen=True)

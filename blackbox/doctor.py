@@ -89,7 +89,7 @@ def _end(proc: subprocess.Popen[str]) -> None:
 def check_recorder(python: str) -> Check:
     """A sample rank process: the injected start-up hook must activate the recorder and write a heartbeat."""
     with tempfile.TemporaryDirectory(prefix="blackbox-doctor-") as run_dir:
-        os.makedirs(os.path.join(run_dir, "ranks"), mode=0o700)
+        os.makedirs(os.path.join(run_dir, P.RANKS_DIR), mode=0o700)
         env = {k: v for k, v in os.environ.items() if not k.startswith("BLACKBOX_")}
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", PYTHONPATH=INJECT_DIR, **{P.ENV_RUN_DIR: run_dir})
         try:
@@ -98,12 +98,12 @@ def check_recorder(python: str) -> Check:
             return Check("recorder", "fail", f"`{python}` could not be started: {exc.strerror}",
                          "Give the job's interpreter with --python.")  # fmt: skip
         try:
-            path = os.path.join(run_dir, "ranks", "0", "heartbeat")
+            path = os.path.join(run_dir, P.RANKS_DIR, "0", P.RANK_HEARTBEAT)
             deadline = time.monotonic() + 10
             while not os.path.exists(path) and time.monotonic() < deadline:
                 time.sleep(0.05)
             if not os.path.exists(path):
-                log = os.path.join(run_dir, "ranks", "0", "recorder.log")
+                log = os.path.join(run_dir, P.RANKS_DIR, "0", P.RANK_LOG)
                 why = "no heartbeat and no recorder log"
                 if os.path.exists(log):
                     with open(log) as logf:

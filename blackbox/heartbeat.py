@@ -166,14 +166,14 @@ class HeartbeatTable:
             return []
         states = []
         for name in sorted(names, key=lambda n: (len(n), n)):
-            path = os.path.join(self.ranks_dir, name, "heartbeat")
+            path = os.path.join(self.ranks_dir, name, P.RANK_HEARTBEAT)
             try:
                 ino = os.stat(path, follow_symlinks=False).st_ino
                 cached = self._maps.get(path)
                 if cached is None or cached[0] != ino:
                     if cached is not None:
                         cached[1].close()
-                    fd = self.dir.open_fd(f"{name}/heartbeat")
+                    fd = self.dir.open_fd(f"{name}/{P.RANK_HEARTBEAT}")
                     try:
                         self._maps[path] = (os.fstat(fd).st_ino, mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
                     finally:
@@ -193,7 +193,7 @@ class HeartbeatTable:
 
     def request_dump(self, rank: int) -> int:
         """Ask a rank for its own dump (its daemon thread watches this word); returns the request number."""
-        fd = self.dir.open_fd(f"{rank}/heartbeat", write=True)  # never through a link planted in its place
+        fd = self.dir.open_fd(f"{rank}/{P.RANK_HEARTBEAT}", write=True)  # never through a link planted in its place
         try:
             mm = mmap.mmap(fd, 0)
         finally:

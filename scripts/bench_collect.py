@@ -22,21 +22,21 @@ sys.path.insert(0, str(ROOT))
 
 AGENT = r"""
 import os, subprocess, sys, time
-n, record_dir, inject = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+n, run_dir, inject = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 procs = []
 for i in range(n):
     env = dict(os.environ, RANK=str(i), LOCAL_RANK=str(i), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT="29999", BLACKBOX_RECORD_DIR=record_dir, PYTHONPATH=inject)
+               MASTER_ADDR="127.0.0.1", MASTER_PORT="29999", BLACKBOX_RECORD_DIR=run_dir, PYTHONPATH=inject)
     procs.append(subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(1)"], env=env))
 for p in procs:
     p.wait()
 """
 
 
-def wait_heartbeats(record_dir: str, n: int, timeout: float = 120.0) -> None:
+def wait_heartbeats(run_dir: str, n: int, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ranks = Path(record_dir, "ranks")
+        ranks = Path(run_dir, "ranks")
         if ranks.is_dir() and sum(1 for _ in ranks.glob("*/heartbeat")) == n:
             return
         time.sleep(0.1)
@@ -61,12 +61,12 @@ def bench(n: int, repeats: int) -> dict[str, float]:
     from blackbox.supervisor.supervisor import INJECT_DIR
 
     with tempfile.TemporaryDirectory() as tmp:
-        record_dir = os.path.join(tmp, "run")
-        os.makedirs(os.path.join(record_dir, "ranks"), mode=0o700)
-        agent = subprocess.Popen([sys.executable, "-c", AGENT, str(n), record_dir, INJECT_DIR],
+        run_dir = os.path.join(tmp, "run")
+        os.makedirs(os.path.join(run_dir, "ranks"), mode=0o700)
+        agent = subprocess.Popen([sys.executable, "-c", AGENT, str(n), run_dir, INJECT_DIR],
                                  start_new_session=True)  # fmt: skip
         try:
-            wait_heartbeats(record_dir, n)
+            wait_heartbeats(run_dir, n)
             row: dict[str, float] = {}
             for native in (False, True):
                 core, wall = [], []

@@ -224,13 +224,13 @@ def bench_flight_recorder(calls: int, rounds: int) -> dict[str, float]:
 Sample = tuple[float, float]  # one run: (wall seconds per step, rank CPU seconds per step), mean of the ranks
 
 
-def _parts(record_dir: str) -> dict[str, tuple[bool, dict[str, str]]]:
+def _parts(run_dir: str) -> dict[str, tuple[bool, dict[str, str]]]:
     """The variants of one job, each adding one part of blackbox: (under `blackbox run`?, extra environment).
     The recorder is activated the way the supervisor does it, without the supervisor."""
     from blackbox._recorder import protocol as P
     from blackbox.supervisor.supervisor import INJECT_DIR
 
-    recorder = {"PYTHONPATH": INJECT_DIR, P.ENV_RUN_DIR: record_dir}
+    recorder = {"PYTHONPATH": INJECT_DIR, P.ENV_RUN_DIR: run_dir}
     return {
         "plain torchrun": (False, {}),
         f"flight recorder on, {P.FR_ENTRIES} entries (blackbox's default)": (

@@ -44,8 +44,9 @@ def _stack(stuck: bool) -> list[dict[str, object]]:
 def make_bundle(ranks: int, out_dir: str, stuck: int = 1) -> str:
     """A stall bundle of `ranks` ranks written by blackbox's own writer; rank `stuck` never arrived."""
     from blackbox.bundle.writer import BundleWriter
+    from blackbox.detections import Trigger
 
-    w = BundleWriter("bench-run", "node0", "stall", total_cap=2**31)
+    w = BundleWriter("bench-run", "node0", Trigger.parse("stall"), total_cap=2**31)
     now = time.time()
     for r in range(ranks):
         mine = r == stuck
@@ -70,7 +71,7 @@ def make_bundle(ranks: int, out_dir: str, stuck: int = 1) -> str:
     local = [{"rank": r, "pid": 10_000 + r, "local_rank": r % 8, "recorder": True, "alive": True}
              for r in range(ranks)]  # fmt: skip
     return w.write(out_dir, {"job": {"run_id": "bench-run", "node": "node0", "world_size": ranks,
-                                     "local_ranks": local}})  # fmt: skip
+                                     "local_ranks": local}}).path  # fmt: skip
 
 
 def one_report(bundle: str, fmt: str) -> tuple[float, float]:

@@ -91,7 +91,7 @@ class LastWords:
     def note(self, what: str, **fields: Any) -> None:
         """A line in the rank's `recorder-events.jsonl`: what the recorder did that the job could notice."""
         try:
-            append_jsonl(os.path.join(self.dir, "recorder-events.jsonl"), {"time": time.time(), "what": what, **fields})
+            append_jsonl(os.path.join(self.dir, P.RANK_EVENTS), {"time": time.time(), "what": what, **fields})
         except OSError:
             pass
 
@@ -109,12 +109,12 @@ class LastWords:
         if faulthandler.is_enabled():  # the job chose where fatal dumps go (PYTHONFAULTHANDLER): leave it
             self.note("faulthandler already enabled by the job; fatal-signal dumps go where it chose")
             return
-        faulthandler.enable(file=self._open("fatal", "fatal.txt"), all_threads=True)
+        faulthandler.enable(file=self._open("fatal", P.RANK_FATAL), all_threads=True)
 
     def _file_for(self, sig: int) -> Any:
         if sig in (signal.SIGUSR1, P.dump_signal()):
-            return self._files.get("usr1") or self._open("usr1", "stacks-%d.txt" % self.stack_dump_index)
-        return self._files.get("term") or self._open("term", "sigterm.txt")
+            return self._files.get("usr1") or self._open("usr1", P.RANK_STACKS % self.stack_dump_index)
+        return self._files.get("term") or self._open("term", P.RANK_SIGTERM)
 
     def _register(self, sig: int, handler: Any = None) -> None:
         """Dump all threads on `sig` from C (it works while the main thread is blocked in C or holds the
@@ -141,7 +141,7 @@ class LastWords:
     def rotate_stack_file(self) -> None:
         """After a served dump request the next SIGUSR1 dump goes to a new `stacks-<n>.txt`."""
         self.stack_dump_index += 1
-        self._open("usr1", "stacks-%d.txt" % self.stack_dump_index)
+        self._open("usr1", P.RANK_STACKS % self.stack_dump_index)
         self._register(signal.SIGUSR1)
         self._register(P.dump_signal())
 
@@ -206,7 +206,7 @@ class LastWords:
             }  # fmt: skip
             # written before the heartbeat says "exception": whoever sees the state finds the record (and can
             # tell a Ctrl-C's KeyboardInterrupt from a crash)
-            append_jsonl(os.path.join(self.dir, "exceptions.jsonl"), record)
+            append_jsonl(os.path.join(self.dir, P.RANK_EXCEPTIONS), record)
         except Exception as exc:
             rec.fail("exceptions", exc)
         finally:
@@ -245,7 +245,7 @@ class LastWords:
         cuda: Any = getattr(torch, "cuda", None)
         dump = getattr(getattr(cuda, "memory", None), "_dump_snapshot", None)
         if dump is not None and cuda.is_initialized():
-            snapshot = os.path.join(self.dir, "memory-snapshot-oom-%d.pickle" % n)
+            snapshot = os.path.join(self.dir, P.RANK_OOM_SNAPSHOT % n)
             try:
                 dump(snapshot)
             except Exception as exc:
@@ -254,7 +254,7 @@ class LastWords:
         record = {"time": time.time(), "rank": self.rec.rank, "pid": self.rec.pid, "message": message[:4000],
                   "memory_snapshot": snapshot and os.path.basename(snapshot), "stack": frames_of(sys._getframe(2)),
                   **self.rec.context()}  # fmt: skip
-        append_jsonl(os.path.join(self.dir, "oom.jsonl"), record)
+        append_jsonl(os.path.join(self.dir, P.RANK_OOM), record)
 
 
 def _chain(value: Any) -> list[dict[str, str]]:

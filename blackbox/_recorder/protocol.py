@@ -16,6 +16,34 @@ ENV_FR_DIR = "BLACKBOX_FR_DIR"  # where flight-recorder dumps go; the recorder s
 FR_ENTRIES = "2000"  # flight-recorder ring size when the user has not chosen one
 FR_PREFIX = "fr_trace_"  # flight-recorder dumps: <run dir>/flight_recorder/<FR_PREFIX><rank>, as torch's analyzer reads
 
+# --- the run directory, as both sides name it ----------------------------------------------------------
+FR_DIR = "flight_recorder"  # <run dir>/flight_recorder/: the ranks' flight-recorder dumps
+RANKS_DIR = "ranks"  # <run dir>/ranks/<rank>/: each rank's own directory, written by its recorder
+BOOTSTRAP_ERRORS = "bootstrap-errors.log"  # <run dir>/: the injected sitecustomize's own failures
+CONSOLE_LOG = "console.log"  # <run dir>/: the job's output (the supervisor's tee), then console.tail.log
+EVENTS_LOG = "events.jsonl"  # <run dir>/: the supervisor's event log
+BUNDLES_DIR = "bundles"  # <run dir>/bundles/: the bundles of the run
+# in a rank's directory ("%d": a number, the dump request or the count)
+RANK_HEARTBEAT = "heartbeat"  # the mapped page (layout below)
+RANK_LOG = "recorder.log"  # hooks that failed and were switched off
+RANK_EVENTS = "recorder-events.jsonl"  # what the recorder itself did (stepped aside, …)
+RANK_ANNOTATIONS = "annotations.json"  # blackbox.annotate()
+RANK_METRICS = "metrics.json"  # blackbox.log_metrics(), the newest entries
+RANK_THREADS = "threads.json"  # thread id -> name, for faulthandler's dumps (which print ids only)
+RANK_LOADER = "loader.json"  # the DataLoader iterator in use and its workers
+RANK_INFO = "rank.json"  # pid, versions of the job's own torch, the torchelastic error file's path
+RANK_EXCEPTIONS = "exceptions.jsonl"  # uncaught exceptions, one per line
+RANK_OOM = "oom.jsonl"  # CUDA out-of-memory errors, with the last batch
+RANK_FATAL = "fatal.txt"  # faulthandler on SIGSEGV/SIGABRT/SIGBUS/SIGFPE
+RANK_SIGTERM = "sigterm.txt"  # faulthandler on SIGTERM (the launcher's teardown)
+RANK_STACKS = "stacks-%d.txt"  # faulthandler on the dump signal or SIGUSR1, one file per dump
+RANK_PYDUMP = "pydump-%d.json"  # the Python-side dump for dump request %d
+RANK_FR_JSON = "fr_trace.json"  # the flight recorder's JSON dump
+RANK_MEMORY_SNAPSHOT = "memory-snapshot-%d.pickle"  # CUDA memory snapshot for dump request %d
+RANK_OOM_SNAPSHOT = "memory-snapshot-oom-%d.pickle"  # ... at the %d-th out-of-memory error
+RANK_ERROR = "error.json"  # an error file a job points TORCHELASTIC_ERROR_FILE at in its rank directory
+RANK_SINGLE_CLAIM = "single.pid"  # rank 0's claim by a process without RANK (MODE_SINGLE)
+
 MODE_RANK = "rank"  # RANK and LOCAL_RANK were in the environment
 MODE_SINGLE = "single"  # a single process without RANK, recorded as rank 0
 

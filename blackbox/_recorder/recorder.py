@@ -28,10 +28,10 @@ class Recorder:
         self.rank = rank
         self.mode = mode
         self.enabled = True
-        self.rank_dir = os.path.join(run_dir, "ranks", str(rank))
+        self.rank_dir = os.path.join(run_dir, P.RANKS_DIR, str(rank))
         os.makedirs(self.rank_dir, mode=0o700, exist_ok=True)
         self._failed: set[str] = set()
-        self.hb_path = os.path.join(self.rank_dir, "heartbeat")
+        self.hb_path = os.path.join(self.rank_dir, P.RANK_HEARTBEAT)
         self.hb = HeartbeatWriter(
             self.hb_path,
             pid=self.pid,
@@ -137,7 +137,7 @@ class Recorder:
         try:
             import traceback
 
-            with open(os.path.join(self.rank_dir, "recorder.log"), "a") as f:
+            with open(os.path.join(self.rank_dir, P.RANK_LOG), "a") as f:
                 f.write(
                     "%s blackbox recorder: hook %r failed and is switched off: %s\n%s\n"
                     % (
@@ -256,9 +256,9 @@ class Recorder:
             annotations = dict(self._annotations)
             metrics = list(self._metrics)
         if annotations:
-            write_json(os.path.join(self.rank_dir, "annotations.json"), annotations)
+            write_json(os.path.join(self.rank_dir, P.RANK_ANNOTATIONS), annotations)
         if metrics:
-            write_json(os.path.join(self.rank_dir, "metrics.json"), metrics)
+            write_json(os.path.join(self.rank_dir, P.RANK_METRICS), metrics)
 
     # --- the daemon thread --------------------------------------------------------------------------
     def _liveness_loop(self) -> None:
@@ -312,7 +312,7 @@ class Recorder:
         self.lastwords.rotate_stack_file()
 
     def write_dump(self, request: int) -> str:
-        path = os.path.join(self.rank_dir, "pydump-%d.json" % request)
+        path = os.path.join(self.rank_dir, P.RANK_PYDUMP % request)
         record: dict[str, Any] = {
             "request": request, "time": time.time(), "rank": self.rank, "pid": self.pid,
             "threads": python_stacks(), "context": self.context(), "dataloader": self.loader_state(),
@@ -336,7 +336,7 @@ class Recorder:
         if dump is None:
             return {"error": "this torch has no flight-recorder dump API"}
         fr_dir = os.environ.get(P.ENV_FR_DIR) or os.path.join(os.path.dirname(os.path.dirname(self.rank_dir)),
-                                                               "flight_recorder")  # fmt: skip
+                                                               P.FR_DIR)  # fmt: skip
         os.makedirs(fr_dir, mode=0o700, exist_ok=True)
         path = os.path.join(fr_dir, "%s%d" % (P.FR_PREFIX, self.rank))  # the analyzer's <prefix><rank> names
         data = dump()
@@ -347,7 +347,7 @@ class Recorder:
         out: dict[str, Any] = {"pickle": path, "bytes": len(data)}
         dump_json = getattr(c10d, "_dump_fr_trace_json", None)
         if dump_json is not None:
-            json_path = os.path.join(self.rank_dir, "fr_trace.json")
+            json_path = os.path.join(self.rank_dir, P.RANK_FR_JSON)
             fd = os.open(json_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(dump_json())
@@ -359,7 +359,7 @@ class Recorder:
         dump = getattr(getattr(cuda, "memory", None), "_dump_snapshot", None)
         if dump is None or not cuda.is_initialized():
             return None
-        path = os.path.join(self.rank_dir, "memory-snapshot-%d.pickle" % request)
+        path = os.path.join(self.rank_dir, P.RANK_MEMORY_SNAPSHOT % request)
         dump(path)
         return os.path.basename(path)
 
@@ -391,16 +391,16 @@ class Recorder:
     def _write_state_files(self) -> None:
         names = thread_names()
         if names != self._threads_written:
-            write_json(os.path.join(self.rank_dir, "threads.json"), names)
+            write_json(os.path.join(self.rank_dir, P.RANK_THREADS), names)
             self._threads_written = names
         loader = self.loader_state()
         key = loader and (loader["iterator"], tuple(loader["worker_pids"]))
         if loader is not None and key != self._loader_written:
-            write_json(os.path.join(self.rank_dir, "loader.json"), loader)
+            write_json(os.path.join(self.rank_dir, P.RANK_LOADER), loader)
             self._loader_written = key
         if self.torch is not None and not self._versions_written:
             self._versions_written = True
-            write_json(os.path.join(self.rank_dir, "rank.json"), {
+            write_json(os.path.join(self.rank_dir, P.RANK_INFO), {
                 "pid": self.pid, "rank": self.rank, "mode": self.mode, "versions": _versions(self.torch),
                 # torchelastic's own error file (written by its @record decorator): left as it is, collected
                 "torchelastic_error_file": os.environ.get("TORCHELASTIC_ERROR_FILE"),
@@ -803,9 +803,9 @@ def defer(run_dir: str) -> None:
 def _claim_single(run_dir: str) -> bool:
     """A process without RANK records as rank 0 only if no live process holds that claim already
     (a wrapper script may run several Python processes in turn)."""
-    rank_dir = os.path.join(run_dir, "ranks", "0")
+    rank_dir = os.path.join(run_dir, P.RANKS_DIR, "0")
     os.makedirs(rank_dir, mode=0o700, exist_ok=True)
-    claim = os.path.join(rank_dir, "single.pid")
+    claim = os.path.join(rank_dir, P.RANK_SINGLE_CLAIM)
     for _ in range(2):
         try:
             fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..adapters import pyspy, stacks
-from ..bundle.reader import Bundle, is_number
+from ..bundle import layout as L
+from ..bundle.reader import Bundle
 from ..detections import rank_ranges
 from ..frames import Where, where
 
@@ -64,7 +65,7 @@ def rank_stack(bundle: Bundle, rank: int) -> Optional[RankStack]:
     """The rank's main thread, from py-spy (taken from outside at collection time) or else the rank's own dump."""
     from .verdict import main_stack  # the recorder's dumps: pydump, then faulthandler
 
-    name = f"ranks/{rank}/py-spy.json"
+    name = L.process_member(rank, L.PYSPY)
     thread: Optional[stacks.ThreadStack] = _from_pyspy(bundle, name) if name in bundle.files else None
     source: Optional[str] = name if thread is not None else None
     if thread is None:
@@ -72,12 +73,12 @@ def rank_stack(bundle: Bundle, rank: int) -> Optional[RankStack]:
     if thread is None or source is None:
         return None
     workers = []
-    head = f"ranks/{rank}/py-spy-worker-"
     for member in bundle.rank_files(rank):
-        if member.startswith(head) and member.endswith(".json") and is_number(member[len(head) : -5]):
+        pid = L.worker_pid(rank, L.PYSPY, member)
+        if pid is not None:
             w = _from_pyspy(bundle, member, worker=True)
             if w is not None:
-                workers.append((int(member[len(head) : -5]), w))
+                workers.append((pid, w))
     at = where(thread)
     return RankStack(rank, thread, source, at.kind, tuple(workers), at)
 

@@ -13,8 +13,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .._recorder import protocol as P
 from ..adapters import flight_recorder as fr
 from ..adapters import stacks, torchelastic
+from ..bundle import layout as L
 from ..bundle.reader import Bundle, number
 from ..frames import Where, is_native, where
 from .stackgroups import RankStack
@@ -76,7 +78,7 @@ def native_stack(bundle: Bundle, rank: int, rs: Optional[RankStack]) -> Optional
     `py-spy-native.json`, or the main stack itself when every stack was taken with --native."""
     from ..adapters import pyspy
 
-    name = f"ranks/{rank}/py-spy-native.json"
+    name = L.process_member(rank, L.PYSPY_NATIVE)
     if name in bundle.files:
         data = bundle.json(name)
         thread = stacks.main_thread(pyspy.threads(data)) if isinstance(data, list) else None
@@ -90,7 +92,7 @@ def native_stack(bundle: Bundle, rank: int, rs: Optional[RankStack]) -> Optional
 def exception_records(bundle: Bundle, rank: int) -> list[dict[str, Any]]:
     """The rank's uncaught main-thread exceptions (the recorder's exceptions.jsonl), earliest first."""
     out = []
-    for line in bundle.text(f"ranks/{rank}/exceptions.jsonl").splitlines():
+    for line in bundle.text(L.rank_member(rank, P.RANK_EXCEPTIONS)).splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
@@ -147,7 +149,7 @@ def _fr_facts(rank: int, dump: Optional[dict[str, Any]], progress: GroupProgress
     """Waiting: a collective enqueued and not completed. Behind: its group went further without it."""
     if dump is None:
         return []
-    source = f"flight_recorder/ (rank {rank}'s pg_status)"
+    source = f"{L.FLIGHT_RECORDER_DIR} (rank {rank}'s pg_status)"
     out = []
     for s in fr.pg_status(rank, dump):
         top = progress.top.get(s.group, s.last_enqueued)
@@ -175,10 +177,10 @@ def read_state(
 ) -> RankState:
     """Every source's facts about one rank, then its classification (classify). `peer_liveness`: the median
     age of the other ranks' liveness threads; `job_entry`: the rank's entry in the manifest's job.local_ranks."""
-    hb_raw = bundle.json(f"ranks/{rank}/heartbeat.json")
+    hb_src = L.rank_member(rank, L.HEARTBEAT)
+    hb_raw = bundle.json(hb_src)
     hb: dict[str, Any] = hb_raw if isinstance(hb_raw, dict) else {}
     facts: list[Fact] = []
-    hb_src = f"ranks/{rank}/heartbeat.json"
     pid = hb.get("pid") if isinstance(hb.get("pid"), int) else None
     alive = hb.get("alive") if isinstance(hb.get("alive"), bool) else None
     if job_entry:
@@ -196,12 +198,12 @@ def read_state(
     if exit_code is None and pid in exits and alive is not True:
         exit_code = exits[pid]
         exit_status = _describe_exit(exit_code)
-        facts.append(Fact("console-tail.log (torchrun's failure summary)", "dead" if exit_code else "exited",
+        facts.append(Fact(f"{L.CONSOLE_TAIL} (torchrun's failure summary)", "dead" if exit_code else "exited",
                           f"torchrun saw it end with exitcode {exit_code}"))  # fmt: skip
     if exc is not None:
         w = exception_where(exc)
         says = "waiting" if w.kind == "collective" else "raised"
-        facts.append(Fact(f"ranks/{rank}/exceptions.jsonl", says, f"raised {exc.get('type')}"
+        facts.append(Fact(L.rank_member(rank, P.RANK_EXCEPTIONS), says, f"raised {exc.get('type')}"
                           + (" out of a collective" if says == "waiting" else "")))  # fmt: skip
     if alive is False or state == "exited":
         if state == "exited" and not exit_code:
@@ -209,13 +211,13 @@ def read_state(
         elif exit_status:
             facts.append(Fact(hb_src, "dead", f"ended: {exit_status}"))
         elif exc is None:
-            facts.append(Fact(hb_src if hb else "manifest.json", "dead", "its process is gone"))
+            facts.append(Fact(hb_src if hb else L.MANIFEST, "dead", "its process is gone"))
     # /proc
-    proc = bundle.json(f"ranks/{rank}/proc.json")
+    psrc = L.process_member(rank, L.PROC)
+    proc = bundle.json(psrc)
     proc = proc if isinstance(proc, dict) else {}
     letter = str(proc.get("state") or "")[:1]
     wchan = str(proc.get("wchan") or "")
-    psrc = f"ranks/{rank}/proc.json"
     if letter == "T" or (letter == "t" and wchan == "do_signal_stop"):
         facts.append(Fact(psrc, "stopped", f"/proc state {proc.get('state')}" + (f", wchan {wchan}" if wchan else "")))
     elif letter == "t":
@@ -228,13 +230,13 @@ def read_state(
     native = native_stack(bundle, rank, rs)
     if rs is not None:
         w = where(native) if native is not None else rs.where or where(rs.thread)
-        src = f"ranks/{rank}/py-spy-native.json" if native is not None and f"ranks/{rank}/py-spy-native.json" in \
-            bundle.files else rs.source  # fmt: skip
+        native_src = L.process_member(rank, L.PYSPY_NATIVE)
+        src = native_src if native is not None and native_src in bundle.files else rs.source
         says = {"collective": "waiting", "ambiguous": "ambiguous"}.get(w.kind, w.kind)
         text = f"main thread in {w.what}" + (" (native frames)" if w.native else "")
         facts.append(Fact(src, says, text))
     elif alive and (proc or hb):
-        facts.append(Fact("manifest.json: steps", "unanswered", "no stack could be taken (py-spy failed or was not "
+        facts.append(Fact(f"{L.MANIFEST}: steps", "unanswered", "no stack could be taken (py-spy failed or was not "
                           "run, no dump of its own)"))  # fmt: skip
     # flight recorder
     facts.extend(_fr_facts(rank, fr_dump, progress))
@@ -302,7 +304,7 @@ def classify(rank: int, node: str, pid: Optional[int], facts: list[Fact], phase:
                 st.conflicts.append(f"{f.source} says {f.text}")
         return st
 
-    waiting_exc = next((f for f in facts if f.says == "waiting" and f.source.endswith("exceptions.jsonl")), None)
+    waiting_exc = next((f for f in facts if f.says == "waiting" and f.source.endswith(P.RANK_EXCEPTIONS)), None)
     if waiting_exc is not None:  # raised out of a collective: a victim of whoever did not arrive
         return make("waiting", "collective", waiting_exc, "collective")
     for final in _FINAL:
@@ -315,7 +317,7 @@ def classify(rank: int, node: str, pid: Optional[int], facts: list[Fact], phase:
     if stack is not None and stack.says in ("data", "checkpoint"):
         return make("elsewhere", stack.says, stack, stack.says)
     if stack is not None and stack.says == "waiting":
-        fr_wait = next((f for f in facts if f.says == "waiting" and f.source.startswith("flight_recorder")), None)
+        fr_wait = next((f for f in facts if f.says == "waiting" and f.source.startswith(L.FLIGHT_RECORDER_DIR)), None)
         st = make("waiting", "collective", stack, "collective")
         st.seq = _seq(fr_wait.text) if fr_wait else None
         st.op = stack.text.removeprefix("main thread in ").split(" ")[0]
@@ -326,18 +328,18 @@ def classify(rank: int, node: str, pid: Optional[int], facts: list[Fact], phase:
         if gil is not None:
             return make("elsewhere", "gil", gil, "compute")
         hb_phase = next(
-            (f for f in facts if f.source.endswith("heartbeat.json") and f.says in ("data", "checkpoint", "eval")), None
+            (f for f in facts if f.source.endswith(L.HEARTBEAT) and f.says in ("data", "checkpoint", "eval")), None
         )
         return make("elsewhere", "compute", stack, hb_phase.says if hb_phase and hb_phase.says == "eval" else "compute")
     # no decisive stack (none, or a C call that may be a collective wait): the flight recorder, then the heartbeat
-    fr_wait = next((f for f in facts if f.says == "waiting" and f.source.startswith("flight_recorder")), None)
+    fr_wait = next((f for f in facts if f.says == "waiting" and f.source.startswith(L.FLIGHT_RECORDER_DIR)), None)
     if fr_wait is not None:
         st = make("waiting", "collective", fr_wait, "collective")
         st.seq = _seq(fr_wait.text)
         return st
     if gil is not None:
         return make("elsewhere", "gil", gil, "compute")
-    hb_fact = next((f for f in facts if f.source.endswith("heartbeat.json") and f.says in (
+    hb_fact = next((f for f in facts if f.source.endswith(L.HEARTBEAT) and f.says in (
         "waiting", "data", "checkpoint", "eval")), None)  # fmt: skip
     if hb_fact is not None:
         if hb_fact.says == "waiting":
@@ -357,4 +359,4 @@ def _seq(text: str) -> Optional[int]:
 
 def console_exits(bundle: Bundle) -> dict[int, int]:
     """pid -> exit code, as torchrun printed them for its failed workers (in the console tail)."""
-    return torchelastic.failures_in_output(bundle.text("console-tail.log"))
+    return torchelastic.failures_in_output(bundle.text(L.CONSOLE_TAIL))

@@ -8,12 +8,13 @@ import json
 import re
 from typing import Any, Optional
 
-from .._recorder.protocol import FR_PREFIX
+from .._recorder import protocol as P
 from ..adapters import cuda_memory, stacks
 from ..adapters import flight_recorder as fr
 from ..adapters.cuda_memory import human
-from ..bundle.reader import Bundle, integer, is_number, number
-from ..detections import rank_ranges
+from ..bundle import layout as L
+from ..bundle.reader import Bundle, integer, number
+from ..detections import ON_REQUEST_RULES, Trigger, rank_ranges
 from .actions import Facts, next_actions
 from .blame import Blame, Context, blame
 from .model import Finding, RankRow, Report, Verdict
@@ -23,27 +24,25 @@ from .states import RankState, console_exits, exception_line, exception_records,
 CONSOLE_LINES = 15
 
 
-def _newest(bundle: Bundle, rank: int, prefix: str, suffix: str) -> Optional[str]:
-    """The bundle member ranks/<rank>/<prefix><n><suffix> with the highest n."""
+def _newest(bundle: Bundle, rank: int, pattern: str) -> Optional[str]:
+    """The bundle member ranks/<rank>/<pattern, %d the highest n>."""
     best: tuple[int, str] | None = None
-    head = f"ranks/{rank}/{prefix}"
     for name in bundle.rank_files(rank):
-        if name.startswith(head) and name.endswith(suffix) and is_number(name[len(head) : len(name) - len(suffix)]):
-            n = int(name[len(head) : len(name) - len(suffix)])
-            if best is None or n > best[0]:
-                best = (n, name)
+        n = L.numbered(rank, pattern, name)
+        if n is not None and (best is None or n > best[0]):
+            best = (n, name)
     return best[1] if best else None
 
 
 def main_stack(bundle: Bundle, rank: int) -> tuple[Optional[stacks.ThreadStack], Optional[str]]:
     """The rank's main thread from its newest dump: the recorder's JSON dump, else faulthandler's."""
-    name = _newest(bundle, rank, "pydump-", ".json")
+    name = _newest(bundle, rank, P.RANK_PYDUMP)
     if name is not None:
         thread = stacks.main_thread(stacks.from_pydump(bundle.json(name)))
         if thread is not None:
             return thread, name
-    names = bundle.json(f"ranks/{rank}/threads.json")
-    for candidate in (_newest(bundle, rank, "stacks-", ".txt"), f"ranks/{rank}/sigterm.txt"):
+    names = bundle.json(L.rank_member(rank, P.RANK_THREADS))
+    for candidate in (_newest(bundle, rank, P.RANK_STACKS), L.rank_member(rank, P.RANK_SIGTERM)):
         if candidate is None or candidate not in bundle.files:
             continue
         dumps = stacks.parse_faulthandler(bundle.text(candidate), names if isinstance(names, dict) else None)
@@ -60,7 +59,7 @@ def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack]) -> list[
     rank_nodes = bundle.manifest.get("rank_nodes")  # merged node bundles: which node each rank came from
     rank_nodes = rank_nodes if isinstance(rank_nodes, dict) else {}
     for rank_id in bundle.ranks():
-        name = f"ranks/{rank_id}/heartbeat.json"
+        name = L.rank_member(rank_id, L.HEARTBEAT)
         if name not in bundle.files:
             continue
         hb = bundle.json(name)
@@ -109,9 +108,9 @@ def _exceptions(bundle: Bundle, ranks: list[int]) -> list[dict[str, Any]]:
     return sorted((e for rank in ranks for e in exception_records(bundle, rank)), key=lambda r: float(r["time"]))
 
 
-_CONSOLE_CATEGORY = {
-    "console-comm-timeout": "crash.comm_timeout", "console-oom": "crash.oom", "console-cuda-error": "crash.cuda_error",
-    "console-segfault": "crash.signal",
+_CONSOLE_CATEGORY = {  # a console trigger's kind of fatal line
+    "comm_timeout": "crash.comm_timeout", "oom": "crash.oom", "cuda_error": "crash.cuda_error",
+    "segfault": "crash.signal",
 }  # fmt: skip
 
 
@@ -129,7 +128,7 @@ def flight_recorder_dumps(bundle: Bundle) -> tuple[dict[int, dict[str, Any]], li
     dumps: dict[int, dict[str, Any]] = {}
     errors: list[str] = []
     for name in sorted(bundle.files):
-        if not name.startswith("flight_recorder/" + FR_PREFIX):
+        if not L.is_flight_recorder_dump(name):
             continue
         rank = fr.rank_of(name)
         try:
@@ -144,7 +143,7 @@ def _collective_findings(
     bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]]
 ) -> tuple[dict[int, dict[str, Any]], list[fr.Unjoined], list[fr.Mismatch], list[Finding]]:
     dumps, errors = flight_recorder_dumps(bundle)
-    findings = [Finding("observed", f"a flight-recorder trace could not be read: {e}", "flight_recorder/")
+    findings = [Finding("observed", f"a flight-recorder trace could not be read: {e}", L.FLIGHT_RECORDER_DIR)
                 for e in errors]  # fmt: skip
     unjoined = fr.unjoined(dumps) if dumps else []
     mismatched = fr.mismatches(dumps) if dumps else []
@@ -152,14 +151,14 @@ def _collective_findings(
         calls = "; ".join(f"{_plural_ranks(r)} called {call}" + (f" at {mm.where[call]}" if call in mm.where else "")
                           for call, r in sorted(mm.calls.items(), key=lambda kv: (len(kv[1]), kv[0])))  # fmt: skip
         findings.append(Finding("observed", f"collective #{mm.seq} of group {mm.group_name} is not the same on every "
-                                f"rank: {calls}", "flight_recorder/: entries"))  # fmt: skip
+                                f"rank: {calls}", f"{L.FLIGHT_RECORDER_DIR}: entries"))  # fmt: skip
     for u in unjoined:
         text = (f"{_plural_ranks(u.missing)} never entered {u.op} #{u.seq} (group {u.group_name}) that "
                 f"{_plural_ranks(u.waiting)} {'waits' if len(u.waiting) == 1 else 'wait'} in"
                 + (f" at {u.where}" if u.where else ""))  # fmt: skip
         seen = "; ".join(f"rank {r} last entered a collective at {w}" for r, w in sorted(u.last_seen.items()))
         findings.append(Finding("observed", text + (f" — {seen}" if seen else ""),
-                                "flight_recorder/: pg_status and entries"))  # fmt: skip
+                                f"{L.FLIGHT_RECORDER_DIR}: pg_status and entries"))  # fmt: skip
     if torch_fr is not None:
         output, how = torch_fr
         missing = fr.analyzer_missing_ranks(output or "")
@@ -167,7 +166,7 @@ def _collective_findings(
             source = "python -m torch.distributed.flight_recorder.fr_trace (normalised dumps)"
             findings.append(Finding("observed", f"PyTorch's flight-recorder analyzer: missing ranks {missing}", source))
         elif output is None or how != "PyTorch's analyzer ran":
-            findings.append(Finding("observed", how, "flight_recorder/"))
+            findings.append(Finding("observed", how, L.FLIGHT_RECORDER_DIR))
     return dumps, unjoined, mismatched, findings
 
 
@@ -176,7 +175,7 @@ def _memory_findings(bundle: Bundle, ranks: list[int], findings: list[Finding], 
     with the user frame that made them). Returns the ranks that ran out of memory."""
     oom_ranks = []
     for rank in ranks:
-        source = f"ranks/{rank}/oom.jsonl"
+        source = L.rank_member(rank, P.RANK_OOM)
         for line in bundle.text(source).splitlines()[-1:]:
             try:
                 rec = json.loads(line)
@@ -197,7 +196,8 @@ def _memory_findings(bundle: Bundle, ranks: list[int], findings: list[Finding], 
                                    if isinstance(b, dict))  # fmt: skip
                 facts.last_batch[rank] = shapes
                 findings.append(Finding("observed", f"rank {rank}'s last batch: {shapes}", source))
-        for name in [n for n in bundle.rank_files(rank) if n.startswith(f"ranks/{rank}/memory-snapshot-")]:
+        snapshot = L.rank_member(rank, P.RANK_MEMORY_SNAPSHOT.partition("%d")[0])  # and the OOM ones
+        for name in [n for n in bundle.rank_files(rank) if n.startswith(snapshot)]:
             facts.snapshots[rank] = name
             try:
                 snap = cuda_memory.load_snapshot(bundle.files[name])
@@ -224,12 +224,12 @@ def _timeline(bundle: Bundle, rows: list[RankRow], suspects: list[int]) -> dict[
     drawn = set(suspects) | {row.rank for row in rows[:TIMELINE_HISTORIES]}
     for row in rows:
         samples = []
-        history = bundle.json(f"ranks/{row.rank}/history.json") if row.rank in drawn else None
+        history = bundle.json(L.rank_member(row.rank, L.HISTORY)) if row.rank in drawn else None
         for h in history if isinstance(history, list) else []:
             t = number(h.get("t")) if isinstance(h, dict) else None
             if t is not None and integer(h.get("step")) is not None:
                 samples.append([t, integer(h.get("step")), str(h.get("phase", ""))])
-        hb = bundle.json(f"ranks/{row.rank}/heartbeat.json")
+        hb = bundle.json(L.rank_member(row.rank, L.HEARTBEAT))
         last = number(hb.get("last_progress_wall")) if isinstance(hb, dict) else None
         last = last if last is not None and last > 0 else None
         if last is not None and not samples:
@@ -277,9 +277,9 @@ def _rank_summary(rows: list[RankRow], rank_stacks: dict[int, RankStack], suspec
             idle = f", no progress for {span} s"
         life = "" if row.alive else f", processes gone ({row.state})"
         frame = f"; main thread in {row.top_frame}" if row.top_frame else ""
-        source = "ranks/*/heartbeat.json" if row.step is not None else "manifest.json"
+        source = L.rank_member("*", L.HEARTBEAT) if row.step is not None else L.MANIFEST
         out.append(Finding("observed", f"{_plural_ranks(ids)} ({len(ids)} ranks){step}, {where}{idle}{life}{frame}",
-                           source + (", ranks/*/py-spy.json" if frame else "")))  # fmt: skip
+                           source + (", " + L.process_member("*", L.PYSPY) if frame else "")))  # fmt: skip
     return out
 
 
@@ -299,7 +299,7 @@ def _one_rank(row: RankRow, rs: Optional[RankStack]) -> list[Finding]:
     idle = f", no progress for {row.idle_s:.0f} s" if row.idle_s is not None else ""
     life = "" if row.alive else f", process gone ({row.state})"
     step = f" at step {row.step}" if row.step is not None else ""
-    source = f"ranks/{row.rank}/heartbeat.json" if row.step is not None else "manifest.json"
+    source = L.rank_member(row.rank, L.HEARTBEAT) if row.step is not None else L.MANIFEST
     out = [Finding("observed", f"rank {row.rank} (pid {row.pid}){step}, {where}{idle}{life}", source)]
     if rs is not None and row.top_frame:
         out.append(Finding("observed", f"rank {row.rank}'s main thread is in {row.top_frame}", rs.source))
@@ -320,7 +320,7 @@ def _gpu_samples(history: Any) -> list[tuple[str, list[dict[str, Any]]]]:
 
 def _gpu_series(bundle: Bundle) -> list[dict[str, Any]]:
     out = []
-    for index, samples in _gpu_samples(bundle.json("node/gpu-history.json")):
+    for index, samples in _gpu_samples(bundle.json(L.GPU_HISTORY)):
         rows = [[x["t"], x["utilization_pct"], x["temperature_c"]] for x in samples if x["t"] is not None]
         if rows:
             out.append({"index": index, "name": str(samples[-1].get("name")), "samples": rows[-500:]})
@@ -330,7 +330,7 @@ def _gpu_series(bundle: Bundle) -> list[dict[str, Any]]:
 def _gpu_findings(bundle: Bundle, findings: list[Finding]) -> None:
     """From the supervisor's GPU history: each GPU's last reading, how long it sat at 0 %, and any throttling,
     heat or ECC errors seen."""
-    source = "node/gpu-history.json"
+    source = L.GPU_HISTORY
     for index, samples in _gpu_samples(bundle.json(source)):
         last = samples[-1]
         idle = 0
@@ -363,7 +363,7 @@ def _node_findings(bundle: Bundle) -> list[Finding]:
     """Multi-node: nodes whose bundle is not among those given, and nodes whose supervisor had fallen silent."""
     m = bundle.manifest
     mn = bundle.section("multinode")
-    states = {name: bundle.json(name) for name in bundle.files if name.endswith("node/coordination.json")}
+    states = {name: bundle.json(name) for name in bundle.files if name.endswith(L.COORDINATION)}
     silent: dict[str, Any] = {}
     out: list[Finding] = []
     for name, state in states.items():
@@ -404,7 +404,7 @@ def _rank_states(
     exits = console_exits(bundle)
     ages: dict[int, float] = {}
     for row in rows:
-        hb = bundle.json(f"ranks/{row.rank}/heartbeat.json")
+        hb = bundle.json(L.rank_member(row.rank, L.HEARTBEAT))
         age = hb.get("liveness_age_s") if isinstance(hb, dict) and hb.get("alive") else None
         if isinstance(age, (int, float)):
             ages[row.rank] = float(age)
@@ -465,21 +465,19 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     per-rank state (analyze.states) → blame, category and summary (analyze.blame) → findings and next actions."""
     m = bundle.manifest
     node = str(m.get("node", "unknown"))
-    trigger = str(m.get("trigger", "unknown"))
+    trigger = bundle.trigger
     rank_stacks = {rs.rank: rs for rs in (rank_stack(bundle, r) for r in _rank_ids(bundle)) if rs is not None}
     rows = _rows(bundle, node, rank_stacks)
     by_rank = {r.rank: r for r in rows}
     groups = group(list(rank_stacks.values()))
-    detection = bundle.json("detection.json")
+    detection = bundle.json(L.DETECTION)
     detection = detection if isinstance(detection, dict) else {}
     incident = bundle.section("incident")
-    if trigger.startswith("remote-"):  # collected because another node posted an incident: judged by its rule
-        trigger = trigger[len("remote-") :]
-        if not detection and incident:
-            detection = {"rule": incident.get("rule"), "ranks": incident.get("ranks"),
-                         "reason": f"node {incident.get('origin')} reported: {incident.get('reason')}"}  # fmt: skip
-    rule = str(detection.get("rule") or trigger.replace("-", "_"))
-    if rule in ("signal", "collect", "sigusr1"):
+    if trigger.remote and not detection and incident:  # collected for another node's incident: judged by its rule
+        detection = {"rule": incident.get("rule"), "ranks": incident.get("ranks"),
+                     "reason": f"node {incident.get('origin')} reported: {incident.get('reason')}"}  # fmt: skip
+    rule = str(detection.get("rule") or trigger.rule)
+    if rule in ON_REQUEST_RULES:
         rule = "manual"
     reason = str(detection.get("reason", ""))
     findings: list[Finding] = []
@@ -489,7 +487,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
             top = worker.top_user_frame()
             if top is not None:
                 text = f"rank {row.rank}'s DataLoader worker {pid} is in {top.describe()}"
-                findings.append(Finding("observed", text, f"ranks/{row.rank}/py-spy-worker-{pid}.json"))
+                findings.append(Finding("observed", text, L.process_member(row.rank, L.PYSPY, pid)))
     job = bundle.section("job")
     world = job.get("world_size")
     absent: list[int] = []
@@ -502,18 +500,18 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     raised = _exceptions(bundle, list(by_rank) or _rank_ids(bundle))
     for exc in raised[:3]:
         text = f"rank {exc['rank']} raised {exception_line(exc)}"
-        findings.append(Finding("observed", text, f"ranks/{exc['rank']}/exceptions.jsonl"))
+        findings.append(Finding("observed", text, L.rank_member(exc["rank"], P.RANK_EXCEPTIONS)))
 
     facts = Facts(node, by_rank)
     oom_ranks = _memory_findings(bundle, list(by_rank) or _rank_ids(bundle), findings, facts)
-    kernel = bundle.text("node/kernel-messages.txt")
+    kernel = bundle.text(L.KERNEL_MESSAGES)
     facts.kernel_oom = bool(re.search(r"oom-kill|Out of memory|Killed process", kernel))
     if facts.kernel_oom:
         findings.append(Finding("observed", "the kernel log mentions the OOM killer: "
                                 + next(line for line in kernel.splitlines() if re.search(
                                     r"oom-kill|Out of memory|Killed process", line))[:300],
-                                "node/kernel-messages.txt"))  # fmt: skip
-    node_facts = bundle.json("node.json")
+                                L.KERNEL_MESSAGES))  # fmt: skip
+    node_facts = bundle.json(L.NODE)
     disk = node_facts.get("run_dir_disk") if isinstance(node_facts, dict) else None
     if isinstance(disk, dict) and isinstance(disk.get("free"), int):
         facts.disk_free = f"{human(disk['free'])} free at {disk.get('path')}"
@@ -539,19 +537,20 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         smallest = min(len(r) for r in mm.calls.values())
         odd = sorted(x for r in mm.calls.values() if len(r) == smallest for x in r)
     ctx = Context(
-        rule=rule, console=_CONSOLE_CATEGORY.get(trigger), missing=sorted({r for u in unjoined for r in u.missing}),
+        rule=rule, console=_CONSOLE_CATEGORY.get(trigger.kind or "") if trigger.rule == "console" else None,
+        missing=sorted({r for u in unjoined for r in u.missing}),
         mismatch_odd=odd, oom_ranks=oom_ranks, kernel_oom=facts.kernel_oom,
         progressing=_progressing(rows) if rule == "manual" else None, absent=absent,
     )  # fmt: skip
     b = blame(states, ctx)
     suspects, category, phase = b.suspects, b.category, b.phase
-    summary = _summary(b, rule, trigger, reason)
+    summary = _summary(b, rule, Trigger(trigger.rule, trigger.kind).name, reason)
     if rule in ("stall", "frozen", "gpu_idle") and detection.get("suspects"):
         named = _int_list(detection.get("suspects"))
         if named and set(named) != set(suspects):
             findings.append(Finding("inferred", f"the live rule named {_plural_ranks(named)}; the evidence in the "
                                     f"bundle points at {_plural_ranks(suspects) if suspects else 'no rank'}",
-                                    "detection.json"))  # fmt: skip
+                                    L.DETECTION))  # fmt: skip
     findings.extend(Finding("inferred", text, "per-rank states (analyze.states)") for text in b.inferred)
     findings = _state_findings(states, suspects) + findings
     first = b.first_exception if isinstance(b.first_exception, dict) else (raised[0] if raised else None)
@@ -576,15 +575,15 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         path = re.search(r"'(/[^']+)'", exception_line(first))
         facts.exception_path = path.group(1) if path else None
     if reason and detection.get("rule") == "console":
-        findings.append(Finding("observed", f"trigger: {reason}", "detection.json, console-tail.log"))
+        findings.append(Finding("observed", f"trigger: {reason}", f"{L.DETECTION}, {L.CONSOLE_TAIL}"))
     elif reason:
-        findings.append(Finding("observed", f"trigger: {reason}", "detection.json"))
+        findings.append(Finding("observed", f"trigger: {reason}", L.DETECTION))
     findings = _rank_summary(rows, rank_stacks, suspects) + findings
     # the suspects' facts first: they are the ones a reader needs
     findings.sort(key=lambda f: not any(f.text.startswith(f"rank {r} ") or f.text.startswith(f"rank {r}'")
                                         for r in suspects))  # fmt: skip
     verdict = Verdict(category, phase, suspects, b.confidence, summary)
-    console = bundle.text("console-tail.log")
+    console = bundle.text(L.CONSOLE_TAIL)
     _, marker, body = console.partition("\n# ---\n")  # after console.log's header, when the tail still has it
     tail = [line for line in (body if marker else console).splitlines() if line.strip()][-CONSOLE_LINES:]
     return Report(

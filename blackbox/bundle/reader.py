@@ -4,6 +4,7 @@ bounded in count and size; nothing is executed or unpickled. Imports the stdlib 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -12,8 +13,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..detections import Trigger
 from ..errors import BlackboxError
-from .writer import MANIFEST_NAME, MANIFEST_SCHEMA_VERSION
+from . import layout as L
+from .layout import MANIFEST, MANIFEST_SCHEMA_VERSION
+from .writer import Written
 
 MAX_MEMBERS = 400_000  # 32,768 ranks with a dozen members each
 MAX_MEMBER_BYTES = 64 * 1024 * 1024
@@ -29,11 +33,22 @@ class Bundle:
     manifest: dict[str, Any]
     files: dict[str, bytes]
     skipped: list[str]  # members refused (links, devices, unsafe paths), with the reason
+    # the sha256 of each bundle file behind this view (of its manifest, for an extracted bundle directory)
+    digests: dict[str, str] = field(default_factory=dict)
     _by_rank: Optional[dict[int, list[str]]] = field(default=None, repr=False)
     _parsed: dict[str, Any] = field(default_factory=dict, repr=False)
 
     # members every step of the analysis reads (each rank's heartbeat): parsed once, shared — never mutate them
-    SHARED = ("/heartbeat.json",)
+    SHARED = ("/" + L.HEARTBEAT,)
+
+    @classmethod
+    def of(cls, written: Written) -> Bundle:
+        """The bundle just written, as a reader of its file would see it, without reading the file."""
+        return cls(written.path, written.manifest, dict(written.members), [], {written.path: written.sha256})
+
+    @property
+    def trigger(self) -> Trigger:
+        return Trigger.from_json(self.manifest.get("triggered_by"), self.manifest.get("trigger"))
 
     def json(self, name: str) -> Any:
         """The member parsed, or None when it is absent or not JSON a report can afford (see `parse_json`)."""
@@ -70,7 +85,7 @@ class Bundle:
             index: dict[int, list[str]] = {}
             for name in sorted(self.files):
                 parts = name.split("/", 2)
-                if len(parts) == 3 and parts[0] == "ranks" and is_number(parts[1]):
+                if len(parts) == 3 and parts[0] + "/" == L.RANKS_DIR and is_number(parts[1]):
                     index.setdefault(int(parts[1]), []).append(name)
             self._by_rank = index
         return self._by_rank.get(rank, [])
@@ -128,7 +143,7 @@ def find_bundle(path: str) -> str:
     if not os.path.exists(path):
         raise BlackboxError(f"`{path}` does not exist.", hint="Give a bundle (.tar.gz), or a run directory.")
     if os.path.isdir(path):
-        if os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+        if os.path.isfile(os.path.join(path, MANIFEST)):
             return path
         bundles_dir = os.path.join(path, "bundles")
         found = []
@@ -148,11 +163,12 @@ def read_bundle(path: str) -> Bundle:
     skipped: list[str] = []
     if os.path.isdir(path):
         _read_dir(path, files, skipped)
+        digest = hashlib.sha256(files.get(MANIFEST, b"")).hexdigest()  # it lists every member's
     else:
-        _read_tar(path, files, skipped)
-    raw = files.get(MANIFEST_NAME)
+        digest = _read_tar(path, files, skipped)
+    raw = files.get(MANIFEST)
     if raw is None:
-        raise BlackboxError(f"`{path}` is not a blackbox bundle: it has no {MANIFEST_NAME}.")
+        raise BlackboxError(f"`{path}` is not a blackbox bundle: it has no {MANIFEST}.")
     try:
         manifest = parse_json(raw)
     except ValueError as exc:
@@ -165,23 +181,29 @@ def read_bundle(path: str) -> Bundle:
             f"reads ({MANIFEST_SCHEMA_VERSION}).",
             hint="Upgrade torch-blackbox to read it.",
         )
-    return Bundle(path, manifest, files, skipped)
+    return Bundle(path, manifest, files, skipped, {path: digest})
 
 
-def _unpack(path: str) -> bytes:
-    """The archive's tar bytes: gunzipped in memory, in bounded steps, so that a gzip bomb is refused after
-    reading at most the limit (tarfile's own gzip stream is also far slower on thousands of small members)."""
+def _unpack(path: str) -> tuple[bytes, str]:
+    """The archive's tar bytes, and the file's sha256: gunzipped in memory, in bounded steps, so that a gzip bomb is
+    refused after reading at most the limit (tarfile's own gzip stream is also far slower on thousands of small
+    members)."""
     limit = MAX_TOTAL_BYTES + MAX_MEMBERS * 1024  # the members' data, plus their headers and padding
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
         head = f.read(2)
         f.seek(0)
         if head != b"\x1f\x8b":
             data = f.read(limit + 1)
+            digest.update(data)
         else:
             inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
             out = bytearray()
             while not inflate.eof:
-                chunk = inflate.unconsumed_tail or f.read(1 << 20)
+                chunk = inflate.unconsumed_tail
+                if not chunk:
+                    chunk = f.read(1 << 20)
+                    digest.update(chunk)
                 if not chunk:
                     raise BlackboxError(f"`{path}` is not a readable bundle (corrupt or truncated archive).")
                 try:
@@ -193,9 +215,11 @@ def _unpack(path: str) -> bytes:
                 if len(out) > limit:
                     break
             data = bytes(out)
+            for chunk in iter(lambda: f.read(1 << 20), b""):  # what follows the gzip stream is the file's too
+                digest.update(chunk)
     if len(data) > limit:
         raise BlackboxError(f"`{path}` unpacks to more than {MAX_TOTAL_BYTES} bytes; refusing to read it.")
-    return data
+    return data, digest.hexdigest()
 
 
 class _TarFormatError(Exception):
@@ -286,9 +310,10 @@ def _members(data: bytes) -> Iterator[tuple[str, str, int, int]]:
         yield name, kind, start, size
 
 
-def _read_tar(path: str, files: dict[str, bytes], skipped: list[str]) -> None:
+def _read_tar(path: str, files: dict[str, bytes], skipped: list[str]) -> str:
+    """Reads the members into `files`; returns the file's sha256."""
     total = 0
-    data = _unpack(path)
+    data, digest = _unpack(path)
     try:
         for count, (member, kind, offset, size) in enumerate(_members(data), 1):
             if count > MAX_MEMBERS:
@@ -311,6 +336,7 @@ def _read_tar(path: str, files: dict[str, bytes], skipped: list[str]) -> None:
             files[name] = data[offset : offset + size]
     except _TarFormatError as exc:
         raise BlackboxError(f"`{path}` is not a readable bundle (corrupt or truncated archive: {exc}).") from None
+    return digest
 
 
 def _read_dir(path: str, files: dict[str, bytes], skipped: list[str]) -> None:
@@ -334,16 +360,12 @@ def _read_dir(path: str, files: dict[str, bytes], skipped: list[str]) -> None:
                 files[rel] = f.read()
 
 
-# Members that describe one node: kept per node under nodes/<node>/ when bundles are merged.
-_PER_NODE_PREFIXES = ("ranks/", "flight_recorder/")
-
-
 def _expand(path: str) -> list[str]:
     """A directory that is neither a bundle nor a run directory but holds bundles (the node bundles of one
     incident, gathered in one place) stands for all of them."""
     if (
         os.path.isdir(path)
-        and not os.path.isfile(os.path.join(path, MANIFEST_NAME))
+        and not os.path.isfile(os.path.join(path, MANIFEST))
         and not os.path.isdir(os.path.join(path, "bundles"))
     ):
         found = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".tar.gz"))
@@ -402,33 +424,35 @@ def merge(bundles: list[Bundle], skipped: list[str]) -> Bundle:
         origin = b.section("incident").get("origin")
         return origin is not None and str(origin) == str(b.section("multinode").get("node"))
 
-    primary = next((b for b in bundles if originated(b) and "detection.json" in b.files), None) or next(
-        (b for b in bundles if "detection.json" in b.files), bundles[0]
+    primary = next((b for b in bundles if originated(b) and L.DETECTION in b.files), None) or next(
+        (b for b in bundles if L.DETECTION in b.files), bundles[0]
     )
     files: dict[str, bytes] = {}
     local_ranks: list[Any] = []
     nodes: list[dict[str, Any]] = []
     rank_nodes: dict[str, str] = {}  # rank -> the node whose bundle holds it
+    digests: dict[str, str] = {}
     for b, node in zip(bundles, _node_names(bundles)):
         nodes.append({"node": node, "bundle": b.path, "trigger": b.manifest.get("trigger"),
                       "node_rank": b.section("multinode").get("node_rank"),
                       "incident": b.section("incident").get("id")})  # fmt: skip
         for name, data in b.files.items():
-            if name.startswith(_PER_NODE_PREFIXES):
+            if L.is_per_rank(name):
                 files[name] = data
-            elif name != MANIFEST_NAME:
-                files[f"nodes/{node}/{name}"] = data
+            elif name != MANIFEST:
+                files[L.node_member(node, name)] = data
         local_ranks.extend({**entry, "node": node} for entry in b.local_ranks())
         for name in b.files:
-            if name.startswith("ranks/"):
+            if name.startswith(L.RANKS_DIR):
                 rank_nodes[name.split("/")[1]] = node
         skipped.extend(b.skipped)
+        digests.update(b.digests)
     for name, data in primary.files.items():
-        if not name.startswith(_PER_NODE_PREFIXES) and name != MANIFEST_NAME:
+        if not L.is_per_rank(name) and name != MANIFEST:
             files[name] = data
     manifest = dict(primary.manifest)
     job = dict(primary.section("job"))
     worlds = [b.section("job").get("world_size") for b in bundles]
     job.update(local_ranks=local_ranks, world_size=max((w for w in worlds if isinstance(w, int)), default=0))
     manifest.update(node=", ".join(str(n["node"]) for n in nodes), job=job, nodes=nodes, rank_nodes=rank_nodes)
-    return Bundle(" + ".join(b.path for b in bundles), manifest, files, skipped)
+    return Bundle(" + ".join(b.path for b in bundles), manifest, files, skipped, digests)

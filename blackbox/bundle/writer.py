@@ -1,5 +1,6 @@
 """Writes one bundle: entries gathered in memory, each capped, a manifest first, the tar.gz written to a
-temporary name and renamed, files 0600 and directories 0700. Imports the stdlib and blackbox only."""
+temporary name and renamed, files 0600 and directories 0700. What was written comes back whole (members, manifest,
+the file's sha256), so that what follows a bundle never reads it back. Imports the stdlib and blackbox only."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from datetime import datetime, timezone
 from typing import Any, Optional
 
 from .. import __version__
+from ..detections import Trigger
+from .layout import MANIFEST, MANIFEST_SCHEMA_VERSION
 
-MANIFEST_SCHEMA_VERSION = 1
-MANIFEST_NAME = "manifest.json"
 DEFAULT_FILE_CAP = 4 * 1024 * 1024  # bytes per file
 DEFAULT_TOTAL_CAP = 64 * 1024 * 1024  # bytes per bundle, before compression
 
@@ -29,11 +30,38 @@ class Step:
     detail: Optional[str] = None
 
 
+@dataclass(frozen=True)
+class Written:
+    """A bundle as it was written: its path, the sha256 of the file, its manifest and every member's bytes (the
+    manifest's among them), as a reader of the file would find them."""
+
+    path: str
+    sha256: str
+    manifest: dict[str, Any]
+    members: dict[str, bytes]
+
+
+class _Hashing(io.RawIOBase):
+    """A file that hashes what is written through it."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.hash = hashlib.sha256()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self.hash.update(data)
+        self.raw.write(data)
+        return len(data)
+
+
 @dataclass
 class BundleWriter:
     run_id: str
     node: str
-    trigger: str
+    trigger: Trigger
     file_cap: int = DEFAULT_FILE_CAP
     total_cap: int = DEFAULT_TOTAL_CAP
     entries: dict[str, bytes] = field(default_factory=dict)
@@ -80,7 +108,8 @@ class BundleWriter:
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "run_id": self.run_id,
             "node": self.node,
-            "trigger": self.trigger,
+            "trigger": self.trigger.name,
+            "triggered_by": self.trigger.to_json(),
             **extra,
             "files": files,
             "steps": [s.__dict__ for s in self.steps],
@@ -94,11 +123,11 @@ class BundleWriter:
 
     def default_name(self) -> str:
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        return f"blackbox-{_safe(self.run_id)}-{_safe(self.node)}-{stamp}-{_safe(self.trigger)}.tar.gz"
+        return f"blackbox-{_safe(self.run_id)}-{_safe(self.node)}-{stamp}-{_safe(self.trigger.name)}.tar.gz"
 
-    def write(self, out_dir: str, extra: dict[str, Any], name: Optional[str] = None) -> str:
-        """Write atomically into `out_dir` (as `name`, or the standard name); returns the bundle's path.
-        An existing file is never overwritten: a suffix is added."""
+    def write(self, out_dir: str, extra: dict[str, Any], name: Optional[str] = None) -> Written:
+        """Write atomically into `out_dir` (as `name`, or the standard name). An existing file is never
+        overwritten: a suffix is added."""
         name = name or self.default_name()
         final = os.path.join(out_dir, name)
         n = 1
@@ -110,20 +139,22 @@ class BundleWriter:
         manifest = json.dumps(self.manifest(extra), indent=2).encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            with os.fdopen(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz") as tar:
-                now = time.time()
-                dirs: set[str] = set()
-                _add(tar, MANIFEST_NAME, manifest, now)
-                for path, data in self.entries.items():
-                    parts = path.split("/")[:-1]
-                    for i in range(1, len(parts) + 1):
-                        d = "/".join(parts[:i])
-                        if d not in dirs:
-                            dirs.add(d)
-                            info = tarfile.TarInfo(d)
-                            info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o700, int(now)
-                            tar.addfile(info)
-                    _add(tar, path, data, now)
+            with os.fdopen(fd, "wb") as raw:
+                hashing = _Hashing(raw)
+                with tarfile.open(fileobj=hashing, mode="w:gz") as tar:
+                    now = time.time()
+                    dirs: set[str] = set()
+                    _add(tar, MANIFEST, manifest, now)
+                    for path, data in self.entries.items():
+                        parts = path.split("/")[:-1]
+                        for i in range(1, len(parts) + 1):
+                            d = "/".join(parts[:i])
+                            if d not in dirs:
+                                dirs.add(d)
+                                info = tarfile.TarInfo(d)
+                                info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o700, int(now)
+                                tar.addfile(info)
+                        _add(tar, path, data, now)
             os.replace(tmp, final)
         except BaseException:
             try:
@@ -131,7 +162,7 @@ class BundleWriter:
             except OSError:
                 pass
             raise
-        return final
+        return Written(final, hashing.hash.hexdigest(), json.loads(manifest), {MANIFEST: manifest, **self.entries})
 
 
 def _add(tar: tarfile.TarFile, path: str, data: bytes, now: float) -> None:

@@ -6,40 +6,26 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Callable, Optional
+from typing import Optional
 
 import click
 
+from .._recorder import protocol as P
 from ..errors import EXIT_CANT_CREATE, BlackboxError
 
 
-def _out_target(out: Optional[str], record_dir: Optional[str]) -> tuple[str, Optional[str]]:
+def _out_target(out: Optional[str], run_dir: Optional[str]) -> tuple[str, Optional[str]]:
     """(directory, file name or None): `--out` names a .tar.gz file or a directory; by default the job's run
     directory when it runs under `blackbox run` (and it is writable), else the current directory."""
     if out is not None:
         if out.endswith((".tar.gz", ".tgz")):
             return os.path.dirname(os.path.abspath(out)), os.path.basename(out)
         return os.path.abspath(out), None
-    if record_dir:
-        bundles = os.path.join(record_dir, "bundles")
+    if run_dir:
+        bundles = os.path.join(run_dir, P.BUNDLES_DIR)
         if os.access(bundles, os.W_OK):
             return bundles, None
     return os.getcwd(), None
-
-
-def _remember(path: str, say: Callable[[str], None]) -> None:
-    """Index the new bundle; say when this failure has been seen before. Never fails the collection."""
-    from ..analyze.model import describe_seen
-    from ..incidents.indexing import analyze_path, remember
-    from ..render import printable
-
-    try:
-        report, bundle = analyze_path(path)
-    except Exception as exc:
-        say(f"warning: the new bundle could not be analysed for the incident index ({exc})")
-        return
-    for entry in remember(report, bundle, lambda m: say(f"warning: {m}"))[:3]:
-        say(f"seen before: {printable(describe_seen(entry))}")
 
 
 @click.command()
@@ -89,15 +75,20 @@ def collect(pid: int, out: Optional[str], native: bool, with_locals: bool, dump_
     """
     from rich.console import Console
 
+    from ..analyze.model import describe_seen
+    from ..bundle.reader import Bundle
     from ..collect.collector import CollectOptions, Collector
     from ..collect.job import discover
+    from ..detections import Trigger
     from ..heartbeat import HeartbeatTable
+    from ..intake import Intake
     from ..redact import remember_secrets
+    from ..render import printable
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     job = discover(pid)
     remember_secrets(job.env)  # the job's credentials, scrubbed from everything in the bundle
-    out_dir, out_name = _out_target(out, job.record_dir)
+    out_dir, out_name = _out_target(out, job.run_dir)
     try:
         os.makedirs(out_dir, mode=0o700, exist_ok=True)
     except OSError as exc:
@@ -109,13 +100,13 @@ def collect(pid: int, out: Optional[str], native: bool, with_locals: bool, dump_
     err.print(f"blackbox: job {job.run_id} on {job.node}: rank(s) {ranks}", markup=False)
     for note in job.notes:
         err.print(f"blackbox: note: {note}", markup=False)
-    table = HeartbeatTable(os.path.join(job.record_dir, "ranks"), lambda p, m: None, job.owner) if job.record_dir \
+    table = HeartbeatTable(os.path.join(job.run_dir, P.RANKS_DIR), lambda p, m: None, job.owner) if job.run_dir \
         else None  # fmt: skip
     options = CollectOptions(dump_timeout=dump_timeout, budget=budget, native=native, locals=with_locals)
     try:
         with err.status("collecting", spinner="dots") as status:
             result = Collector(job, table, None, options, progress=lambda m: status.update(m)).collect(
-                "manual", None, None, out_dir, out_name
+                Trigger("manual"), None, None, out_dir, out_name
             )
     except OSError as exc:
         raise BlackboxError(f"Cannot write the bundle into `{out_dir}`: {exc.strerror}.",
@@ -133,6 +124,16 @@ def collect(pid: int, out: Optional[str], native: bool, with_locals: bool, dump_
         if step.status != "ok":
             err.print(f"blackbox: {step.name}: {step.status}: {step.detail}", markup=False)
     err.print(f"blackbox: evidence bundle ({result.duration_s:.1f} s): {result.path}", markup=False)
-    _remember(result.path, lambda m: err.print(f"blackbox: {m}", markup=False))
+
+    def say(message: str) -> None:
+        err.print(f"blackbox: {message}", markup=False)
+
+    try:  # the new bundle, in memory, indexed; when this failure has been seen before, say so
+        seen = Intake(Bundle.of(result.written), lambda m: say(f"warning: {m}")).report.similar_incidents
+    except Exception as exc:  # never fails the collection: the bundle is written
+        say(f"warning: the new bundle could not be analysed for the incident index ({exc})")
+        seen = []
+    for entry in seen[:3]:
+        say(f"seen before: {printable(describe_seen(entry))}")
     err.print(f"blackbox: next: blackbox report {result.path}", markup=False)
     return 0

@@ -34,8 +34,9 @@ def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyze
     """
     from .._recorder.protocol import FR_PREFIX
     from ..adapters import flight_recorder as fr
-    from ..analyze.verdict import analyze, flight_recorder_dumps
+    from ..analyze.verdict import flight_recorder_dumps
     from ..bundle.reader import read_bundles
+    from ..intake import Intake
     from ..render.html import render_html
     from ..render.json_render import render_json
     from ..render.markdown import render_markdown
@@ -47,11 +48,8 @@ def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyze
         dumps, _ = flight_recorder_dumps(bundle)
         if len(dumps) > 1:
             torch_fr = fr.torch_analyzer({f"{FR_PREFIX}{rank}": d for rank, d in dumps.items()})
-    model = analyze(bundle, torch_fr)
-    if use_index:
-        from ..incidents.indexing import remember
-
-        model.similar_incidents = remember(model, bundle, lambda m: click.echo(f"blackbox: warning: {m}", err=True))
+    model = Intake(bundle, lambda m: click.echo(f"blackbox: warning: {m}", err=True), index=use_index,
+                   torch_fr=torch_fr).report  # fmt: skip
     render = {"json": render_json, "markdown": render_markdown, "html": render_html}.get(fmt, render_terminal)
     if out_path is None:
         render(model, sys.stdout)

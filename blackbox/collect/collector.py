@@ -9,7 +9,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-import re
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,8 +17,9 @@ from typing import Any, Callable, Optional, Protocol
 
 from .._recorder import protocol as P
 from ..adapters import gpu, host, procfs, pyspy, stacks, torchelastic
-from ..bundle.writer import BundleWriter, Step
-from ..detections import Detection
+from ..bundle import layout as L
+from ..bundle.writer import BundleWriter, Step, Written
+from ..detections import Detection, Trigger
 from ..events import EventLog
 from ..frames import where
 from ..heartbeat import HeartbeatState
@@ -34,11 +34,7 @@ CONFIG_FILE_CAP = 256 * 1024
 MAX_CONFIG_FILES = 16
 MAX_HELPERS_PER_RANK = 16  # DataLoader workers and other child processes of one rank given py-spy and /proc
 # What the rank recorder leaves in ranks/<rank>/ (its heartbeat is decoded separately).
-RANK_PATTERNS = (
-    "recorder.log", "recorder-events.jsonl", "annotations.json", "metrics.json", "threads.json", "loader.json",
-    "rank.json", "exceptions.jsonl", "oom.jsonl", "fatal.txt", "sigterm.txt", "stacks-*.txt", "pydump-*.json",
-    "fr_trace.json", "memory-snapshot-*.pickle", "error.json",
-)  # fmt: skip
+RANK_PATTERNS = tuple(L.glob(name) for name in L.RANK_FILES)
 EVENTS_CAP = 16 * 1024 * 1024  # the run's events.jsonl: its newest part
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".ini", ".cfg", ".conf", ".env")
 
@@ -68,9 +64,13 @@ class CollectOptions:
 
 @dataclass(frozen=True)
 class CollectResult:
-    path: str
+    written: Written
     steps: list[Step]
     duration_s: float
+
+    @property
+    def path(self) -> str:
+        return self.written.path
 
 
 class _Console(Protocol):
@@ -106,10 +106,8 @@ class _Proc:
     helper: bool
 
     def path(self, what: str) -> str:
-        """Where its `what` (py-spy, proc) goes in the bundle: ranks/R/what.json, ranks/R/what-worker-PID.json."""
-        if self.rank is None:
-            return f"agent/{what}.json"
-        return f"ranks/{self.rank}/{what}" + (f"-worker-{self.pid}" if self.helper else "") + ".json"
+        """Where its `what` (py-spy, proc) goes in the bundle (bundle.layout)."""
+        return L.process_member(self.rank, what, self.pid if self.helper else None)
 
 
 def heartbeat_record(t: RankTarget, now: float) -> dict[str, Any]:
@@ -127,13 +125,6 @@ def heartbeat_record(t: RankTarget, now: float) -> dict[str, Any]:
         phase_start_wall=hb.wall(hb.phase_start),
     )
     return record
-
-
-def detection_record(d: Detection) -> dict[str, Any]:
-    return {
-        "rule": d.rule, "ranks": list(d.ranks), "reason": d.reason, "same_episode": d.same_episode,
-        "message": d.message(), "findings": [f.__dict__ for f in d.findings],
-    }  # fmt: skip
 
 
 def config_files(argv: list[str], cwd: str) -> list[str]:
@@ -167,18 +158,18 @@ def _rank_files(run: RunDir, ranks: Iterable[int]) -> list[tuple[str, str]]:
     files that are links, not regular or not the job's user's, are skipped."""
     out = []
     for rank in ranks:
-        names = run.list(f"ranks/{rank}")
+        names = run.list(f"{P.RANKS_DIR}/{rank}")
         for pattern in RANK_PATTERNS:
             for name in fnmatch.filter(names, pattern):
-                if run.size(f"ranks/{rank}/{name}"):
-                    out.append((f"ranks/{rank}/{name}", f"ranks/{rank}/{name}"))
-    for name in fnmatch.filter(run.list("flight_recorder"), P.FR_PREFIX + "*"):
-        if not name.endswith(".tmp") and run.size(f"flight_recorder/{name}") is not None:
-            out.append((f"flight_recorder/{name}", f"flight_recorder/{name}"))
+                if run.size(f"{P.RANKS_DIR}/{rank}/{name}"):
+                    out.append((f"{P.RANKS_DIR}/{rank}/{name}", L.rank_member(rank, name)))
+    for name in fnmatch.filter(run.list(P.FR_DIR), P.FR_PREFIX + "*"):
+        if not name.endswith(".tmp") and run.size(f"{P.FR_DIR}/{name}") is not None:
+            out.append((f"{P.FR_DIR}/{name}", L.FLIGHT_RECORDER_DIR + name))
     return out
 
 
-def _torchelastic_error_file(record_dir: Optional[str], t: RankTarget, owner: Optional[int]) -> Optional[str]:
+def _torchelastic_error_file(run_dir: Optional[str], t: RankTarget, owner: Optional[int]) -> Optional[str]:
     """Where the rank's torchelastic error file goes: from its live environment (read at the start of a
     collection: a rank that raised may be gone by the time files are copied), else the recorder's rank.json.
     The file itself may appear only later, while the rank dies."""
@@ -189,9 +180,9 @@ def _torchelastic_error_file(record_dir: Optional[str], t: RankTarget, owner: Op
                 return path
         except (OSError, procfs.ProcAccessError):
             pass
-    if record_dir:
+    if run_dir:
         try:
-            data = RunDir(record_dir, owner).read(f"ranks/{t.rank}/rank.json", RANK_FILE_CAP)
+            data = RunDir(run_dir, owner).read(f"{P.RANKS_DIR}/{t.rank}/{P.RANK_INFO}", RANK_FILE_CAP)
             path = json.loads(data).get("torchelastic_error_file")
             return path if isinstance(path, str) and path else None
         except (OSError, ValueError, AttributeError):
@@ -264,7 +255,7 @@ class Collector:
                 got[p.pid] = result.threads
                 if self.options.locals:
                     _redact_locals(result.threads)
-                w.add_json(p.path("py-spy"), result.threads)
+                w.add_json(p.path(L.PYSPY), result.threads)
             else:
                 errors.setdefault(result.error or "unknown error", []).append(p.pid)
         failed = sum(len(p) for p in errors.values())
@@ -299,7 +290,7 @@ class Collector:
         failed = []
         for p, result in zip(ambiguous, results):
             if result.threads is not None:
-                w.add_json(p.path("py-spy-native"), result.threads)
+                w.add_json(p.path(L.PYSPY_NATIVE), result.threads)
             else:
                 failed.append(f"rank {p.rank}: {result.error}")
         w.step(
@@ -319,7 +310,7 @@ class Collector:
             if snap.get("state") is None:
                 gone.append(p.pid)
                 continue
-            w.add_json(p.path("proc"), snap)
+            w.add_json(p.path(L.PROC), snap)
         w.step("/proc", "ok" if not gone else "partial", t,
                f"{len(procs) - len(gone)}/{len(procs)} process(es)" + (f"; gone: {gone}" if gone else ""))  # fmt: skip
 
@@ -385,11 +376,11 @@ class Collector:
 
     def rank_files(self, ranks: list[RankTarget], w: BundleWriter, error_files: dict[int, str]) -> None:
         t = time.monotonic()
-        run = RunDir(self.job.record_dir, self.job.owner) if self.job.record_dir else None
+        run = RunDir(self.job.run_dir, self.job.owner) if self.job.run_dir else None
         files = [(src, arc, True) for src, arc in _rank_files(run, [r.rank for r in ranks])] if run else []
         for rank, error_file in sorted(error_files.items()):  # a path the job chose: only the job's own file
             if os.path.lexists(error_file):
-                files.append((error_file, f"ranks/{rank}/torchelastic-error.json", False))
+                files.append((error_file, L.rank_member(rank, L.TORCHELASTIC_ERROR), False))
         if not files:
             return
         self.progress(f"copying {len(files)} recorder file(s)")
@@ -411,7 +402,7 @@ class Collector:
     def node_facts(self, pool: ThreadPoolExecutor) -> dict[str, Future[Any]]:
         """Started first, in the background: the slow probes (git, dmesg, the job's packages, the GPUs)."""
         job = self.job
-        out_dir = job.record_dir or job.cwd
+        out_dir = job.run_dir or job.cwd
         probes: dict[str, Callable[[], Any]] = {
             "system": host.system,
             "disk": lambda: host.disk_free(out_dir),
@@ -440,7 +431,7 @@ class Collector:
         kernel, kernel_how = got.get("kernel", (None, "kernel probe not done"))
         git, diffstat = got.get("git", (None, None))
         packages, packages_how = got.get("packages", (None, "package probe not done"))
-        w.add_json("node.json", {
+        w.add_json(L.NODE, {
             "hostname": job.node, "ips": got.get("ips"), "collector_pid": os.getpid(), "cwd": job.cwd,
             "command": redact_argv(job.argv), "python": job.python, **(got.get("system") or {}),
             "run_dir_disk": got.get("disk"), "gpus": [g.to_json() for g in gpus], "gpu_source": gpu_how,
@@ -448,13 +439,13 @@ class Collector:
             "kernel_messages_source": kernel_how,
             "git": None if git is None else {**git.__dict__, "describe": git.describe()},
         })  # fmt: skip
-        w.add_json("node/env.json", redact_env(job.env))
+        w.add_json(L.NODE_ENV, redact_env(job.env))
         if kernel:
-            w.add_bytes("node/kernel-messages.txt", redact_text("\n".join(kernel) + "\n").encode())
+            w.add_bytes(L.KERNEL_MESSAGES, redact_text("\n".join(kernel) + "\n").encode())
         if diffstat:
-            w.add_bytes("node/git-diffstat.txt", (diffstat + "\n").encode())
+            w.add_bytes(L.GIT_DIFFSTAT, (diffstat + "\n").encode())
         if packages is not None:
-            w.add_json("node/packages.json", packages)
+            w.add_json(L.PACKAGES, packages)
         configs = config_files(job.argv, job.cwd)
         unreadable = []
         for path in configs:
@@ -464,7 +455,7 @@ class Collector:
                 unreadable.append(f"{path}: {exc.strerror}")
                 continue
             text = redact_config(data.decode("utf-8", "replace"))
-            w.add_bytes("node/config/" + re.sub(r"[^\w.\-]", "_", path.lstrip("/")), text.encode(), keep="head",
+            w.add_bytes(L.config_member(path), text.encode(), keep="head",
                         cap=CONFIG_FILE_CAP)  # fmt: skip
         notes = late + unreadable + ([] if kernel is not None else [kernel_how])
         detail = f"GPUs: {gpu_how}; {len(configs)} config file(s); packages {packages_how}"
@@ -474,10 +465,10 @@ class Collector:
         """The job's output: blackbox's console.log, else the file the launcher's (or a rank's) stdout or
         stderr is redirected to (a Slurm output file, `> job.log`), when it is a regular file."""
         if self.console is not None:
-            return self.console, "console.log"
-        run = RunDir(self.job.record_dir, self.job.owner) if self.job.record_dir else None
-        if run is not None and run.size("console.log") is not None:
-            return FileTail(lambda limit: run.read("console.log", limit, tail=True)), "the run's console.log"
+            return self.console, P.CONSOLE_LOG
+        run = RunDir(self.job.run_dir, self.job.owner) if self.job.run_dir else None
+        if run is not None and run.size(P.CONSOLE_LOG) is not None:
+            return FileTail(lambda limit: run.read(P.CONSOLE_LOG, limit, tail=True)), f"the run's {P.CONSOLE_LOG}"
         pids = ([self.job.agent_pid] if self.job.agent_pid else []) + [r.pid for r in self.job.ranks]
         for pid in pids:
             for fd in (2, 1):
@@ -493,7 +484,7 @@ class Collector:
 
     # --- the whole collection ----------------------------------------------------------------------
     def collect(
-        self, trigger: str, detection: Optional[Detection], events: Optional[EventLog], out_dir: str,
+        self, trigger: Trigger, detection: Optional[Detection], events: Optional[EventLog], out_dir: str,
         out_name: Optional[str] = None,
     ) -> CollectResult:  # fmt: skip
         """Collect and write one bundle. Never raises for a process that went away."""
@@ -504,7 +495,7 @@ class Collector:
         w = BundleWriter(job.run_id, job.node, trigger)
         ranks = job.ranks
         # read while the ranks live: a rank that raised may be gone by the time its files are copied
-        error_files = {r.rank: p for r in ranks if (p := _torchelastic_error_file(job.record_dir, r, job.owner))}
+        error_files = {r.rank: p for r in ranks if (p := _torchelastic_error_file(job.run_dir, r, job.owner))}
         procs = [_Proc(r.rank, r.pid, False) for r in ranks if r.alive]
         procs += [_Proc(r.rank, pid, True) for r in ranks for pid in _helpers(r)]
         if job.agent_pid is not None and job.mode == "collect" and _is_python(job.agent_pid):
@@ -520,13 +511,13 @@ class Collector:
             t = now
             recorded = [r for r in ranks if r.hb is not None]
             for r in recorded:
-                w.add_json(f"ranks/{r.rank}/heartbeat.json", heartbeat_record(r, now))
+                w.add_json(L.rank_member(r.rank, L.HEARTBEAT), heartbeat_record(r, now))
             for rank, samples in job.history.items():
-                w.add_json(f"ranks/{rank}/history.json", samples)
+                w.add_json(L.rank_member(rank, L.HISTORY), samples)
             if job.gpu_history:
-                w.add_json("node/gpu-history.json", job.gpu_history)
+                w.add_json(L.GPU_HISTORY, job.gpu_history)
             if job.coordination is not None:
-                w.add_json("node/coordination.json", job.coordination)
+                w.add_json(L.COORDINATION, job.coordination)
             if recorded:
                 w.step("heartbeats", "ok", t, f"{len(recorded)} rank(s)")
             self.rank_files(ranks, w, error_files)
@@ -534,15 +525,15 @@ class Collector:
             console, where = self._console_source()
             if console is not None:
                 tail = console.tail(CONSOLE_TAIL_BYTES)
-                w.add_bytes("console-tail.log", redact_text(tail.decode("utf-8", "replace")).encode())
+                w.add_bytes(L.CONSOLE_TAIL, redact_text(tail.decode("utf-8", "replace")).encode())
                 w.step("console tail", "ok", t, f"last {len(tail)} bytes of {where}")
-            if job.record_dir and os.path.lexists(os.path.join(job.record_dir, "events.jsonl")):
+            if job.run_dir and os.path.lexists(os.path.join(job.run_dir, P.EVENTS_LOG)):
                 t = time.monotonic()
                 try:
-                    data = RunDir(job.record_dir, job.owner).read("events.jsonl", EVENTS_CAP, tail=True)
+                    data = RunDir(job.run_dir, job.owner).read(P.EVENTS_LOG, EVENTS_CAP, tail=True)
                     if len(data) == EVENTS_CAP:  # the newest events; the first, cut line is dropped
                         data = data[data.find(b"\n") + 1 :]
-                    w.add_bytes("events.jsonl", _redact_file("events.jsonl", data.decode("utf-8", "replace")).encode())
+                    w.add_bytes(L.EVENTS, _redact_file(L.EVENTS, data.decode("utf-8", "replace")).encode())
                     w.step("events", "ok", t)
                 except OSError as exc:
                     w.step("events", "failed", t, exc.strerror)
@@ -550,7 +541,7 @@ class Collector:
         finally:
             node_pool.shutdown(wait=False, cancel_futures=True)  # a probe past the budget is left behind
         if detection is not None:
-            w.add_json("detection.json", detection_record(detection))
+            w.add_json(L.DETECTION, L.detection_record(detection))
         elapsed = time.monotonic() - start
         extra = {
             "job": {**job.identity(), "command": redact_argv(job.argv), "notes": job.notes},
@@ -566,8 +557,8 @@ class Collector:
             },
         }  # fmt: skip
         self.progress("writing the bundle")
-        path = w.write(out_dir, extra, out_name)
+        written = w.write(out_dir, extra, out_name)
         if events is not None:
             for s in w.steps:
                 events.write("collection_step", **s.__dict__)
-        return CollectResult(path, list(w.steps), round(elapsed, 3))
+        return CollectResult(written, list(w.steps), round(elapsed, 3))

@@ -43,7 +43,7 @@ class Job:
     cwd: str
     env: dict[str, str]  # a rank's environment (or blackbox's own), unredacted: redact before writing
     python: Optional[str]  # the job's interpreter, to list the packages the job sees
-    record_dir: Optional[str]  # the run directory when the job runs under `blackbox run`
+    run_dir: Optional[str]  # the run directory when the job runs under `blackbox run`
     ranks: list[RankTarget]
     world_size: int
     agent_pid: Optional[int] = None
@@ -78,11 +78,11 @@ def _is_python(pid: int) -> bool:
     return any(n.startswith("python") or n in ("pt_elastic", "torchrun") for n in names)
 
 
-def _heartbeat(record_dir: str, rank: int, pid: int) -> Optional[HeartbeatState]:
+def _heartbeat(run_dir: str, rank: int, pid: int) -> Optional[HeartbeatState]:
     """The recorder's heartbeat of this rank, if the file there belongs to this very process (and is a regular
     file of the process's user: the run directory is named by the job's environment)."""
     try:
-        fd = RunDir(record_dir, procfs.uid(pid)).open_fd(f"ranks/{rank}/heartbeat")
+        fd = RunDir(run_dir, procfs.uid(pid)).open_fd(f"{P.RANKS_DIR}/{rank}/{P.RANK_HEARTBEAT}")
         try:
             mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         finally:
@@ -177,7 +177,7 @@ def discover(pid: int) -> Job:
         rank_procs = [(pid, env)]
     # Agent: torchrun's process, if it is one; above it may sit a `blackbox run` supervisor.
     first_env = rank_procs[0][1]
-    record_dir = first_env.get(P.ENV_RUN_DIR) or None
+    run_dir = first_env.get(P.ENV_RUN_DIR) or None
     ranks: list[RankTarget] = []
     for rpid, renv in sorted(rank_procs, key=lambda pe: torchelastic.rank_of(pe[1]) or 0):
         rank = torchelastic.rank_of(renv)
@@ -187,14 +187,14 @@ def discover(pid: int) -> Job:
         hb = _heartbeat(rdir, rank, rpid) if rdir else None
         ranks.append(RankTarget(rank, rpid, st.start_ticks if st else 0, st is not None and st.state not in "ZX",
                                 hb, None, torchelastic.local_rank_of(renv)))  # fmt: skip
-    if record_dir and not any(r.hb for r in ranks):
-        notes.append(f"the job runs under `blackbox run` (run dir {record_dir}) but no rank's heartbeat could be "
+    if run_dir and not any(r.hb for r in ranks):
+        notes.append(f"the job runs under `blackbox run` (run dir {run_dir}) but no rank's heartbeat could be "
                      "read: its recorder may be off")  # fmt: skip
     run_id = first_env.get(P.ENV_RUN_ID) or torchelastic.run_id_of(first_env) or f"pid{agent or pid}"
     top_pid = agent if agent is not None else rank_procs[0][0]
     return Job(
         run_id=run_id, node=host.hostname(), argv=procfs.cmdline(top_pid), cwd=procfs.cwd(top_pid) or "/",
-        env=first_env, python=job_python(rank_procs[0][0]), record_dir=record_dir, ranks=ranks,
+        env=first_env, python=job_python(rank_procs[0][0]), run_dir=run_dir, ranks=ranks,
         world_size=torchelastic.world_size_of(first_env) or len(ranks), agent_pid=agent, mode="collect",
         notes=notes, owner=procfs.uid(rank_procs[0][0]),
     )  # fmt: skip

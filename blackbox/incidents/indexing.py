@@ -1,18 +1,18 @@
 """Between bundles and the incident index: the record of a bundle (its report's stable fields, fingerprint,
 config), indexing what `run`, `collect` and `report` see, and the "seen before" list for a report. A broken
-index never stops the caller: `remember` says so once through `warn` and goes on. Imports the stdlib, the
-bundle reader and analysis, the report model, the event log reader and the index."""
+index never stops the caller: `index_bundle` says so once through `warn` and goes on. Imports the stdlib, the
+rank protocol, the bundle layout and reader, the analysis, the report model, the event log reader and the index."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
+from .._recorder import protocol as P
 from ..analyze.model import Report
+from ..bundle import layout as L
 from ..bundle.reader import Bundle
-from ..bundle.writer import MANIFEST_NAME
 from ..events import read_events
 from .fingerprint import Signature, signature
 from .store import IncidentIndex, IndexUnavailable, default_path
@@ -20,36 +20,23 @@ from .store import IncidentIndex, IndexUnavailable, default_path
 CONFIG_CAP = 256 * 1024
 
 
-def bundle_sha256(path: str) -> str:
-    """A bundle file's sha256; for an extracted bundle directory, its manifest's (which lists every member's)."""
-    target = os.path.join(path, MANIFEST_NAME) if os.path.isdir(path) else path
-    h = hashlib.sha256()
-    with open(target, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def bundle_paths(bundle: Bundle) -> list[str]:
-    """The bundle files behind a (possibly merged) bundle."""
-    nodes = bundle.manifest.get("nodes")
-    if isinstance(nodes, list) and nodes:
-        return [str(n["bundle"]) for n in nodes if isinstance(n, dict) and n.get("bundle")]
-    return [bundle.path]
+def bundle_files(bundle: Bundle) -> list[tuple[str, str]]:
+    """(path, sha256) of each bundle file behind a (possibly merged) bundle, as its reader or writer hashed it."""
+    return list(bundle.digests.items())
 
 
 def job_config(bundle: Bundle) -> tuple[Optional[str], Optional[str]]:
     """(name, text) of the job's first config file the bundle holds (already redacted when collected)."""
-    names = sorted(n for n in bundle.files if "node/config/" in n)
+    names = sorted(n for n in bundle.files if L.CONFIG_DIR in n)
     if not names:
         return None, None
-    return names[0].split("node/config/", 1)[1], bundle.files[names[0]][:CONFIG_CAP].decode("utf-8", "replace")
+    return names[0].split(L.CONFIG_DIR, 1)[1], bundle.files[names[0]][:CONFIG_CAP].decode("utf-8", "replace")
 
 
 def record(sig: Signature, report: Report, bundle: Bundle, path: str, sha256: str) -> dict[str, Any]:
     m = bundle.manifest
     job, multinode, incident = bundle.section("job"), bundle.section("multinode"), bundle.section("incident")
-    node = bundle.json("node.json")
+    node = bundle.json(L.NODE)
     git: dict[str, Any] = node["git"] if isinstance(node, dict) and isinstance(node.get("git"), dict) else {}
     config_name, config = job_config(bundle)
     return {
@@ -70,21 +57,13 @@ def _fix(link: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
                                      "created")}  # fmt: skip
 
 
-def analyze_path(path: str) -> tuple[Report, Bundle]:
-    from ..analyze.verdict import analyze
-    from ..bundle.reader import read_bundles
-
-    bundle = read_bundles([path])
-    return analyze(bundle), bundle
-
-
 def rerun_outcome(path: str, incident: Mapping[str, Any], index: IncidentIndex) -> tuple[str, str, Optional[int]]:
     """What the rerun at `path` (a run directory or a bundle) says about the fix: (outcome sentence, verdict —
     `clean`, `same`, `other` or `unknown` —, the rerun's own incident number when it made one)."""
-    run_events = os.path.join(path, "events.jsonl")
-    if os.path.isdir(path) and os.path.isfile(run_events) and not os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+    run_events = os.path.join(path, P.EVENTS_LOG)
+    if os.path.isdir(path) and os.path.isfile(run_events) and not os.path.isfile(os.path.join(path, L.MANIFEST)):
         end = next((e for e in reversed(read_events(run_events)) if e.get("event") == "end"), None)
-        bundles_dir = os.path.join(path, "bundles")
+        bundles_dir = os.path.join(path, P.BUNDLES_DIR)
         has_bundles = os.path.isdir(bundles_dir) and any(n.endswith(".tar.gz") for n in os.listdir(bundles_dir))
         if not has_bundles:
             if end is None:
@@ -93,9 +72,13 @@ def rerun_outcome(path: str, incident: Mapping[str, Any], index: IncidentIndex) 
             if code == 0:
                 return "clean exit (exit code 0, no incident)", "clean", None
             return f"failed with exit code {code} and no bundle", "other", None
-    report, bundle = analyze_path(path)
+    from ..analyze.verdict import analyze
+    from ..bundle.reader import read_bundles
+
+    bundle = read_bundles([path])
+    report = analyze(bundle)
     sig = signature(report)
-    numbers = [index.add(record(sig, report, bundle, p, bundle_sha256(p)))[0] for p in bundle_paths(bundle)]
+    numbers = [index.add(record(sig, report, bundle, p, sha))[0] for p, sha in bundle_files(bundle)]
     number = numbers[0] if numbers else None
     if sig.fingerprint() == incident.get("fingerprint"):
         return f"the same failure again (incident #{number})", "same", number
@@ -103,8 +86,8 @@ def rerun_outcome(path: str, incident: Mapping[str, Any], index: IncidentIndex) 
     return f"another incident (#{number}: {sig.category}{where})", "other", number
 
 
-def remember(report: Report, bundle: Bundle, warn: Callable[[str], None],
-             env: Optional[Mapping[str, str]] = None) -> list[dict[str, Any]]:  # fmt: skip
+def index_bundle(report: Report, bundle: Bundle, warn: Callable[[str], None],
+                 env: Optional[Mapping[str, str]] = None) -> list[dict[str, Any]]:  # fmt: skip
     """Index the bundle file(s) behind a report; the earlier incidents like it ("seen before"), newest first.
     An index that cannot be used costs one warning through `warn`, and nothing else."""
     path = default_path(os.environ if env is None else env)
@@ -115,7 +98,7 @@ def remember(report: Report, bundle: Bundle, warn: Callable[[str], None],
         return []
     try:
         sig = signature(report)
-        files = [(p, bundle_sha256(p)) for p in bundle_paths(bundle)]
+        files = bundle_files(bundle)
         found = index.similar(sig.fingerprint(), sig.category, sig.top_frame, {sha for _, sha in files})
         for p, sha in files:
             index.add(record(sig, report, bundle, p, sha))

@@ -56,7 +56,7 @@ def prepare_run_dir(path: str) -> str:
     """Create the run directory, private (0700), and refuse one that already holds a run. A directory that exists
     already (a shared group directory given with --run-dir) keeps its modes: only what blackbox creates is 0700."""
     path = os.path.abspath(path)
-    if os.path.exists(os.path.join(path, "events.jsonl")):
+    if os.path.exists(os.path.join(path, P.EVENTS_LOG)):
         raise BlackboxError(
             f"The run directory `{path}` already holds a run.",
             hint="Give a new --run-dir, or leave it out to get a fresh one under ./blackbox-runs.",
@@ -66,7 +66,7 @@ def prepare_run_dir(path: str) -> str:
         os.makedirs(path, mode=0o700, exist_ok=True)
         if not existed:
             os.chmod(path, 0o700)
-        for sub in ("ranks", "bundles"):
+        for sub in (P.RANKS_DIR, P.BUNDLES_DIR):
             os.makedirs(os.path.join(path, sub), mode=0o700, exist_ok=True)
         probe = os.path.join(path, ".write-test")
         with open(probe, "w"):
@@ -86,7 +86,7 @@ def flight_recorder_env(run_dir: str, env: Mapping[str, str]) -> dict[str, str]:
     releases (and the old ones print deprecation warnings on new ones), so the rank recorder sets those for
     the torch it finds, from BLACKBOX_FR_DIR. Async error handling 3 keeps a process alive long enough to dump
     on an NCCL timeout (torchrun's default, 1, tears it down first). Values the user set are kept."""
-    fr_dir = os.path.join(run_dir, "flight_recorder")
+    fr_dir = os.path.join(run_dir, P.FR_DIR)
     os.makedirs(fr_dir, mode=0o700, exist_ok=True)
     wanted = {
         P.ENV_FR_DIR: fr_dir,

@@ -16,20 +16,20 @@ import traceback
 from collections import deque
 from collections.abc import Mapping
 from datetime import datetime, timezone
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from .. import __version__, alerts
 from .._recorder import protocol as P
 from ..adapters import gpu, host, procfs
 from ..alerts import Alerts
 from ..analyze.model import Report
-from ..bundle.reader import Bundle
+from ..bundle.writer import Written
 from ..collect.collector import CollectOptions, Collector
 from ..collect.job import Job, RankTarget, job_python
 from ..config import RunConfig
 from ..coord.client import Coordination
 from ..coord.topology import Topology, topology
-from ..detections import CRASH_RULES, HANG_RULES, Detection, incident_kind
+from ..detections import CRASH_RULES, HANG_RULES, Detection, Trigger, incident_kind
 from ..errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
 from ..events import EventLog
 from ..heartbeat import HeartbeatState, HeartbeatTable
@@ -50,6 +50,9 @@ from .setup import (
     run_plain,
     signame,
 )
+
+if TYPE_CHECKING:
+    from ..intake import Intake
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _HANDLED = (*_FORWARDED, signal.SIGUSR1, signal.SIGCHLD, signal.SIGWINCH)
@@ -101,7 +104,7 @@ class Supervisor:
         self._coord: Optional[Coordination] = None
         self._incidents: dict[str, str] = {}  # incident id -> the bundle this node wrote for it
         self._local_incidents = 0
-        self._indexing: list[threading.Thread] = []
+        self._intakes: list[Intake] = []  # bundles taken in, whose index may still be written
 
     # --- speaking -------------------------------------------------------------------------------------
     def say(self, message: str) -> None:
@@ -134,10 +137,10 @@ class Supervisor:
         if self.cfg.notify_url:  # a webhook URL is a credential too: only its host is ever written
             remember_value(self.cfg.notify_url)
         self.run_dir = prepare_run_dir(self.run_dir)
-        self.events = EventLog(os.path.join(self.run_dir, "events.jsonl"))
-        self.console = ConsoleLog(os.path.join(self.run_dir, "console.log"), lambda m: self.say_once("console", m),
+        self.events = EventLog(os.path.join(self.run_dir, P.EVENTS_LOG))
+        self.console = ConsoleLog(os.path.join(self.run_dir, P.CONSOLE_LOG), lambda m: self.say_once("console", m),
                                   max(1, self.cfg.console_log_max) * 1024 * 1024)  # fmt: skip
-        self._table = HeartbeatTable(os.path.join(self.run_dir, "ranks"), self._heartbeat_error)
+        self._table = HeartbeatTable(os.path.join(self.run_dir, P.RANKS_DIR), self._heartbeat_error)
         facts = self._header()
         self.event(
             "start", run_id=self.run_id, node=self.node, pid=os.getpid(), command=redact_argv(self.argv),
@@ -266,7 +269,7 @@ class Supervisor:
                 continue
             if sig == signal.SIGUSR1:  # "collect now": never passed on (torchrun dies of it)
                 self.event("signal", signal="SIGUSR1", action="collect")
-                self._collect("manual", None)
+                self._collect(Trigger("manual"), None)
                 continue
             if sig == signal.SIGINT:
                 self._sigints_handled += 1
@@ -291,7 +294,7 @@ class Supervisor:
             # The launcher will now tear the ranks down: keep what they were doing first (a job that hung
             # until the scheduler's time limit is a stall nobody saw).
             self.terminating = True
-            self._collect("signal", None, job_ends=True)
+            self._collect(Trigger("signal"), None, job_ends=True)
         if self.launcher_status is None:
             with contextlib.suppress(OSError):
                 os.kill(self.launched.pid, sig)
@@ -368,7 +371,7 @@ class Supervisor:
             if self._crash_collected_recently(d):
                 continue
             self.say(d.message())
-            self._collect(f"console-{kind.replace('_', '-')}", d)
+            self._collect(Trigger("console", kind), d)
 
     def _recent_crash(self) -> Optional[tuple[float, str]]:
         """(seconds ago, bundle) of a crash collected within the episode window, else None."""
@@ -566,7 +569,7 @@ class Supervisor:
                      else f"  {f.describe()}: {f.exit_status or f.state}")  # fmt: skip
         hang = d.rule in HANG_RULES
         ending = hang and self.cfg.on_stall == "kill"
-        report = self._collect(d.rule.replace("_", "-"), d, job_ends=ending)
+        report = self._collect(Trigger(d.rule), d, job_ends=ending)
         if hang:
             if ending:
                 self._end_after_stall("stall")
@@ -584,7 +587,7 @@ class Supervisor:
         for f in d.findings:
             if f.exit_status and "SIGINT" in f.exit_status:
                 continue
-            path = os.path.join(self.run_dir, "ranks", str(f.rank), "exceptions.jsonl")
+            path = os.path.join(self.run_dir, P.RANKS_DIR, str(f.rank), P.RANK_EXCEPTIONS)
             try:
                 with open(path, "rb") as fh:
                     fh.seek(0, os.SEEK_END)
@@ -611,7 +614,7 @@ class Supervisor:
         self._end_job(f"{what}, --on-stall kill; exit code will be {EXIT_STALL_ENDED}")
 
     def _collect(
-        self, trigger: str, detection: Optional[Detection], job_ends: bool = False,
+        self, trigger: Trigger, detection: Optional[Detection], job_ends: bool = False,
         incident: Optional[dict[str, object]] = None,
     ) -> Optional[Report]:  # fmt: skip
         """Bundle this node's evidence. `job_ends`: the job is about to be ended anyway, so the ranks may be
@@ -622,34 +625,28 @@ class Supervisor:
             incident, own = self._post_incident(trigger, detection)
         iid = str(incident.get("id"))
         if iid in self._incidents:  # joined an incident this node has already collected for
-            self.event("same_episode", rule=trigger, incident=iid, bundle=self._incidents[iid])
+            self.event("same_episode", rule=trigger.name, incident=iid, bundle=self._incidents[iid])
             return None
-        path = self._write_bundle(trigger, detection, job_ends, incident)
+        written = self._write_bundle(trigger, detection, job_ends, incident)
         if incident.get("kind") == "crash":  # what follows within the window is this crash's episode
-            self._last_crash = (time.monotonic(), path or "")
-        if path is None:
+            self._last_crash = (time.monotonic(), written.path if written else "")
+        if written is None:
             return None
+        path = written.path
         self.bundles.append(path)
         self._incidents[iid] = path
-        self.event("bundle", path=path, trigger=trigger, incident=iid)
+        self.event("bundle", path=path, trigger=trigger.name, incident=iid)
         self.say(f"evidence bundle: {path}")
-        report = self._say_verdict(path)
-        if not own:  # the node that posted the incident raises the alarm, once for the whole job
-            return report
-        try:
-            self._alerts.incident(path, report, self.run_id, self.node, trigger)
-        except Exception as exc:
-            self._internal_error("alerts", exc)
-        return report
+        return self._take_in(written, trigger, alert=own)
 
     def _write_bundle(
-        self, trigger: str, detection: Optional[Detection], job_ends: bool, incident: dict[str, object]
-    ) -> Optional[str]:
+        self, trigger: Trigger, detection: Optional[Detection], job_ends: bool, incident: dict[str, object]
+    ) -> Optional[Written]:
         """The bundle's path; None when the collection failed (blackbox's own error, said once)."""
         try:
             views = self.read_views() if self.watching else []
             live = [v for v in views if v.alive]
-            self.say(f"collecting evidence ({trigger}) from {len(live)} live rank(s) of {len(views)}")
+            self.say(f"collecting evidence ({trigger.name}) from {len(live)} live rank(s) of {len(views)}")
             job = Job(
                 run_id=self.run_id,
                 node=self.node,
@@ -657,7 +654,7 @@ class Supervisor:
                 cwd=os.getcwd(),
                 env=self._job_env(),
                 python=job_python(live[0].hb.pid) if live else None,
-                record_dir=self.run_dir,
+                run_dir=self.run_dir,
                 ranks=[
                     RankTarget(v.rank, v.hb.pid, v.hb.start_ticks, v.alive, v.hb, v.exit_status, v.hb.local_rank)
                     for v in views
@@ -679,8 +676,8 @@ class Supervisor:
             )
             return (
                 Collector(job, self._table, self.console, options)
-                .collect(trigger, detection, self.events, os.path.join(self.run_dir, "bundles"))
-                .path
+                .collect(trigger, detection, self.events, os.path.join(self.run_dir, P.BUNDLES_DIR))
+                .written
             )
         except Exception as exc:
             self._internal_error("collect", exc)
@@ -699,14 +696,15 @@ class Supervisor:
             return
         self._coord = coord
 
-    def _post_incident(self, trigger: str, detection: Optional[Detection]) -> tuple[dict[str, object], bool]:
+    def _post_incident(self, trigger: Trigger, detection: Optional[Detection]) -> tuple[dict[str, object], bool]:
         """Tell every node (each collects its own evidence under the same incident id); or, alone, an id of
         this node's own. (incident, whether this node is the one that posted it)."""
-        rule = detection.rule if detection is not None else trigger
+        rule = detection.rule if detection is not None else trigger.rule
         body: dict[str, object] = {
-            "trigger": trigger, "rule": rule, "kind": incident_kind(rule), "node": self.node,
+            "trigger": trigger.name, "triggered_by": trigger.to_json(), "rule": rule, "kind": incident_kind(rule),
+            "node": self.node,
             "node_rank": self._topology.node_rank if self._topology else None,
-            "reason": detection.reason if detection is not None else trigger,
+            "reason": detection.reason if detection is not None else trigger.name,
             "ranks": list(detection.ranks) if detection is not None else [],
         }  # fmt: skip
         if self._coord is not None:
@@ -750,44 +748,57 @@ class Supervisor:
                  f"collecting this node's evidence for incident {iid}")  # fmt: skip
         hang = incident.get("kind") == "hang"
         ending = hang and self.cfg.on_stall == "kill"
-        self._collect(f"remote-{incident.get('trigger')}", None, job_ends=ending, incident=incident)
+        trigger = Trigger.from_json(incident.get("triggered_by"), incident.get("trigger")).joined()
+        self._collect(trigger, None, job_ends=ending, incident=incident)
         if ending:
             self._end_after_stall(f"node {origin}'s stall")
 
-    def _say_verdict(self, path: str) -> Optional[Report]:
-        """The report's one-screen verdict under the bundle path; a failure here is blackbox's, said once."""
-        try:
-            from ..analyze.verdict import analyze
-            from ..bundle.reader import read_bundle
+    def _take_in(self, written: Written, trigger: Trigger, alert: bool) -> Optional[Report]:
+        """What follows a bundle (blackbox.intake), on the bundle in memory: the report's one-screen verdict under
+        the bundle path, the alarms (`alert`: this node posted the incident, and raises it once for the whole job),
+        the index in the background (a file other nodes and jobs write too: never in the loop's way), "seen
+        before". A failure here is blackbox's, said once."""
+        from .. import intake
+        from ..bundle.reader import Bundle
 
-            bundle = read_bundle(path)
-            report = analyze(bundle)
+        path = written.path
+
+        def said(report: Report) -> None:
             v = report.verdict
             self.event("verdict", bundle=path, category=v.category, suspect_ranks=v.suspect_ranks, phase=v.phase,
                        confidence=v.confidence, summary=v.summary)  # fmt: skip
             for line in report.headline():
                 self.say(f"  {printable(line)}")  # it quotes the job's exception: shown, never acted on
+            if alert:
+                self._alert(path, report, trigger)
+
+        def seen(entries: list[dict[str, object]]) -> None:
+            try:
+                from ..analyze.model import describe_seen
+
+                for entry in entries[:1]:
+                    self.say(f"  seen before: {describe_seen(entry)}")
+                if entries:
+                    self.event("seen_before", incidents=[e.get("id") for e in entries])
+            except Exception as exc:
+                self._internal_error("index", exc)
+
+        try:
+            taken = intake.Intake(Bundle.of(written), lambda m: self.say_once("index", m), env=self.env,
+                                  on_report=said, on_seen=seen, background=True)  # fmt: skip
         except Exception as exc:
             self._internal_error("report", exc)
+            if alert:
+                self._alert(path, None, trigger)
             return None
-        # the incident index is a file that other nodes and jobs write too: never in the loop's way
-        thread = threading.Thread(target=self._index, args=(report, bundle), name="blackbox-index", daemon=True)
-        thread.start()
-        self._indexing.append(thread)
-        return report
+        self._intakes.append(taken)
+        return taken.report
 
-    def _index(self, report: Report, bundle: Bundle) -> None:
+    def _alert(self, path: str, report: Optional[Report], trigger: Trigger) -> None:
         try:
-            from ..analyze.model import describe_seen
-            from ..incidents.indexing import remember
-
-            seen = remember(report, bundle, lambda m: self.say_once("index", m), self.env)
-            for entry in seen[:1]:
-                self.say(f"  seen before: {describe_seen(entry)}")
-            if seen:
-                self.event("seen_before", incidents=[e.get("id") for e in seen])
+            self._alerts.incident(path, report, self.run_id, self.node, trigger.name)
         except Exception as exc:
-            self._internal_error("index", exc)
+            self._internal_error("alerts", exc)
 
     # --- ending ------------------------------------------------------------------------------------
     def _job_processes(self) -> list[tuple[int, int]]:
@@ -872,9 +883,9 @@ class Supervisor:
             with contextlib.suppress(Exception):
                 self._poll_guarded()  # deaths at the very end still get their record
         if code != 0 and not self.bundles and self.watching and not self.interrupted:
-            self._collect("exit", None)
-        for thread in self._indexing:
-            thread.join(5.0)
+            self._collect(Trigger("exit"), None)
+        for taken in self._intakes:
+            taken.join(5.0)
         self._alerts.join(10.0)  # a slow command or webhook is left behind rather than holding the job's exit
         final = EXIT_STALL_ENDED if self.ended_after_stall else code
         self.event("end", launcher_status=describe_status(status), job_exit_code=code, exit_code=final,

@@ -26,12 +26,12 @@ def py(code: str, env: dict[str, str], cwd: Path | None = None) -> subprocess.Co
                           timeout=60)  # fmt: skip
 
 
-def rank_env(record_dir: Path, **extra: str) -> dict[str, str]:
-    return job_env(PYTHONPATH=INJECT_DIR, BLACKBOX_RECORD_DIR=str(record_dir), **extra)
+def rank_env(run_dir: Path, **extra: str) -> dict[str, str]:
+    return job_env(PYTHONPATH=INJECT_DIR, BLACKBOX_RECORD_DIR=str(run_dir), **extra)
 
 
-def read_hb(record_dir: Path, rank: int = 0) -> HeartbeatState:
-    with open(record_dir / "ranks" / str(rank) / "heartbeat", "rb") as f:
+def read_hb(run_dir: Path, rank: int = 0) -> HeartbeatState:
+    with open(run_dir / "ranks" / str(rank) / "heartbeat", "rb") as f:
         return decode(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
 
 

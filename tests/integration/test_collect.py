@@ -108,11 +108,11 @@ def test_collect_finds_every_rank_and_leaves_the_job_running(
 
 def test_no_signal_to_a_process_without_a_handler(tmp_path: Path) -> None:
     # GIVEN a process under the recorder that cannot answer (GIL held in C) and has no handler for the dump signal
-    record_dir = tmp_path / "run"
-    (record_dir / "ranks").mkdir(parents=True)
+    run_dir = tmp_path / "run"
+    (run_dir / "ranks").mkdir(parents=True)
     ready = tmp_path / "ready"
     env = job_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", PYTHONPATH=INJECT_DIR,
-                  **{P.ENV_RUN_DIR: str(record_dir)})  # fmt: skip
+                  **{P.ENV_RUN_DIR: str(run_dir)})  # fmt: skip
     shell = subprocess.Popen(["sh", "-c", f'"{sys.executable}" "{PROGRAMS / "gil_holder.py"}" "{ready}"; true'],
                              env=env)  # fmt: skip
     wait_for(ready.exists, 30, "the process to hold the GIL")

@@ -55,14 +55,15 @@ def test_html_opens_in_headless_chromium_without_console_errors(tmp_path: Path, 
 @pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (apt-get install chromium)")
 def test_html_draws_the_gpu_history(tmp_path: Path) -> None:
     from blackbox.bundle.writer import BundleWriter
+    from blackbox.detections import Trigger
 
     # GIVEN a bundle whose supervisor watched one GPU go from busy to 0 %
-    w = BundleWriter("run-g", "node7", "gpu-idle")
+    w = BundleWriter("run-g", "node7", Trigger.parse("gpu-idle"))
     samples = [{"t": 1000.0 + i, "index": 0, "name": "H100", "utilization_pct": 90.0 if i < 5 else 0.0,
                 "temperature_c": 60.0, "memory_used_mib": 1, "memory_total_mib": 2} for i in range(20)]  # fmt: skip
     w.add_json("node/gpu-history.json", {"0": samples})
     w.add_json("detection.json", {"rule": "gpu_idle", "ranks": [], "suspects": [], "reason": "every GPU idle"})
-    bundle = w.write(str(tmp_path), {})
+    bundle = w.write(str(tmp_path), {}).path
     out = tmp_path / "r.html"
     assert report([bundle, "--format", "html", "--out", str(out)], tmp_path).returncode == 0
     assert CHROMIUM is not None

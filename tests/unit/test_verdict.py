@@ -12,6 +12,7 @@ import pytest
 from blackbox.analyze.verdict import analyze
 from blackbox.bundle.reader import read_bundle, read_bundles
 from blackbox.bundle.writer import BundleWriter
+from blackbox.detections import Trigger
 from blackbox.errors import BlackboxError
 
 TORCH = "/venv/lib/python3.11/site-packages/torch"
@@ -41,7 +42,7 @@ def bundle(tmp_path: Path, trigger: str, stacks: dict[int, list[dict[str, Any]]]
            heartbeats: Optional[dict[int, dict[str, Any]]] = None,
            exceptions: Optional[dict[int, list[dict[str, Any]]]] = None,
            detection: Optional[dict[str, Any]] = None) -> Path:  # fmt: skip
-    w = BundleWriter("run-1", "node7", trigger)
+    w = BundleWriter("run-1", "node7", Trigger.parse(trigger))
     for rank, threads in stacks.items():
         w.add_json(f"ranks/{rank}/py-spy.json", threads)
     for rank, hb in (heartbeats or {}).items():
@@ -51,7 +52,7 @@ def bundle(tmp_path: Path, trigger: str, stacks: dict[int, list[dict[str, Any]]]
     if detection is not None:
         w.add_json("detection.json", detection)
     local = [{"rank": r, "pid": 100 + r, "local_rank": r, "recorder": False, "alive": True} for r in stacks]
-    return Path(w.write(str(tmp_path), {"job": {"local_ranks": local, "world_size": len(stacks)}}))
+    return Path(w.write(str(tmp_path), {"job": {"local_ranks": local, "world_size": len(stacks)}}).path)
 
 
 def test_odd_rank_out_is_the_suspect_of_a_manual_collection(tmp_path: Path) -> None:
@@ -110,7 +111,7 @@ def test_memory_snapshot_and_oom_figures(tmp_path: Path) -> None:
             {"filename": f"{TORCH}/nn/modules/linear.py", "line": 125, "name": "forward"},
             {"filename": "/job/model.py", "line": 42, "name": "forward"}]},
         {"size": 2**30, "state": "inactive", "frames": []}]}], "device_traces": []}  # fmt: skip
-    w = BundleWriter("run-1", "node7", "console-oom")
+    w = BundleWriter("run-1", "node7", Trigger.parse("console-oom"))
     w.add_bytes("ranks/0/oom.jsonl", (json.dumps({
         "message": "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which "
                    "1.06 GiB is free. Of the allocated memory 70.00 GiB is allocated by PyTorch, and 3.50 GiB is "
@@ -119,7 +120,7 @@ def test_memory_snapshot_and_oom_figures(tmp_path: Path) -> None:
     }) + "\n").encode())  # fmt: skip
     w.add_bytes("ranks/0/memory-snapshot-oom-1.pickle", pickle.dumps(snapshot), keep="whole")
     w.add_json("ranks/0/heartbeat.json", {"rank": 0, "pid": 5, "alive": False, "state": "exception", "step": 7})
-    report = analyze(read_bundle(w.write(str(tmp_path), {})))
+    report = analyze(read_bundle(w.write(str(tmp_path), {}).path))
     texts = [f.text for f in report.findings]
     # THEN the figures, the shapes and the largest live allocation with its user frame are all there
     assert report.verdict.category == "crash.oom" and report.verdict.suspect_ranks == [0]
@@ -137,10 +138,10 @@ def test_a_snapshot_that_would_run_code_is_refused(tmp_path: Path) -> None:
         def __reduce__(self) -> tuple[Any, ...]:
             return (print, ("pwned",))
 
-    w = BundleWriter("run-1", "node7", "manual")
+    w = BundleWriter("run-1", "node7", Trigger.parse("manual"))
     w.add_bytes("ranks/0/memory-snapshot-1.pickle", pickle.dumps({"segments": [Evil()]}), keep="whole")
     w.add_json("ranks/0/py-spy.json", IN_ALL_REDUCE)
-    report = analyze(read_bundle(w.write(str(tmp_path), {})))
+    report = analyze(read_bundle(w.write(str(tmp_path), {}).path))
     assert any("could not be read" in f.text and "builtins.print" in f.text for f in report.findings)
 
 
@@ -157,12 +158,12 @@ def test_flight_recorder_names_the_collective_not_joined(tmp_path: Path) -> None
                              "pg_status": {"0": {"last_enqueued_collective": last, "last_completed_collective": 4}},
                              "entries": entries})  # fmt: skip
 
-    w = BundleWriter("run-1", "node7", "manual")
+    w = BundleWriter("run-1", "node7", Trigger.parse("manual"))
     w.add_bytes("flight_recorder/fr_trace_0", dump(5), keep="whole")
     w.add_bytes("flight_recorder/fr_trace_1", dump(4), keep="whole")
     w.add_json("ranks/0/py-spy.json", IN_ALL_REDUCE)
     w.add_json("ranks/1/py-spy.json", IN_ALL_REDUCE)
-    report = analyze(read_bundle(w.write(str(tmp_path), {})))
+    report = analyze(read_bundle(w.write(str(tmp_path), {}).path))
     # THEN rank 1 is named with the op, its number, the group, and where each side was
     assert report.verdict.category == "hang.collective" and report.verdict.suspect_ranks == [1]
     (u,) = report.collectives
@@ -173,25 +174,25 @@ def test_flight_recorder_names_the_collective_not_joined(tmp_path: Path) -> None
 
 
 def test_kernel_oom_killer_makes_a_host_oom(tmp_path: Path) -> None:
-    w = BundleWriter("run-1", "node7", "rank-death")
+    w = BundleWriter("run-1", "node7", Trigger.parse("rank-death"))
     w.add_json("ranks/1/heartbeat.json", {"rank": 1, "pid": 77, "alive": False, "state": "running", "step": 3})
     w.add_json("ranks/0/heartbeat.json", {"rank": 0, "pid": 76, "alive": True, "state": "running", "step": 3})
     w.add_bytes("node/kernel-messages.txt", b"[Sun Nov 29 12:00:00 2026] Out of memory: Killed process 77 (python)\n")
     w.add_json("detection.json", {"rule": "rank_death", "ranks": [1], "suspects": [1], "reason": "rank 1 was killed"})
-    report = analyze(read_bundle(w.write(str(tmp_path), {})))
+    report = analyze(read_bundle(w.write(str(tmp_path), {}).path))
     assert report.verdict.category == "crash.host_oom" and report.verdict.suspect_ranks == [1]
     assert any(f.source == "node/kernel-messages.txt" for f in report.findings)
     assert "OOM killer" in report.next_actions[0]
 
 
 def node_bundle(out: Path, run_id: str, node: str, stacks: dict[int, list[dict[str, Any]]], world: int) -> str:
-    w = BundleWriter(run_id, node, "manual")
+    w = BundleWriter(run_id, node, Trigger.parse("manual"))
     for rank, threads in stacks.items():
         w.add_json(f"ranks/{rank}/py-spy.json", threads)
     w.add_json("node.json", {"hostname": node})
     local = [{"rank": r, "pid": 100 + r, "local_rank": r % 2, "recorder": False, "alive": True} for r in stacks]
     out.mkdir(exist_ok=True)
-    return w.write(str(out), {"job": {"local_ranks": local, "world_size": world}})
+    return w.write(str(out), {"job": {"local_ranks": local, "world_size": world}}).path
 
 
 def test_node_bundles_of_one_job_merge_into_one_view(tmp_path: Path) -> None:
