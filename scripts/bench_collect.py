@@ -58,7 +58,7 @@ def one_collection(agent: int, out: str, native: bool) -> tuple[float, float, in
 
 
 def bench(n: int, repeats: int) -> dict[str, float]:
-    from blackbox.supervisor.supervisor import INJECT_DIR
+    from blackbox.supervisor.rundir import INJECT_DIR
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(tmp, "run")

@@ -134,7 +134,7 @@ def bench_hook_costs() -> dict[str, float]:
     """The recorder's own work in one training step, measured in a rank with the recorder active: one
     DataLoader batch (phase change, wait accounting, batch shapes), one optimizer step, and per collective
     a phase change in and out. Whole-job timings on this machine are too noisy to show a few µs."""
-    from blackbox.supervisor.supervisor import INJECT_DIR
+    from blackbox.supervisor.rundir import INJECT_DIR
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "RANK", "LOCAL_RANK"))}
     with tempfile.TemporaryDirectory() as d:
@@ -164,7 +164,7 @@ def bench_liveness(seconds: float) -> float:
     """The liveness thread's share of one core (its CPU time per second, from /proc's schedstat: exact to the
     nanosecond), in a process with the recorder active."""
     from blackbox._recorder import protocol as P
-    from blackbox.supervisor.supervisor import INJECT_DIR
+    from blackbox.supervisor.rundir import INJECT_DIR
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "RANK", "LOCAL_RANK"))}
     with tempfile.TemporaryDirectory() as d:
@@ -228,7 +228,7 @@ def _parts(run_dir: str) -> dict[str, tuple[bool, dict[str, str]]]:
     """The variants of one job, each adding one part of blackbox: (under `blackbox run`?, extra environment).
     The recorder is activated the way the supervisor does it, without the supervisor."""
     from blackbox._recorder import protocol as P
-    from blackbox.supervisor.supervisor import INJECT_DIR
+    from blackbox.supervisor.rundir import INJECT_DIR
 
     recorder = {"PYTHONPATH": INJECT_DIR, P.ENV_RUN_DIR: run_dir}
     return {
@@ -336,7 +336,7 @@ def _job_interpreter() -> tuple[str, str]:
     it; and the inject directory."""
     import compileall
 
-    from blackbox.supervisor.supervisor import INJECT_DIR
+    from blackbox.supervisor.rundir import INJECT_DIR
 
     compileall.compile_dir(str(Path(INJECT_DIR).parent), quiet=1)
     return getattr(sys, "_base_executable", sys.executable), INJECT_DIR

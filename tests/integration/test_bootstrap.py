@@ -14,7 +14,7 @@ import pytest
 
 from blackbox._recorder import protocol as P
 from blackbox.heartbeat import HeartbeatState, decode
-from blackbox.supervisor.supervisor import INJECT_DIR
+from blackbox.supervisor.rundir import INJECT_DIR
 from tests.conftest import job_env
 
 HEAVY = ("torch", "click", "rich", "psutil", "numpy")

@@ -18,7 +18,7 @@ import pytest
 
 from blackbox._recorder import protocol as P
 from blackbox.adapters.procfs import is_alive
-from blackbox.supervisor.supervisor import INJECT_DIR
+from blackbox.supervisor.rundir import INJECT_DIR
 from tests.conftest import (
     BLACKBOX,
     PROGRAMS,

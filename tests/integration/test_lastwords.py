@@ -141,16 +141,18 @@ def test_exception_and_the_survivors_sigterm_last_words(gallery: Gallery) -> Non
     assert "ValueError: bad sample at step 3" in res.stderr  # the job's own output is unchanged
     # the rank's heartbeat keeps saying how it ended (exit handlers run after an uncaught exception too)
     assert read_heartbeat(run_dir, 1).state == "exception"
-    # blackbox collected at once, while the launcher had not yet torn the survivor down: one bundle
-    (raised,) = [e for e in jsonl(run_dir / "events.jsonl") if e["event"] == "exception"]
-    assert raised["ranks"] == [1] and "raised an uncaught exception" in raised["reason"]
+    # blackbox collected at once, while the launcher had not yet torn the survivor down: one bundle. The rule that
+    # fires is `exception` when a poll (woken by the traceback on the console) finds the rank between its exception
+    # and its exit, milliseconds apart; under load the next poll finds it dead, and says it raised
+    (raised,) = [e for e in jsonl(run_dir / "events.jsonl") if e["event"] in ("exception", "rank_death")]
+    assert raised["ranks"] == [1] and "raised an" in raised["reason"] and "exception" in raised["reason"], raised
     (bundle,) = bundles(run_dir)
     with tarfile.open(bundle) as tar:
         manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
         survivor = json.load(tar.extractfile("ranks/0/py-spy.json"))  # type: ignore[arg-type]
         # torchelastic's own error file is left as it was, and collected
         error = json.load(tar.extractfile("ranks/1/torchelastic-error.json"))  # type: ignore[arg-type]
-    assert manifest["trigger"] == "exception"
+    assert manifest["trigger"] == raised["event"].replace("_", "-")
     assert any(f["name"] == "main" for t in survivor for f in t["frames"])  # rank 0's stack, taken while alive
     assert "bad sample at step 3" in json.dumps(error)
     # torchrun tore rank 0 down with SIGTERM: its stacks were dumped from C first

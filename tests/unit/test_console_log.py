@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from blackbox.supervisor import launch
-from blackbox.supervisor.launch import ConsoleLog
+from blackbox.supervisor import console_log
+from blackbox.supervisor.console_log import ConsoleLog
 
 
 def test_a_stuck_writer_never_holds_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -21,7 +21,7 @@ def test_a_stuck_writer_never_holds_the_job(tmp_path: Path, monkeypatch: pytest.
         release.wait(30)
         return text
 
-    monkeypatch.setattr(launch, "StreamRedactor", lambda: stuck)
+    monkeypatch.setattr(console_log, "StreamRedactor", lambda: stuck)
     monkeypatch.setattr(ConsoleLog, "MAX_QUEUE", 64 * 1024)
     errors: list[str] = []
     log = ConsoleLog(str(tmp_path / "console.log"), errors.append)
@@ -73,7 +73,7 @@ def test_a_full_disk_stops_the_log_not_the_job(tmp_path: Path, monkeypatch: pyte
     def full(fd: int, data: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(launch, "_write_all", full)
+    monkeypatch.setattr(console_log, "write_all", full)
     log.write(b"one line\n")
     log.sync()
     log.write(b"another line\n")  # still returns

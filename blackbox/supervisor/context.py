@@ -1,0 +1,71 @@
+"""What every room of the supervisor shares: the run's identity and configuration, its logs, and how it speaks —
+through `say` (a line on stderr), `event` (a record in events.jsonl) and `internal_error` (blackbox's own bug: said
+once, logged with its traceback, never the job's problem). Imports the stdlib and blackbox's config and logs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import traceback
+from collections.abc import Mapping
+from typing import Callable, Optional
+
+from .._recorder import protocol as P
+from ..config import RunConfig
+from ..events import EventLog
+from .console_log import ConsoleLog
+from .rundir import INJECT_DIR, flight_recorder_env
+
+
+class RunContext:
+    def __init__(self, argv: list[str], cfg: RunConfig, env: Mapping[str, str], say: Callable[[str], None],
+                 run_id: str, node: str, run_dir: str) -> None:  # fmt: skip
+        self.argv = list(argv)
+        self.cfg = cfg
+        self.env = dict(env)
+        self.run_id = run_id
+        self.node = node
+        self.run_dir = run_dir
+        self.events: Optional[EventLog] = None
+        self.console: Optional[ConsoleLog] = None
+        self.watching = True  # False once the watch itself failed: the job goes on unwatched
+        self.bundles: list[str] = []  # the bundles this node wrote, in order
+        self._say = say
+        self._said_once: set[str] = set()
+
+    def say(self, message: str) -> None:
+        with contextlib.suppress(Exception):
+            self._say(message)
+
+    def say_once(self, key: str, message: str) -> None:
+        if key not in self._said_once:
+            self._said_once.add(key)
+            self.say(message)
+
+    def event(self, name: str, **fields: object) -> None:
+        if self.events is not None:
+            self.events.write(name, **fields)
+
+    def internal_error(self, where: str, exc: BaseException) -> None:
+        self.event("error", where=where, error=repr(exc), traceback=traceback.format_exc())
+        self.say_once(
+            f"internal:{where}",
+            f"internal error while {'watching' if where == 'watch' else 'handling ' + where}: {exc!r}; "
+            "the job goes on" + (" unwatched" if where == "watch" else "") + " (details in events.jsonl)",
+        )
+
+    def job_env(self) -> dict[str, str]:
+        """The job's environment: the user's, with the recorder injected and pointed at the run directory."""
+        env = dict(self.env)
+        env.pop(P.ENV_RECORDER, None)  # blackbox run inside a rank: the job's ranks are ranks of their own
+        pythonpath = env.get("PYTHONPATH")
+        env["PYTHONPATH"] = INJECT_DIR + (os.pathsep + pythonpath if pythonpath else "")
+        env[P.ENV_RUN_DIR] = self.run_dir
+        env[P.ENV_RUN_ID] = self.run_id
+        if self.cfg.cuda_memory_history:
+            env[P.ENV_CUDA_MEMORY_HISTORY] = str(self.cfg.cuda_memory_history)
+        env.update(flight_recorder_env(self.run_dir, env))
+        return env
+
+    def rank_file(self, rank: int, name: str) -> str:
+        return os.path.join(self.run_dir, P.RANKS_DIR, str(rank), name)

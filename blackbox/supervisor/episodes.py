@@ -1,0 +1,270 @@
+"""Deciding: what the rules and the console saw becomes an incident — or part of one already collected (a crash's
+teardown, a stall's waiting ranks crossing their own timeout a moment later, blackbox's own ending of the job, the
+user's Ctrl-C). This node's incidents are posted to the other nodes first; theirs are collected here at once.
+Imports the stdlib and blackbox's host side."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Callable, Optional
+
+from .._recorder import protocol as P
+from ..analyze.model import Report
+from ..coord.client import Coordination
+from ..coord.topology import Topology
+from ..detections import CRASH_RULES, HANG_RULES, Detection, Trigger, incident_kind
+from ..errors import EXIT_STALL_ENDED
+from ..redact import redact_text
+from .context import RunContext
+from .evidence import Evidence
+from .process import JobProcess
+from .rules import FatalLines, RankView, Rules
+
+CRASH_WINDOW_S = 60.0  # after a crash was collected, further deaths within this window are the same episode
+
+
+class Episodes:
+    def __init__(self, ctx: RunContext, process: JobProcess, evidence: Evidence, topology: Optional[Topology]) -> None:
+        self.ctx = ctx
+        self.process = process
+        self.evidence = evidence
+        self.topology = topology  # this node's place in a multi-node job (None: one node)
+        self.coord: Optional[Coordination] = None
+        self.rules = Rules(ctx.cfg)
+        self.ended_after_stall = False
+        self._fatal = FatalLines()
+        self._console_hits: list[tuple[str, str]] = []  # appended by the output threads, taken by the loop
+        self._console_kinds: set[str] = set()  # fatal-line kinds already acted on
+        self._last_crash: Optional[tuple[float, str]] = None  # (when, bundle) of the last crash collection
+        self._incidents: dict[str, str] = {}  # incident id -> the bundle this node wrote for it
+        self._local_incidents = 0
+
+    # --- the rules ------------------------------------------------------------------------------------------
+    def evaluate(self, views: list[RankView], now: float) -> None:
+        for detection in self.rules.evaluate(views, now):
+            self.act(detection)
+
+    def act(self, d: Detection) -> None:
+        ctx, process = self.ctx, self.process
+        if d.rule == "rank_death" and process.terminating:  # the teardown we asked for: a record, no alarm
+            ctx.event(d.rule, ranks=list(d.ranks), expected=True)
+            return
+        if process.interrupted or (d.rule in ("exception", "rank_death") and self._interrupt_in(d)):
+            process.say_interrupted()
+            ctx.event(d.rule, ranks=list(d.ranks), reason=d.reason, expected=True, interrupted=True)
+            return
+        if process.ending_since is not None:  # blackbox is ending the job (its evidence is taken): what follows —
+            # stalls, peers' "connection closed" exceptions, deaths — is that ending, not a new incident
+            ctx.event(d.rule, ranks=list(d.ranks), reason=d.reason, expected=True)
+            return
+        if d.rule in CRASH_RULES and self._crash_collected_recently(d):
+            return
+        if d.same_episode:  # a rank crossing its own timeout in a stall already collected: the same incident
+            ctx.event("same_episode", rule=d.rule, ranks=list(d.ranks), bundle=ctx.bundles[-1] if ctx.bundles
+                      else None)  # fmt: skip
+            ctx.say_once(f"same-episode:{d.rule}", f"{d.message()} (the stall already collected: same incident)")
+            return
+        ctx.event(d.rule, ranks=list(d.ranks), reason=d.reason, findings=[f.__dict__ for f in d.findings])
+        ctx.say(d.message())
+        for f in d.findings:
+            ctx.say(f"  {f.describe()}: idle {f.idle_s:.0f} s" if d.rule != "rank_death"
+                    else f"  {f.describe()}: {f.exit_status or f.state}")  # fmt: skip
+        hang = d.rule in HANG_RULES
+        ending = hang and ctx.cfg.on_stall == "kill"
+        report = self.collect(Trigger(d.rule), d, job_ends=ending)
+        if not hang:
+            return
+        if ending:
+            self.end_after_stall("stall")
+            return
+        suspects = report.verdict.suspect_ranks if report is not None else list(d.ranks)
+        pids = ", ".join(str(r.pid) for r in report.ranks if r.rank in suspects) if report else ", ".join(
+            str(f.pid) for f in d.findings)  # fmt: skip
+        ctx.say(f"leaving the job running (--on-stall keep); inspect it with: py-spy dump --pid {pids}")
+
+    def end_after_stall(self, what: str) -> None:
+        self.ended_after_stall = True
+        self.process.end_job(f"{what}, --on-stall kill; exit code will be {EXIT_STALL_ENDED}")
+
+    def _interrupt_in(self, d: Detection) -> bool:
+        """Whether the ranks of a detection ended by an interrupt (Ctrl-C at the terminal reaches every process
+        of the job): their last exception is a KeyboardInterrupt, or they died of SIGINT."""
+        if not d.ranks:
+            return False
+        for f in d.findings:
+            if f.exit_status and "SIGINT" in f.exit_status:
+                continue
+            try:
+                with open(self.ctx.rank_file(f.rank, P.RANK_EXCEPTIONS), "rb") as fh:
+                    fh.seek(0, os.SEEK_END)
+                    fh.seek(max(0, fh.tell() - 65536))
+                    last = fh.read().splitlines()[-1:]
+                record = json.loads(last[0]) if last else {}
+            except (OSError, ValueError):
+                return False
+            if not (isinstance(record, dict) and str(record.get("type", "")).endswith("KeyboardInterrupt")):
+                return False
+        return bool(d.findings)
+
+    # --- the console ----------------------------------------------------------------------------------------
+    def watch_console(self, data: bytes, stream: int) -> bool:
+        """Runs in an output thread: note fatal lines; True when the loop should wake at once."""
+        hits = self._fatal.feed(data, stream)
+        if hits:
+            self._console_hits.extend(hits)
+        return bool(hits)
+
+    def on_console(self, poll: Callable[[], None]) -> None:
+        """Act on the fatal lines the output threads noted; `poll` reads the heartbeats now (the recorder marks a
+        rank that raised before its traceback is printed)."""
+        if not self._console_hits:
+            return
+        hits, self._console_hits[:] = list(self._console_hits), []
+        for kind, line in hits:
+            if kind in self._console_kinds:
+                continue
+            self._console_kinds.add(kind)
+            self.ctx.event("fatal_line", kind=kind, line=redact_text(line))
+            if kind == "exception":
+                poll()
+                continue
+            if not self.ctx.watching or self.process.ending_since is not None:
+                continue
+            d = Detection("console", (), f"the job printed `{redact_text(line)[:200]}`", ())
+            if self._crash_collected_recently(d):
+                continue
+            self.ctx.say(d.message())
+            self.collect(Trigger("console", kind), d)
+
+    # --- crash episodes -------------------------------------------------------------------------------------
+    def recent_crash(self) -> Optional[tuple[float, str]]:
+        """(seconds ago, bundle) of a crash collected within the episode window, else None."""
+        if self._last_crash is None or time.monotonic() - self._last_crash[0] > CRASH_WINDOW_S:
+            return None
+        return time.monotonic() - self._last_crash[0], self._last_crash[1]
+
+    def _crash_collected_recently(self, d: Detection) -> bool:
+        """A crash was just collected: what follows (the launcher tearing the other ranks down, their errors) is
+        the same episode. Record it; do not bundle it again."""
+        recent = self.recent_crash()
+        if recent is None:
+            return False
+        ago, bundle = recent
+        self.ctx.event("same_episode", rule=d.rule, ranks=list(d.ranks), reason=d.reason, bundle=bundle)
+        if d.rule != "console":
+            self.ctx.say(f"{d.message()} (same episode: evidence collected {ago:.0f} s ago)")
+        return True
+
+    # --- incidents ------------------------------------------------------------------------------------------
+    def collect(self, trigger: Trigger, detection: Optional[Detection], job_ends: bool = False,
+                incident: Optional[dict[str, object]] = None) -> Optional[Report]:  # fmt: skip
+        """Bundle this node's evidence for an incident. `incident`: another node's, which this node collects for;
+        otherwise this node's trigger is posted to every node first."""
+        ctx = self.ctx
+        own = incident is None
+        if incident is None:
+            incident, own = self._post_incident(trigger, detection)
+        iid = str(incident.get("id"))
+        if iid in self._incidents:  # joined an incident this node has already collected for
+            ctx.event("same_episode", rule=trigger.name, incident=iid, bundle=self._incidents[iid])
+            return None
+        coordination = self.coord.state() if self.coord is not None else None
+        written = self.evidence.write(trigger, detection, job_ends, incident, coordination)
+        if incident.get("kind") == "crash":  # what follows within the window is this crash's episode
+            self._last_crash = (time.monotonic(), written.path if written else "")
+        if written is None:
+            return None
+        ctx.bundles.append(written.path)
+        self._incidents[iid] = written.path
+        ctx.event("bundle", path=written.path, trigger=trigger.name, incident=iid)
+        ctx.say(f"evidence bundle: {written.path}")
+        return self.evidence.take_in(written, trigger, alert=own)
+
+    def _post_incident(self, trigger: Trigger, detection: Optional[Detection]) -> tuple[dict[str, object], bool]:
+        """Tell every node (each collects its own evidence under the same incident id); or, alone, an id of
+        this node's own. (incident, whether this node is the one that posted it)."""
+        rule = detection.rule if detection is not None else trigger.rule
+        body: dict[str, object] = {
+            "trigger": trigger.name, "triggered_by": trigger.to_json(), "rule": rule, "kind": incident_kind(rule),
+            "node": self.ctx.node, "node_rank": self.topology.node_rank if self.topology else None,
+            "reason": detection.reason if detection is not None else trigger.name,
+            "ranks": list(detection.ranks) if detection is not None else [],
+        }  # fmt: skip
+        if self.coord is not None:
+            posted = self.coord.post(body)
+            if posted is not None:
+                return posted[0], posted[1]
+        self._local_incidents += 1
+        return {**body, "id": f"{self.ctx.run_id}-i{self._local_incidents}", "time": time.time()}, True
+
+    # --- other nodes ----------------------------------------------------------------------------------------
+    def start_coordination(self, wake: Callable[[], None]) -> None:
+        if self.topology is None:
+            return
+        ctx = self.ctx
+        coord = Coordination(self.topology, ctx.run_id, ctx.node, ctx.run_dir, ctx.cfg.poll_interval, ctx.event,
+                             ctx.say_once, wake)  # fmt: skip
+        try:
+            coord.start()
+        except Exception as exc:
+            ctx.internal_error("coordination", exc)
+            return
+        self.coord = coord
+
+    def helper_pids(self) -> list[int]:
+        """The coordination helper's pid: blackbox's own process, never the job's."""
+        return [self.coord.pid] if self.coord is not None and self.coord.pid is not None else []
+
+    def publish(self, views: list[RankView], now: float) -> None:
+        if self.coord is not None:
+            self.coord.publish({"host": self.ctx.node, "ranks": {str(v.rank): {
+                "step": v.hb.step, "phase": v.hb.phase, "state": v.hb.state, "alive": v.alive,
+                "quiet_s": round(max(0.0, now - v.hb.last_progress), 1)} for v in views}})  # fmt: skip
+
+    def on_coordination(self) -> None:
+        if self.coord is None:
+            return
+        ctx = self.ctx
+        for msg in self.coord.take():
+            node = msg.get("node")
+            if msg["ev"] == "silent":
+                ctx.event("node_silent", node=node, silent_s=msg.get("silent_s"), last_summary=msg.get("summary"))
+                ctx.say(f"the blackbox supervisor of node {node} has been silent for {msg.get('silent_s')} s "
+                        "(killed, or its host is down): that node is no longer watched; this one goes on")  # fmt: skip
+            elif msg["ev"] == "back":
+                ctx.event("node_back", node=node)
+                ctx.say(f"the blackbox supervisor of node {node} is back")
+            elif msg["ev"] == "incident":
+                self._remote_incident(msg["incident"])
+
+    def _remote_incident(self, incident: dict[str, object]) -> None:
+        """Another node posted an incident: collect this node's side of it at once (its ranks may be the victims
+        waiting on the suspect, or the suspect itself)."""
+        ctx = self.ctx
+        iid, origin = str(incident.get("id")), incident.get("origin")
+        fields = {"incident": iid, "origin": origin, "trigger": incident.get("trigger"),
+                  "reason": incident.get("reason")}  # fmt: skip
+        if iid in self._incidents:
+            return
+        if not self.process.running or self.process.ending_since is not None:
+            ctx.event("remote_incident", **fields, action="none: this node's job is ending")
+            return
+        recent = self.recent_crash()
+        if incident.get("kind") == "crash" and recent is not None:
+            ctx.event("same_episode", rule="remote", incident=iid, bundle=recent[1])
+            return
+        ctx.event("remote_incident", **fields, action="collect")
+        ctx.say(f"node {origin} reports an incident ({incident.get('trigger')}: {str(incident.get('reason'))[:200]}); "
+                f"collecting this node's evidence for incident {iid}")  # fmt: skip
+        hang = incident.get("kind") == "hang"
+        ending = hang and ctx.cfg.on_stall == "kill"
+        trigger = Trigger.from_json(incident.get("triggered_by"), incident.get("trigger")).joined()
+        self.collect(trigger, None, job_ends=ending, incident=incident)
+        if ending:
+            self.end_after_stall(f"node {origin}'s stall")
+
+    def close(self) -> None:
+        if self.coord is not None:
+            self.coord.close()

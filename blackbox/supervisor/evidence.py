@@ -1,0 +1,126 @@
+"""Evidence: one bundle asked of the collector for an incident, then handed on in memory (blackbox.intake) — the
+verdict under its path, the alarms, the incident index and "seen before". A failure here is blackbox's: said once,
+never the job's. Imports the stdlib and blackbox's host side."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Optional
+
+from .._recorder import protocol as P
+from ..alerts import Alerts
+from ..analyze.model import Report
+from ..bundle.writer import Written
+from ..collect.collector import CollectOptions, Collector
+from ..collect.job import Job, RankTarget, job_python
+from ..detections import Detection, Trigger
+from ..render import printable
+from .context import RunContext
+from .process import JobProcess
+from .watch import Watch
+
+if TYPE_CHECKING:
+    from ..intake import Intake
+
+
+class Evidence:
+    def __init__(self, ctx: RunContext, process: JobProcess, watch: Watch) -> None:
+        self.ctx = ctx
+        self.process = process
+        self.watch = watch
+        self.alerts = Alerts(ctx.cfg.on_incident, ctx.cfg.notify_url, ctx.event, ctx.say_once)
+        self._intakes: list[Intake] = []  # bundles taken in, whose index may still be written
+
+    def write(self, trigger: Trigger, detection: Optional[Detection], job_ends: bool, incident: dict[str, object],
+              coordination: Optional[dict[str, object]]) -> Optional[Written]:  # fmt: skip
+        """Bundle this node's evidence; None when the collection failed (blackbox's own error, said once).
+        `job_ends`: the job is about to be ended anyway, so the ranks may be signalled freely; otherwise the
+        non-invasive ways go first (DESIGN.md §7)."""
+        ctx = self.ctx
+        try:
+            views = self.watch.read_views() if ctx.watching else []
+            live = [v for v in views if v.alive]
+            ctx.say(f"collecting evidence ({trigger.name}) from {len(live)} live rank(s) of {len(views)}")
+            launched = self.process.launched
+            job = Job(
+                run_id=ctx.run_id,
+                node=ctx.node,
+                argv=ctx.argv,
+                cwd=os.getcwd(),
+                env=ctx.job_env(),
+                python=job_python(live[0].hb.pid) if live else None,
+                run_dir=ctx.run_dir,
+                ranks=[
+                    RankTarget(v.rank, v.hb.pid, v.hb.start_ticks, v.alive, v.hb, v.exit_status, v.hb.local_rank)
+                    for v in views
+                ],
+                world_size=max((v.hb.world_size for v in views), default=0),
+                agent_pid=launched.pid if launched else None,
+                history={rank: list(samples) for rank, samples in self.watch.history.items()},
+                gpu_history=self.watch.gpus.samples(),
+                rank_gpus=self.watch.rank_gpus(views),
+                incident=incident,
+                coordination=coordination,
+            )
+            cfg = ctx.cfg
+            options = CollectOptions(dump_timeout=cfg.dump_timeout, budget=cfg.collect_budget, native=cfg.pyspy_native,
+                                     locals=cfg.pyspy_locals, job_ends=job_ends)  # fmt: skip
+            collector = Collector(job, self.watch.table, ctx.console, options)
+            out = os.path.join(ctx.run_dir, P.BUNDLES_DIR)
+            return collector.collect(trigger, detection, ctx.events, out).written
+        except Exception as exc:
+            ctx.internal_error("collect", exc)
+            return None
+
+    def take_in(self, written: Written, trigger: Trigger, alert: bool) -> Optional[Report]:
+        """What follows a bundle, on the bundle in memory: the report's one-screen verdict under the bundle path, the
+        alarms (`alert`: this node posted the incident, and raises it once for the whole job), then the index in
+        the background (a file other nodes and jobs write too: never in the loop's way) and "seen before"."""
+        from ..bundle.reader import Bundle
+        from ..intake import Intake
+
+        ctx, path = self.ctx, written.path
+
+        def said(report: Report) -> None:
+            v = report.verdict
+            ctx.event("verdict", bundle=path, category=v.category, suspect_ranks=v.suspect_ranks, phase=v.phase,
+                      confidence=v.confidence, summary=v.summary)  # fmt: skip
+            for line in report.headline():
+                ctx.say(f"  {printable(line)}")  # it quotes the job's exception: shown, never acted on
+            if alert:
+                self._alert(path, report, trigger)
+
+        def seen(entries: list[dict[str, Any]]) -> None:
+            try:
+                from ..analyze.model import describe_seen
+
+                for entry in entries[:1]:
+                    ctx.say(f"  seen before: {describe_seen(entry)}")
+                if entries:
+                    ctx.event("seen_before", incidents=[e.get("id") for e in entries])
+            except Exception as exc:
+                ctx.internal_error("index", exc)
+
+        try:
+            taken = Intake(Bundle.of(written), lambda m: ctx.say_once("index", m), env=ctx.env, on_report=said,
+                           on_seen=seen, background=True)  # fmt: skip
+        except Exception as exc:
+            ctx.internal_error("report", exc)
+            if alert:
+                self._alert(path, None, trigger)
+            return None
+        self._intakes.append(taken)
+        return taken.report
+
+    def _alert(self, path: str, report: Optional[Report], trigger: Trigger) -> None:
+        try:
+            self.alerts.incident(path, report, self.ctx.run_id, self.ctx.node, trigger.name)
+        except Exception as exc:
+            self.ctx.internal_error("alerts", exc)
+
+    def finish(self) -> None:
+        """At the end of the run: the index a moment to finish, the alarms a little longer (a slow command or
+        webhook is left behind rather than holding the job's exit)."""
+        for taken in self._intakes:
+            taken.join(5.0)
+        self.alerts.join(10.0)

@@ -1,0 +1,147 @@
+"""Watching the job: each poll, every rank's heartbeat read into one view (alive or how it ended), each rank's
+recent history kept for the report's timeline, the GPUs sampled (hot, throttling, idle) and, when asked, a status
+line. Reads, never decides: the rules and the episodes do. Imports the stdlib and blackbox's host side."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from typing import Optional
+
+from .._recorder import protocol as P
+from ..adapters import gpu, procfs
+from ..detections import Detection
+from ..heartbeat import HeartbeatState, HeartbeatTable
+from .context import RunContext
+from .gpuwatch import GpuWatch
+from .process import JobProcess
+from .rules import RankView
+
+HISTORY_SAMPLES = 2000  # per rank: the last changes of step, phase or state kept for the report's timeline
+
+
+class Watch:
+    def __init__(self, ctx: RunContext, process: JobProcess) -> None:
+        self.ctx = ctx
+        self.process = process
+        self.table: Optional[HeartbeatTable] = None
+        self.known: dict[tuple[int, int], HeartbeatState] = {}  # (rank, pid) -> last reading
+        self.stepped: set[tuple[int, int]] = set()
+        self.history: dict[int, deque[dict[str, object]]] = {}  # rank -> recent changes (for the report)
+        self.gpus = GpuWatch()
+        self._gpu_idle_said = False
+        self._status_at: Optional[float] = None  # when the next status line is due
+        self._status_steps: dict[int, tuple[float, int]] = {}  # rank -> (time, step) at the last status line
+
+    def open(self) -> None:
+        self.table = HeartbeatTable(os.path.join(self.ctx.run_dir, P.RANKS_DIR), self._heartbeat_error)
+
+    def close(self) -> None:
+        if self.table is not None:
+            self.table.close()
+
+    def _heartbeat_error(self, path: str, message: str) -> None:
+        self.ctx.event("heartbeat_error", path=path, error=message)
+
+    def rank_processes(self) -> list[tuple[int, int]]:
+        """(pid, start ticks) of every rank whose heartbeat was ever read."""
+        return [(pid, hb.start_ticks) for (_, pid), hb in self.known.items()]
+
+    # --- the views ------------------------------------------------------------------------------------
+    def read_views(self) -> list[RankView]:
+        assert self.table is not None
+        views = []
+        for hb in self.table.read():
+            key = (hb.rank, hb.pid)
+            if key not in self.known:
+                self.ctx.event("rank_start", rank=hb.rank, pid=hb.pid, local_rank=hb.local_rank,
+                               world_size=hb.world_size, mode=hb.mode)  # fmt: skip
+            self.known[key] = hb
+            self._record_history(hb)
+            if hb.step >= 1 and key not in self.stepped:
+                self.stepped.add(key)
+                self.ctx.event("first_step", rank=hb.rank, pid=hb.pid)
+            status = self.process.exit_status(hb.pid)
+            alive = status is None and procfs.is_alive(hb.pid, hb.start_ticks)
+            views.append(RankView(hb, alive, status))
+        return views
+
+    def _record_history(self, hb: HeartbeatState) -> None:
+        """The rank's recent history for the report's timeline: a sample when its step, phase or state
+        changed, bounded per rank."""
+        sample = {"t": round(hb.wall(hb.last_progress if hb.step else hb.phase_start), 3), "step": hb.step,
+                  "phase": hb.phase, "state": hb.state, "phase_t": round(hb.wall(hb.phase_start), 3)}  # fmt: skip
+        history = self.history.setdefault(hb.rank, deque(maxlen=HISTORY_SAMPLES))
+        last = history[-1] if history else None
+        key = ("step", "phase", "state", "phase_t")
+        if last is None or tuple(last[k] for k in key) != tuple(sample[k] for k in key):
+            history.append(sample)
+
+    # --- GPUs -------------------------------------------------------------------------------------------
+    def watch_gpus(self, views: list[RankView], now: float) -> Optional[Detection]:
+        """Hot, throttling or erroring GPUs are events; every GPU at 0 % for the GPU-idle timeout while no rank
+        progresses is evidence of a stall — and the trigger itself (the detection returned) when no rank has a
+        heartbeat."""
+        for e in self.gpus.sample(now):
+            name = e.pop("event")
+            self.ctx.event(name, **e)
+            self.ctx.say_once(f"{name}:{e['gpu']}", e["message"])
+        idle = self.gpus.idle_for(now)
+        if idle < self.ctx.cfg.gpu_idle_timeout or not self.gpus.seen_gpus:
+            self._gpu_idle_said = False
+            return None
+        if self._gpu_idle_said:
+            return None
+        self._gpu_idle_said = True
+        live = [v for v in views if v.alive]
+        if any(now - v.hb.last_progress < idle for v in live):
+            return None  # a rank still progresses: the GPUs are idle for another reason (CPU work, data)
+        reason = f"every GPU of the job has been at 0 % utilisation for {idle:.0f} s"
+        if views:
+            self.ctx.event("gpu_idle", idle_s=round(idle, 1), supporting=True)
+            self.ctx.say(f"{reason}, and no rank has progressed since")
+            return None
+        return Detection("gpu_idle", (), reason + " and no rank has a heartbeat (the recorder could not activate)",
+                         ())  # fmt: skip
+
+    def rank_gpus(self, views: list[RankView]) -> tuple[dict[int, list[int]], str]:
+        """Which GPU each local rank uses, and how that was found (only where the job has GPUs)."""
+        if not self.gpus.seen_gpus:
+            return {}, "no GPU"
+        ranks = {}
+        for v in views:
+            if v.alive:
+                try:
+                    ranks[v.rank] = (v.hb.pid, procfs.environ(v.hb.pid))
+                except (OSError, procfs.ProcAccessError):
+                    continue
+        return gpu.rank_gpus(ranks)
+
+    # --- the status line ------------------------------------------------------------------------------
+    def status_due(self, views: list[RankView], now: float) -> None:
+        if self.ctx.cfg.status_interval <= 0:
+            return
+        if self._status_at is None:
+            self._status_at = now + self.ctx.cfg.status_interval
+        elif now >= self._status_at:
+            self._status_at = now + self.ctx.cfg.status_interval
+            self._status_line(views, now)
+
+    def _status_line(self, views: list[RankView], now: float) -> None:
+        """So that a log read weeks later says what the job was doing: step, steps/s, phase; GPUs and heat."""
+        parts = []
+        mapping, _ = self.rank_gpus(views)
+        for v in views:
+            if not v.alive:
+                continue
+            before = self._status_steps.get(v.rank)
+            rate = (v.hb.step - before[1]) / (now - before[0]) if before and now > before[0] else None
+            self._status_steps[v.rank] = (now, v.hb.step)
+            on = mapping.get(v.rank)
+            parts.append(f"rank {v.rank} step {v.hb.step}" + (f" ({rate:.2f}/s)" if rate is not None else "")
+                         + f" {v.hb.phase}" + (f" GPU{','.join(map(str, on))}" if on else ""))  # fmt: skip
+        readings = self.gpus.latest() if self.gpus.seen_gpus else gpu.query_gpus(2.0)[0]
+        gpus = " | ".join(g.describe() for g in readings)
+        line = "status: " + ("; ".join(parts) or "no live rank") + (f" | {gpus}" if gpus else "")
+        self.ctx.say(line)
+        self.ctx.event("status", line=line)

@@ -1,0 +1,75 @@
+"""The one-way arrows of docs/development.md, as the imports have them: recorder → heartbeat → supervisor →
+collector → bundle → analysis → renderers; the rank side imports nothing of the host side, the analysis never the
+collector or the supervisor, nothing the CLI. Read from the source (ast), so a new import that breaks an arrow fails
+here before it makes a cycle."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent.parent / "blackbox"
+
+# part -> the parts of blackbox it may import (besides itself); a part is a subpackage or a top-level module
+MAY_IMPORT: dict[str, set[str]] = {
+    "_recorder": set(),
+    "adapters": {"_recorder"},
+    "frames": {"adapters"},
+    "detections": set(),
+    "errors": set(),
+    "config": {"errors"},
+    "safeopen": set(),
+    "redact": {"_recorder"},
+    "events": {"redact"},
+    "heartbeat": {"_recorder", "safeopen"},
+    "bundle": {"__version__", "_recorder", "detections", "errors"},
+    "analyze": {"_recorder", "adapters", "bundle", "detections", "frames"},
+    "render": {"analyze"},
+    "incidents": {"_recorder", "analyze", "bundle", "events"},
+    "intake": {"analyze", "bundle", "incidents"},
+    "alerts": {"analyze", "redact"},
+    "collect": {"_recorder", "adapters", "bundle", "detections", "errors", "events", "frames", "heartbeat", "redact",
+                "safeopen"},
+    "coord": {"adapters", "errors"},
+    "supervisor": {"__version__", "_recorder", "adapters", "alerts", "analyze", "bundle", "collect", "config", "coord",
+                   "detections", "errors", "events", "heartbeat", "intake", "redact", "render", "safeopen"},
+    "doctor": {"_recorder", "adapters", "heartbeat", "incidents", "supervisor"},
+    "api": {"_recorder"},
+}  # fmt: skip
+UNCHECKED = {"cli", "__main__", "__init__"}  # the CLI may use everything; nothing may use it
+
+
+def _imports() -> dict[str, set[str]]:
+    """part -> the parts of blackbox its modules import."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        module = list(rel.parts)
+        package = module if path.name == "__init__.py" else module[:-1]
+        part = module[1] if len(module) > 1 else module[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[list[str]] = []
+            if isinstance(node, ast.ImportFrom):
+                base = (package[: len(package) - node.level + 1] if node.level else []) + (
+                    node.module.split(".") if node.module else [])  # fmt: skip
+                targets = [[*base, a.name] for a in node.names] if not node.module else [base]
+            elif isinstance(node, ast.Import):
+                targets = [a.name.split(".") for a in node.names]
+            for t in targets:
+                if t[0] == "blackbox" and len(t) > 1 and t[1] != part:
+                    out[part.removesuffix(".py")].add(t[1])
+    return out
+
+
+def test_every_part_imports_only_what_the_picture_allows() -> None:
+    found = _imports()
+    unknown = set(found) - set(MAY_IMPORT) - UNCHECKED
+    assert not unknown, f"new parts {sorted(unknown)}: add them to MAY_IMPORT and docs/development.md"
+    wrong = {part: sorted(found[part] - MAY_IMPORT[part]) for part in MAY_IMPORT if found[part] - MAY_IMPORT[part]}
+    assert not wrong, f"imports against the arrows: {wrong}"
+
+
+def test_nothing_imports_the_cli() -> None:
+    found = _imports()
+    assert not [part for part, targets in found.items() if "cli" in targets and part not in UNCHECKED]
