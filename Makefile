@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup test lint demo bench clean browser
+.PHONY: setup test test-fast lint docs demo bench clean browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,14 @@ browser:
 
 test: $(STAMP) browser
 	$(PY) -m pytest
+
+# The unit tests alone: pure logic on golden and generated bundles, no torch import, no job started (seconds).
+test-fast: $(STAMP)
+	$(PY) -m pytest tests/unit -q
+
+# The parts of docs/ generated from the code (a unit test fails when they are stale).
+docs: $(STAMP)
+	$(PY) scripts/gen_docs.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check blackbox tests scripts

@@ -18,7 +18,7 @@ from typing import Callable, Optional
 
 from ._recorder import protocol as P
 from .adapters import gpu, host, procfs, pyspy
-from .heartbeat import decode
+from .heartbeat_reader import decode
 from .supervisor.rundir import INJECT_DIR
 
 MIN_FREE_BYTES = 1 << 30  # below this, bundles and heartbeats may not fit

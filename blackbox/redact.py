@@ -11,17 +11,28 @@ from ._recorder.redact import (
     StreamRedactor,
     _harmless,
     _kind,
+    add_known_secret,
+    add_known_secrets,
     is_secret_name,
     redact_json_text,
     redact_text,
     redact_value,
-    remember_secrets,
-    remember_value,
 )
 
-__all__ = ["REDACTED", "StreamRedactor", "is_secret_name", "redact_argv", "redact_config", "redact_env",
-           "redact_json_text", "redact_text", "redact_url", "redact_value", "remember_secrets",
-           "remember_value"]  # fmt: skip
+__all__ = [
+    "REDACTED",
+    "StreamRedactor",
+    "add_known_secret",
+    "add_known_secrets",
+    "is_secret_name",
+    "redact_argv",
+    "redact_config",
+    "redact_env",
+    "redact_json_text",
+    "redact_text",
+    "redact_url",
+    "redact_value",
+]  # fmt: skip
 
 # one `key: value` / `key = value` / `"key": value` line of YAML, TOML, INI, .env or JSON
 _CONFIG_LINE = re.compile(r"^(\s*(?:export\s+)?[\"']?)([A-Za-z0-9_.\-]+)([\"']?\s*[:=]\s*)(.*?)(\s*,?\s*)$")

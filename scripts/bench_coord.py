@@ -1,6 +1,6 @@
 """Benchmark: what multi-node coordination costs the store as the node count grows. One process serves the
 job's TCPStore (the hosting node's helper) and N simulated nodes — threads, each with its own TCPStore client —
-run the coordination helper's own poll (`Helper.tick`: summary, liveness, incidents, and on the hosting node
+run the coordination helper's own poll (`StoreProcess.tick`: summary, liveness, incidents, and on the hosting node
 the read of every node's liveness) for a number of rounds. Reported: the median and 95th-percentile time of one
 poll for an ordinary node and for the hosting node. Prints a Markdown table; the README quotes it.
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-from blackbox.coord.helper import Helper  # noqa: E402
+from blackbox.coord.store_process import StoreProcess  # noqa: E402
 
 
 def free_port() -> int:
@@ -43,14 +43,14 @@ def one_size(nodes: int, rounds: int) -> tuple[list[float], list[float]]:
     base = {"host": "127.0.0.1", "port": port, "job_key": f"bench-{nodes}", "nnodes": nodes, "hostname": "bench",
             "run_id": "bench", "poll_interval": 1.0, "silent_after": 3600.0, "connect_timeout": 60.0,
             "episode_s": 60.0}  # fmt: skip
-    helpers = [Helper({**base, "node": str(i), "hosting": i == 0}) for i in range(nodes)]
+    helpers = [StoreProcess({**base, "node": str(i), "hosting": i == 0}) for i in range(nodes)]
     for i, h in enumerate(helpers):
         h.summary = summary(i)
     with contextlib.redirect_stdout(io.StringIO()):
         assert helpers[0].connect()
         errors: list[BaseException] = []
 
-        def join(h: Helper) -> None:
+        def join(h: StoreProcess) -> None:
             try:
                 assert h.connect()
             except BaseException as exc:
@@ -67,7 +67,7 @@ def one_size(nodes: int, rounds: int) -> tuple[list[float], list[float]]:
         node_times: list[float] = []
         lock = threading.Lock()
 
-        def poll(h: Helper, out: list[float]) -> None:
+        def poll(h: StoreProcess, out: list[float]) -> None:
             for _ in range(rounds):
                 t0 = time.perf_counter()
                 h.tick()

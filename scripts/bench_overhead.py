@@ -62,7 +62,7 @@ gc.collect()
 
 
 def bench_update(n: int) -> dict[str, float]:
-    from blackbox._recorder.heartbeat import HeartbeatWriter
+    from blackbox._recorder.heartbeat_writer import HeartbeatWriter
     from blackbox._recorder.recorder import Recorder
 
     with tempfile.TemporaryDirectory() as d:

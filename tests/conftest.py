@@ -21,6 +21,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRAMS = Path(__file__).resolve().parent / "programs"
+UNIT = Path(__file__).resolve().parent / "unit"
+INTEGRATION = Path(__file__).resolve().parent / "integration"
 BIN = Path(sys.executable).parent
 BLACKBOX = [sys.executable, "-m", "blackbox"]
 TORCHRUN = str(BIN / "torchrun")
@@ -34,17 +36,35 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:  # every integration test spawns real processes: `-m "not slow"` is the unit suite
+        if INTEGRATION in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.slow)
+    gpu = [item for item in items if "gpu" in item.keywords]
+    if gpu and not _has_cuda():  # torch is imported only when a gpu test is to run: the unit suite never does
+        skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
+        for item in gpu:
+            item.add_marker(skip)
+
+
+def _has_cuda() -> bool:
     try:
         import torch
 
-        has_cuda = torch.cuda.is_available()
+        return bool(torch.cuda.is_available())
     except Exception:
-        has_cuda = False
-    if not has_cuda:
-        skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
-        for item in items:
-            if "gpu" in item.keywords:
-                item.add_marker(skip)
+        return False
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The unit suite is pure: a session of unit tests only that imported torch fails (`make test-fast` stays
+    seconds, and a unit test that needs torch belongs in tests/integration)."""
+    items = getattr(session, "items", [])
+    if items and all(UNIT in Path(str(item.fspath)).parents for item in items) and "torch" in sys.modules:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line("the unit tests imported torch: move the test that needs it to tests/integration",
+                                red=True)  # fmt: skip
 
 
 def _reap_descendants() -> None:

@@ -46,7 +46,7 @@ def _redacted(data: Any) -> Any:
     if _redactor is None:
         from . import redact
 
-        redact.remember_secrets(os.environ)
+        redact.add_known_secrets(os.environ)
         _redactor = redact.redact_value
     return _redactor(data)
 

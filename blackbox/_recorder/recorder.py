@@ -11,7 +11,7 @@ import threading
 import time
 
 from . import protocol as P
-from .heartbeat import HeartbeatWriter
+from .heartbeat_writer import HeartbeatWriter
 from .lastwords import LastWords, python_stacks, thread_names, write_json
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs milliseconds at start-up

@@ -231,7 +231,7 @@ _KNOWN: List[str] = []
 MIN_KNOWN_LEN = 6  # shorter values ("1", "true") would scrub ordinary words
 
 
-def remember_value(value: str) -> None:
+def add_known_secret(value: str) -> None:
     """Scrub `value` (and its JSON-escaped forms) from everything redacted from now on."""
     if len(value) < MIN_KNOWN_LEN:
         return
@@ -241,12 +241,12 @@ def remember_value(value: str) -> None:
     _KNOWN.sort(key=len, reverse=True)  # a longer secret first, in case one contains another
 
 
-def remember_secrets(env: Mapping[str, str]) -> int:
+def add_known_secrets(env: Mapping[str, str]) -> int:
     """Remember the values of `env`'s credential-named variables so redact_text removes them anywhere.
     Returns how many forms are now known."""
     for name, value in env.items():
         if is_secret_name(name) and not _harmless(name, value):
-            remember_value(value)
+            add_known_secret(value)
     return len(_KNOWN)
 
 

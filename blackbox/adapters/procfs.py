@@ -162,6 +162,17 @@ def _fields(text: Optional[str]) -> dict[str, str]:
 MAX_THREADS = 512  # per process, in a snapshot
 
 
+def zombie_exit_code(pid: int) -> Optional[int]:
+    """How a zombie (exited, not yet reaped by its parent) ended, from /proc/PID/stat's exit_code field (Linux
+    >= 3.5): its exit code, or minus the signal that killed it; None where it cannot be read."""
+    text = _read(f"/proc/{pid}/stat")
+    try:
+        rest = text[text.rindex(")") + 2 :].split() if text else []
+        return os.waitstatus_to_exitcode(int(rest[49])) if len(rest) > 49 else None
+    except (ValueError, IndexError):
+        return None
+
+
 def snapshot(pid: int) -> dict[str, object]:
     """What /proc and psutil say about one process now: status, where it sleeps in the kernel (wchan,
     syscall, kernel stack where readable), each thread's name, state and wchan, open fds, I/O counters,
@@ -210,6 +221,7 @@ def snapshot(pid: int) -> dict[str, object]:
         "pid": pid,
         "name": status.get("Name"),
         "state": status.get("State"),
+        "exit_code": zombie_exit_code(pid) if str(status.get("State", "")).startswith("Z") else None,
         "ppid": int(status["PPid"]) if status.get("PPid", "").isdigit() else None,
         "status": status,
         "wchan": read("wchan"),

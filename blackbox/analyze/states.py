@@ -222,8 +222,16 @@ def read_state(
         facts.append(Fact(psrc, "stopped", f"/proc state {proc.get('state')}" + (f", wchan {wchan}" if wchan else "")))
     elif letter == "t":
         facts.append(Fact(psrc, "traced", f"/proc state {proc.get('state')} (stopped by a debugger)"))
-    elif letter == "Z":
-        facts.append(Fact(psrc, "dead", "/proc state Z (zombie: exited, not yet reaped)"))
+    elif letter == "Z":  # exited, not yet reaped by its parent: the kernel still holds how it ended
+        code = proc.get("exit_code")
+        code = code if isinstance(code, int) and not isinstance(code, bool) else None
+        if code == 0:
+            facts.append(Fact(psrc, "exited", "/proc state Z: exited with code 0, not yet reaped"))
+        else:
+            facts.append(Fact(psrc, "dead", "/proc state Z (zombie: exited, not yet reaped)"
+                              + (f", {_describe_exit(code)}" if code is not None else "")))  # fmt: skip
+            if code is not None and exit_code is None:
+                exit_code, exit_status = code, _describe_exit(code)
     elif letter == "D":
         facts.append(Fact(psrc, "kernel", f"/proc state D (uninterruptible sleep in the kernel, wchan {wchan or '?'})"))
     # stacks

@@ -80,14 +80,14 @@ def collect(pid: int, out: Optional[str], native: bool, with_locals: bool, dump_
     from ..collect.collector import CollectOptions, Collector
     from ..collect.job import discover
     from ..detections import Trigger
-    from ..heartbeat import HeartbeatTable
+    from ..heartbeat_reader import HeartbeatTable
     from ..intake import Intake
-    from ..redact import remember_secrets
+    from ..redact import add_known_secrets
     from ..render import printable
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     job = discover(pid)
-    remember_secrets(job.env)  # the job's credentials, scrubbed from everything in the bundle
+    add_known_secrets(job.env)  # the job's credentials, scrubbed from everything in the bundle
     out_dir, out_name = _out_target(out, job.run_dir)
     try:
         os.makedirs(out_dir, mode=0o700, exist_ok=True)

@@ -22,7 +22,7 @@ from ..bundle.writer import BundleWriter, Step, Written
 from ..detections import Detection, Trigger
 from ..events import EventLog
 from ..frames import where
-from ..heartbeat import HeartbeatState
+from ..heartbeat_reader import HeartbeatState
 from ..redact import redact_argv, redact_config, redact_env, redact_json_text, redact_text
 from ..safeopen import RunDir, UnsafeFile, read_file
 from .job import Job, RankTarget

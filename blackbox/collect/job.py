@@ -13,7 +13,7 @@ from typing import Optional
 from .._recorder import protocol as P
 from ..adapters import host, procfs, torchelastic
 from ..errors import EXIT_NO_PERMISSION, BlackboxError
-from ..heartbeat import HeartbeatFormatError, HeartbeatState, decode
+from ..heartbeat_reader import HeartbeatFormatError, HeartbeatState, decode
 from ..safeopen import RunDir
 
 PERMISSION_HINT = (

@@ -1,4 +1,4 @@
-"""The supervisor's side of multi-node coordination: starts the coordination helper (blackbox/coord/helper.py),
+"""The supervisor's side of multi-node coordination: starts the coordination helper (blackbox/coord/store_process.py),
 passes it this node's summary and incidents, and hands the loop what the other nodes report. Never blocks the
 supervisor for long: a post waits a few seconds at most, then the node goes on alone. Never prints: it speaks
 through `event` and `say_once`. Imports the stdlib and blackbox's topology."""
@@ -64,7 +64,7 @@ class Coordination:
         env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         with open(os.path.join(self.run_dir, "coordination.log"), "ab") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "blackbox.coord.helper", json.dumps(cfg)], stdin=subprocess.PIPE,
+                [sys.executable, "-m", "blackbox.coord.store_process", json.dumps(cfg)], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True, cwd=self.run_dir,
             )  # fmt: skip
         self._event("coordination", status="starting", address=self.topo.address, hosting=self.topo.hosting,

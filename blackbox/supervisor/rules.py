@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..config import AUTO, RunConfig
 from ..detections import Detection, RankFinding, plural_ranks
-from ..heartbeat import HeartbeatState
+from ..heartbeat_reader import HeartbeatState
 
 AUTO_FLOOR_S = 60.0  # `auto` never goes below this
 AUTO_FACTOR = 5.0  # ... and is this many times the slowest step seen

@@ -25,7 +25,7 @@ from ..coord.topology import Topology, topology
 from ..detections import Trigger
 from ..errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
 from ..events import EventLog
-from ..redact import redact_argv, redact_url, remember_secrets, remember_value
+from ..redact import add_known_secret, add_known_secrets, redact_argv, redact_url
 from .console_log import ConsoleLog
 from .context import RunContext
 from .episodes import Episodes
@@ -94,9 +94,9 @@ class Supervisor:
     def _prepare(self) -> None:
         """The run directory and its logs, the heartbeat table, console.log's header and the start event."""
         ctx = self.ctx
-        remember_secrets(ctx.env)  # the job's credentials, scrubbed from everything blackbox writes
+        add_known_secrets(ctx.env)  # the job's credentials, scrubbed from everything blackbox writes
         if ctx.cfg.notify_url:  # a webhook URL is a credential too: only its host is ever written
-            remember_value(ctx.cfg.notify_url)
+            add_known_secret(ctx.cfg.notify_url)
         ctx.run_dir = prepare_run_dir(ctx.run_dir)
         ctx.events = EventLog(os.path.join(ctx.run_dir, P.EVENTS_LOG))
         ctx.console = ConsoleLog(os.path.join(ctx.run_dir, P.CONSOLE_LOG), lambda m: ctx.say_once("console", m),

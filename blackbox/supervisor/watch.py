@@ -11,7 +11,7 @@ from typing import Optional
 from .._recorder import protocol as P
 from ..adapters import gpu, procfs
 from ..detections import Detection
-from ..heartbeat import HeartbeatState, HeartbeatTable
+from ..heartbeat_reader import HeartbeatState, HeartbeatTable
 from .context import RunContext
 from .gpuwatch import GpuWatch
 from .process import JobProcess

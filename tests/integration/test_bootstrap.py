@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from blackbox._recorder import protocol as P
-from blackbox.heartbeat import HeartbeatState, decode
+from blackbox.heartbeat_reader import HeartbeatState, decode
 from blackbox.supervisor.rundir import INJECT_DIR
 from tests.conftest import job_env
 
@@ -157,7 +157,7 @@ def test_rank_side_parses_as_python_3_9() -> None:
 
 PHASE_PROBE = """
 import mmap, os, sys
-from blackbox.heartbeat import decode
+from blackbox.heartbeat_reader import decode
 
 def phase():
     path = os.path.join(os.environ["BLACKBOX_RECORD_DIR"], "ranks", "0", "heartbeat")
@@ -202,7 +202,7 @@ torch.manual_seed(11)
 import numpy
 numpy.random.seed(13)
 import torch.distributed.checkpoint as dcp
-from blackbox.heartbeat import decode
+from blackbox.heartbeat_reader import decode
 import mmap, os
 
 def phase():

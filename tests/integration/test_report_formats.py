@@ -74,3 +74,14 @@ def test_html_draws_the_gpu_history(tmp_path: Path) -> None:
     # THEN the page has the GPU chart, and the report says how long the GPU sat at 0 %
     assert "GPU utilisation over time" in run.stdout and "GPU 0 H100" in run.stdout
     assert "at 0 % for the last 14 s" in run.stdout
+
+
+def test_torchs_analyzer_never_walks_a_pickle_of_shared_references(tmp_path: Path) -> None:
+    """A 557-byte flight-recorder pickle whose shared references expand to 2**60 paths: refused before PyTorch's
+    own analyzer (on by default, in the report's process) walks its frames."""
+    from tests.unit.test_hostile_bundles import CASES
+
+    path = CASES["flight recorder: a DAG of shared references"](tmp_path)
+    res = report(["--no-index", "--format", "json", str(path)], tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "shared references expand" in res.stdout

@@ -18,7 +18,7 @@ import pytest
 
 from blackbox.adapters.procfs import is_alive
 from blackbox.events import read_events
-from blackbox.heartbeat import decode
+from blackbox.heartbeat_reader import decode
 from tests.conftest import PROGRAMS, TORCHRUN, bundles, job_env, run_blackbox, send, start_blackbox, wait_for
 
 GLOO_JOB = str(PROGRAMS / "gloo_job.py")

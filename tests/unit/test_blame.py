@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from blackbox.adapters.stacks import Frame, ThreadStack
 from blackbox.analyze.blame import Context, blame
-from blackbox.analyze.states import Fact, classify
+from blackbox.analyze.states import Fact, RankState, classify
 from blackbox.frames import where
 
 TORCH = "/venv/lib/python3.11/site-packages/torch"
@@ -202,3 +202,26 @@ def test_without_the_flight_recorder_a_mismatch_shows_in_the_stacks() -> None:
     assert "ranks 0-1, 3 in all_reduce" in b.summary and "rank 2 in barrier" in b.summary
     # AND every rank in the same collective, sampled on request, is no sign of a hang by itself
     assert blame([state(r, in_op("all_reduce")) for r in range(4)], Context("manual")).category == "ok"
+
+
+# --- analyze.states.read_state: a zombie says how it ended -------------------------------------------------------
+def _zombie(exit_code: int | None) -> RankState:
+    import json
+
+    from blackbox.analyze.states import GroupProgress, read_state
+    from blackbox.bundle.reader import Bundle
+
+    hb = {"rank": 1, "pid": 51, "step": 20, "phase": "compute", "state": "exited", "alive": True}
+    proc = {"pid": 51, "state": "Z (zombie)", "exit_code": exit_code}
+    files = {"ranks/1/heartbeat.json": json.dumps(hb).encode(), "ranks/1/proc.json": json.dumps(proc).encode()}
+    bundle = Bundle("b", {"schema_version": 1}, files, [])
+    return read_state(bundle, 1, "n", None, None, GroupProgress({}), None, {}, {})
+
+
+def test_a_zombie_that_exited_0_left_early_and_one_that_exited_3_died() -> None:
+    # GIVEN a rank collected between its exit and its parent's wait (torchrun reaps every 0.1 s)
+    # THEN the kernel's record of its end decides: exit code 0 is a rank that left, anything else a death with its code
+    assert _zombie(0).where == "exited"
+    dead = _zombie(3)
+    assert (dead.where, dead.exit_code) == ("dead", 3)
+    assert _zombie(-9).exit_code == -9 and _zombie(None).where == "dead"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from blackbox._recorder import protocol as P
-from blackbox._recorder.heartbeat import HeartbeatWriter
-from blackbox.heartbeat import HeartbeatBusy, HeartbeatFormatError, decode
+from blackbox._recorder.heartbeat_writer import HeartbeatWriter
+from blackbox.heartbeat_reader import HeartbeatBusy, HeartbeatFormatError, decode
 
 
 def make_writer(tmp_path: Path) -> HeartbeatWriter:
@@ -66,7 +66,7 @@ def test_file_appears_complete(tmp_path: Path) -> None:
 
 WRITER = """
 import sys, time
-from blackbox._recorder.heartbeat import HeartbeatWriter
+from blackbox._recorder.heartbeat_writer import HeartbeatWriter
 hb = HeartbeatWriter(sys.argv[1], pid=1, start_ticks=0, rank=0, local_rank=0, world_size=1, mode="rank")
 n, stop = 0, time.monotonic() + float(sys.argv[2])
 print("go", flush=True)

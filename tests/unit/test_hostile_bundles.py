@@ -271,17 +271,12 @@ def test_markup_in_a_bundle_is_shown_as_text(tmp_path: Path) -> None:
     assert "&lt;img src=x onerror=alert(1)&gt;" in page["stdout"]
 
 
-def test_a_pickle_of_shared_references_is_refused_before_anything_walks_it(tmp_path: Path) -> None:
-    """With torch's own analyzer on (it walks every entry's frames): 2**60 paths must not be followed."""
+def test_a_pickle_of_shared_references_is_refused_before_anything_walks_it() -> None:
+    """2**60 paths must not be followed (torch's own analyzer on the same bundle: tests/integration)."""
     from blackbox.adapters.flight_recorder import FlightRecorderError, load_dump
 
     with pytest.raises(FlightRecorderError, match="shared references expand"):
         load_dump(dag_pickle())
-    path = CASES["flight recorder: a DAG of shared references"](tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "blackbox", "report", "--no-index", "--format", "json", str(path)],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert proc.returncode == 0, proc.stderr
-    assert "shared references expand" in proc.stdout
 
 
 def _fuzz_value(rng: random.Random) -> Any:

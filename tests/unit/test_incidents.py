@@ -3,7 +3,9 @@ at once, schema versions, and a broken index that never stops a report."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import sqlite3
 import subprocess
@@ -16,7 +18,7 @@ from blackbox.analyze.verdict import analyze
 from blackbox.bundle.reader import read_bundle
 from blackbox.incidents.fingerprint import normalise, signature
 from blackbox.incidents.store import SCHEMA_VERSION, IncidentIndex, IndexUnavailable
-from tests.conftest import BLACKBOX, ROOT, job_env
+from tests.conftest import ROOT
 
 GOLDEN = ROOT / "tests" / "data" / "golden"
 
@@ -103,32 +105,43 @@ def test_schema_is_versioned(tmp_path: Path) -> None:
         IncidentIndex(str(path))
 
 
-def test_a_corrupt_index_warns_once_and_the_report_still_renders(tmp_path: Path) -> None:
+def cli(*args: str) -> tuple[int, str, str]:
+    """The CLI in this process: (exit code, stdout, stderr)."""
+    from blackbox.cli.main import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_a_corrupt_index_warns_once_and_the_report_still_renders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     home = tmp_path / "home"
     home.mkdir()
     (home / "incidents.sqlite").write_bytes(b"this is not a database\n" * 100)
-    env = job_env(BLACKBOX_HOME=str(home))
-    res = subprocess.run([*BLACKBOX, "report", str(GOLDEN / "raise.tar.gz"), "--format", "json", "--no-fr-analyzer"],
-                         capture_output=True, text=True, env=env, timeout=120)  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["verdict"]["category"] == "crash.exception"
-    warnings = [line for line in res.stderr.splitlines() if "incident index" in line]
-    assert len(warnings) == 1 and "is unreadable" in warnings[0] and "going on without" in warnings[0], res.stderr
-    assert "Traceback" not in res.stderr
-    res = subprocess.run([*BLACKBOX, "incidents", "list"], capture_output=True, text=True, env=env, timeout=60)
-    assert res.returncode != 0 and res.stderr.startswith("blackbox: error: The incident index"), res.stderr
-    assert "Traceback" not in res.stderr
+    monkeypatch.setenv("BLACKBOX_HOME", str(home))
+    code, out, err = cli("report", str(GOLDEN / "raise.tar.gz"), "--format", "json", "--no-fr-analyzer")
+    assert code == 0, err
+    assert json.loads(out)["verdict"]["category"] == "crash.exception"
+    warnings = [line for line in err.splitlines() if "incident index" in line]
+    assert len(warnings) == 1 and "is unreadable" in warnings[0] and "going on without" in warnings[0], err
+    assert "Traceback" not in err
+    code, out, err = cli("incidents", "list")
+    assert code != 0 and err.startswith("blackbox: error: The incident index"), err
+    assert "Traceback" not in err
 
 
-def test_bundle_text_reaches_the_terminal_inert(tmp_path: Path) -> None:
+def test_bundle_text_reaches_the_terminal_inert(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Fields come from bundles (untrusted): markup and escape sequences are shown, never obeyed."""
     home = tmp_path / "home"
     index = IncidentIndex(str(home / "incidents.sqlite"))
     evil = {**record(1), "top_frame": "[/bold][link=x]f\x1b[2J\x1b]0;pwned\x07 (a.py)", "summary": "s\x1b[31mred"}
     number, _ = index.add(evil)
     index.close()
-    env = job_env(BLACKBOX_HOME=str(home))
+    monkeypatch.setenv("BLACKBOX_HOME", str(home))
     for args in (["list"], ["show", str(number)]):
-        res = subprocess.run([*BLACKBOX, "incidents", *args], capture_output=True, text=True, env=env, timeout=60)
-        assert res.returncode == 0, res.stderr
-        assert "\x1b" not in res.stdout and "\x07" not in res.stdout and "[/bold]" in res.stdout.replace("\n", "")
+        code, out, err = cli("incidents", *args)
+        assert code == 0, err
+        assert "\x1b" not in out and "\x07" not in out and "[/bold]" in out.replace("\n", "")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from blackbox.redact import REDACTED, redact_argv, redact_config, redact_env, redact_text, remember_secrets
+from blackbox.redact import REDACTED, add_known_secrets, redact_argv, redact_config, redact_env, redact_text
 
 TOKENS = [
     "hf_" + "a" * 34,
@@ -54,7 +54,7 @@ def test_config_files_lose_credential_values_whatever_the_syntax() -> None:
 
 def test_known_secret_values_are_scrubbed_anywhere() -> None:
     # GIVEN a job environment whose credential-named variable holds a value of no known token format
-    remember_secrets({"DB_PASSWORD": "Tr0ub4dor&3-xyzzy", "HOME": "/root", "SHORT_TOKEN": "1"})
+    add_known_secrets({"DB_PASSWORD": "Tr0ub4dor&3-xyzzy", "HOME": "/root", "SHORT_TOKEN": "1"})
     # THEN that value is removed from any text, and ordinary values are left alone
     assert redact_text("connecting as admin:Tr0ub4dor&3-xyzzy@db") == f"connecting as admin:{REDACTED}@db"
     assert redact_text("HOME is /root, flag 1") == "HOME is /root, flag 1"

@@ -11,13 +11,13 @@ import pytest
 from blackbox.redact import (
     REDACTED,
     StreamRedactor,
+    add_known_secrets,
     is_secret_name,
     redact_argv,
     redact_config,
     redact_env,
     redact_text,
     redact_value,
-    remember_secrets,
 )
 
 # (text, the secret in it): free text, as a job prints it or an exception says it
@@ -209,7 +209,7 @@ def test_records_are_redacted_as_values_and_still_parse() -> None:
 
 def test_known_values_with_quotes_backslashes_and_non_ascii_are_scrubbed_in_json_too() -> None:
     secret = 'p"ä\\ss-wörd-42'
-    remember_secrets({"SERVICE_PASSWORD": secret})
+    add_known_secrets({"SERVICE_PASSWORD": secret})
     assert secret not in redact_text(f"connecting with {secret}")
     encoded = json.dumps({"message": f"bad login {secret}"})
     out = redact_text(encoded)

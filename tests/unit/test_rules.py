@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from blackbox.config import load_run_config
-from blackbox.heartbeat import HeartbeatState
+from blackbox.heartbeat_reader import HeartbeatState
 from blackbox.supervisor.rules import RankView, Rules, stall_timeout
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from blackbox.heartbeat import HeartbeatTable
+from blackbox.heartbeat_reader import HeartbeatTable
 from blackbox.safeopen import RunDir, UnsafeFile, read_file
 
 OTHER_UID = 4242

@@ -36,7 +36,7 @@ def emit(event: str, **fields: Any) -> None:
     sys.stdout.flush()
 
 
-class Helper:
+class StoreProcess:
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
         self.me = str(cfg["node"])  # the node's label in the store: its node rank, else its host name
@@ -248,11 +248,11 @@ def main() -> int:
         import torch.distributed  # noqa: F401
     except Exception as exc:
         emit("failed", reason="no_torch", message=_first_line(exc), retry=False)
-        helper = Helper(cfg)
+        helper = StoreProcess(cfg)
         threading.Thread(target=helper.read_commands, daemon=True).start()
         helper.serve_commands(None)
         return 0
-    return Helper(cfg).run()
+    return StoreProcess(cfg).run()
 
 
 def with_parent_death_signal() -> None:

@@ -1,5 +1,6 @@
 """The rank's heartbeat writer: a few aligned 8-byte stores into an mmap per update, no syscall, no lock.
-Stdlib only, Python >= 3.9: loaded inside the job's interpreter. The supervisor's decoder is blackbox.heartbeat."""
+Stdlib only, Python >= 3.9: loaded inside the job's interpreter. The host side's decoder is
+blackbox.heartbeat_reader."""
 
 from __future__ import annotations
 
