@@ -51,19 +51,19 @@ def make_bundle(ranks: int, out_dir: str, stuck: int = 1) -> str:
     for r in range(ranks):
         mine = r == stuck
         phase = "data" if mine else "collective"
-        w.add_json(f"ranks/{r}/heartbeat.json", {
+        w.add_record(r, "heartbeat.json", {
             "version": 1, "pid": 10_000 + r, "rank": r, "local_rank": r % 8, "world_size": ranks, "mode": "rank",
             "step": 100, "phase": phase, "collective": "none" if mine else "all_reduce", "state": "running",
             "alive": True, "idle_s": 63.0 + (r % 7) * 0.1, "liveness_age_s": 0.3, "last_progress_wall": now - 63,
             "phase_start_wall": now - 63,
         })  # fmt: skip
-        w.add_json(f"ranks/{r}/py-spy.json", _stack(mine))
-        w.add_json(f"ranks/{r}/proc.json", {
+        w.add_record(r, "py-spy.json", _stack(mine))
+        w.add_record(r, "proc.json", {
             "pid": 10_000 + r, "name": "python3", "state": "S (sleeping)", "wchan": "futex_wait_queue",
             "threads": [{"tid": 10_000 + r + t, "name": "python3", "state": "S", "wchan": "futex_wait_queue"}
                         for t in range(24)], "fd_count": 120, "unreadable": {},
         })  # fmt: skip
-        w.add_json(f"ranks/{r}/history.json", [{"t": now - 600 + s * 5, "step": s, "phase": "compute",
+        w.add_record(r, "history.json", [{"t": now - 600 + s * 5, "step": s, "phase": "compute",
                                                 "state": "running", "phase_t": now - 600 + s * 5}
                                                for s in range(0, 101, 10)])  # fmt: skip
     reason = f"ranks wait in all_reduce while rank {stuck} never arrived (phase data)"

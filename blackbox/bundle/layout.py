@@ -12,7 +12,8 @@ from .._recorder import protocol as P
 from ..detections import Detection
 
 MANIFEST = "manifest.json"
-MANIFEST_SCHEMA_VERSION = 1
+# 2: a rank's own records live in the node's rank table (RANK_TABLE); 1: each is a member of its own
+MANIFEST_SCHEMA_VERSION = 2
 
 # --- the node's members ---------------------------------------------------------------------------------
 DETECTION = "detection.json"  # what the live rule saw (detection_record)
@@ -25,6 +26,10 @@ GIT_DIFFSTAT = "node/git-diffstat.txt"
 PACKAGES = "node/packages.json"
 GPU_HISTORY = "node/gpu-history.json"
 COORDINATION = "node/coordination.json"
+# The ranks' own records of TABLED, one JSON Lines line each, `[R, "<name>", record]` in compact JSON; a reader
+# sees each as the member ranks/R/<name> it stands for, parsed only when read (a 32,768-rank node is one table
+# member, not 131,072 tar members and their manifest entries).
+RANK_TABLE = "node/ranks.jsonl"
 CONFIG_DIR = "node/config/"  # the config files named on the job's command line, redacted
 FLIGHT_RECORDER_DIR = P.FR_DIR + "/"  # the ranks' flight-recorder pickles, named as torch's analyzer reads them
 AGENT_DIR = "agent/"  # torchrun's agent: its stacks and /proc state (blackbox collect)
@@ -41,6 +46,7 @@ PYSPY = "py-spy"  # py-spy's JSON, as py-spy wrote it
 PYSPY_NATIVE = "py-spy-native"  # the main thread with native frames, where the Python stack was ambiguous
 PROC = "proc"  # /proc state (adapters.procfs)
 WORKER = "-worker-"
+TABLED = (HEARTBEAT, HISTORY, PYSPY + ".json", PROC + ".json")  # a rank's own records, in RANK_TABLE
 # copied from the rank's directory as the recorder named them
 RANK_FILES = (
     P.RANK_LOG, P.RANK_EVENTS, P.RANK_ANNOTATIONS, P.RANK_METRICS, P.RANK_THREADS, P.RANK_LOADER, P.RANK_INFO,

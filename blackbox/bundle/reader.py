@@ -44,7 +44,9 @@ class Bundle:
     @classmethod
     def of(cls, written: Written) -> Bundle:
         """The bundle just written, as a reader of its file would see it, without reading the file."""
-        return cls(written.path, written.manifest, dict(written.members), [], {written.path: written.sha256})
+        files, skipped = dict(written.members), list[str]()
+        expand_rank_table(files, skipped)
+        return cls(written.path, written.manifest, files, skipped, {written.path: written.sha256})
 
     @property
     def trigger(self) -> Trigger:
@@ -122,6 +124,29 @@ def integer(value: Any) -> Optional[int]:
     return None
 
 
+def expand_rank_table(files: dict[str, bytes], skipped: list[str]) -> None:
+    """The rank table's records (`[R, "<name>", record]` a line) as the members ranks/R/<name> they stand for, each
+    parsed only when read. Untrusted: a line of another shape, or a name that is not one of layout.TABLED, is left
+    out and counted in `skipped`; a member the bundle also holds on its own is kept as it is."""
+    table = files.pop(L.RANK_TABLE, None)  # its records stand in for it: kept once, not twice
+    if not table:
+        return
+    bad = 0
+    names = {name.encode(): "/" + name for name in L.TABLED}
+    prefix = L.RANKS_DIR
+    for line in table.split(b"\n"):
+        head, sep, rest = line.partition(b'",')
+        digits, _, name = head[1:].partition(b',"')
+        tail = names.get(name)
+        # bytes.isdigit is ASCII digits only; a rank has at most 9 of them
+        if tail is None or not (sep and line[:1] == b"[" and rest[-1:] == b"]" and digits.isdigit()) or len(digits) > 9:
+            bad += bool(line.strip())
+            continue
+        files.setdefault(prefix + str(int(digits)) + tail, rest[:-1])
+    if bad:
+        skipped.append(f"{L.RANK_TABLE}: {bad} line(s) that are not a rank's record")
+
+
 def parse_json(data: bytes) -> Any:
     """JSON from a bundle. ValueError for what is not JSON, nests deeper than the parser's recursion, or holds
     more than MAX_JSON_ITEMS tables, lists and items (16 MB of `[{},{},…]` would take ~500 MB parsed)."""
@@ -181,6 +206,7 @@ def read_bundle(path: str) -> Bundle:
             f"reads ({MANIFEST_SCHEMA_VERSION}).",
             hint="Upgrade torch-blackbox to read it.",
         )
+    expand_rank_table(files, skipped)
     return Bundle(path, manifest, files, skipped, {path: digest})
 
 
@@ -326,7 +352,7 @@ def _read_tar(path: str, files: dict[str, bytes], skipped: list[str]) -> str:
             if kind not in "07":
                 skipped.append(f"{member}: not a regular file")
                 continue
-            if size > MAX_MEMBER_BYTES:
+            if size > (MAX_TOTAL_BYTES if member == L.RANK_TABLE else MAX_MEMBER_BYTES):  # a node's table: all ranks
                 skipped.append(f"{member}: {size} bytes, over the {MAX_MEMBER_BYTES} byte limit")
                 continue
             total += size
@@ -350,7 +376,7 @@ def _read_dir(path: str, files: dict[str, bytes], skipped: list[str]) -> None:
                 skipped.append(f"{rel}: not a regular file")
                 continue
             size = os.path.getsize(full)
-            if size > MAX_MEMBER_BYTES or len(files) >= MAX_MEMBERS:
+            if size > (MAX_TOTAL_BYTES if rel == L.RANK_TABLE else MAX_MEMBER_BYTES) or len(files) >= MAX_MEMBERS:
                 skipped.append(f"{rel}: over the size or count limit")
                 continue
             total += size

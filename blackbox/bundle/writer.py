@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 from .. import __version__
 from ..detections import Trigger
-from .layout import MANIFEST, MANIFEST_SCHEMA_VERSION
+from .layout import MANIFEST, MANIFEST_SCHEMA_VERSION, RANK_TABLE, TABLED, rank_member
 
 DEFAULT_FILE_CAP = 4 * 1024 * 1024  # bytes per file
 DEFAULT_TOTAL_CAP = 64 * 1024 * 1024  # bytes per bundle, before compression
@@ -68,6 +68,7 @@ class BundleWriter:
     truncated: dict[str, int] = field(default_factory=dict)  # path -> original size
     dropped: list[str] = field(default_factory=list)
     steps: list[Step] = field(default_factory=list)
+    records: dict[tuple[int, str], bytes] = field(default_factory=dict)  # (rank, name) -> compact JSON
     _total: int = 0
 
     def add_bytes(self, path: str, data: bytes, *, keep: str = "tail", cap: Optional[int] = None) -> None:
@@ -89,10 +90,36 @@ class BundleWriter:
     def add_json(self, path: str, obj: Any) -> None:
         self.add_bytes(path, (json.dumps(obj, indent=2, default=str) + "\n").encode(), keep="head")
 
+    def add_record(self, rank: int, name: str, obj: Any) -> None:
+        """One of a rank's own records (layout.TABLED: heartbeat, history, py-spy, /proc), kept in the node's rank
+        table; a reader sees it as the member ranks/<rank>/<name>. Over the file cap it is dropped whole (a cut
+        record would not parse), and so is one past the total cap."""
+        assert name in TABLED, name
+        data = json.dumps(obj, separators=(",", ":"), default=str).encode()
+        member = rank_member(rank, name)
+        if len(data) > self.file_cap:
+            self.truncated[member] = len(data)
+            self.dropped.append(member)
+            return
+        if self._total + len(data) > self.total_cap:
+            self.dropped.append(member)
+            return
+        self._total += len(data)
+        self.records[(rank, name)] = data
+
+    def _rank_table(self) -> Optional[bytes]:
+        if not self.records:
+            return None
+        return b"".join(b'[%d,"%s",%s]\n' % (rank, name.encode(), data) for (rank, name), data in
+                        sorted(self.records.items(), key=lambda kv: kv[0]))  # fmt: skip
+
     def step(self, name: str, status: str, started: float, detail: Optional[str] = None) -> None:
         self.steps.append(Step(name, status, round(time.monotonic() - started, 4), detail))
 
     def manifest(self, extra: dict[str, Any]) -> dict[str, Any]:
+        table = self._rank_table()
+        if table is not None:
+            self.entries[RANK_TABLE] = table
         files = [
             {
                 "path": path,

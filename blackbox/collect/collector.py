@@ -109,6 +109,13 @@ class _Proc:
         """Where its `what` (py-spy, proc) goes in the bundle (bundle.layout)."""
         return L.process_member(self.rank, what, self.pid if self.helper else None)
 
+    def add(self, w: BundleWriter, what: str, obj: Any) -> None:
+        """Its `what` into the bundle: a rank's own in the node's rank table, a helper's or the agent's a member."""
+        if self.rank is not None and not self.helper and what + ".json" in L.TABLED:
+            w.add_record(self.rank, what + ".json", obj)
+        else:
+            w.add_json(self.path(what), obj)
+
 
 def heartbeat_record(t: RankTarget, now: float) -> dict[str, Any]:
     """A heartbeat as the bundle keeps it: the raw fields, wall-clock times and the ages that matter."""
@@ -255,7 +262,7 @@ class Collector:
                 got[p.pid] = result.threads
                 if self.options.locals:
                     _redact_locals(result.threads)
-                w.add_json(p.path(L.PYSPY), result.threads)
+                p.add(w, L.PYSPY, result.threads)
             else:
                 errors.setdefault(result.error or "unknown error", []).append(p.pid)
         failed = sum(len(p) for p in errors.values())
@@ -310,7 +317,7 @@ class Collector:
             if snap.get("state") is None:
                 gone.append(p.pid)
                 continue
-            w.add_json(p.path(L.PROC), snap)
+            p.add(w, L.PROC, snap)
         w.step("/proc", "ok" if not gone else "partial", t,
                f"{len(procs) - len(gone)}/{len(procs)} process(es)" + (f"; gone: {gone}" if gone else ""))  # fmt: skip
 
@@ -511,9 +518,9 @@ class Collector:
             t = now
             recorded = [r for r in ranks if r.hb is not None]
             for r in recorded:
-                w.add_json(L.rank_member(r.rank, L.HEARTBEAT), heartbeat_record(r, now))
+                w.add_record(r.rank, L.HEARTBEAT, heartbeat_record(r, now))
             for rank, samples in job.history.items():
-                w.add_json(L.rank_member(rank, L.HISTORY), samples)
+                w.add_record(rank, L.HISTORY, samples)
             if job.gpu_history:
                 w.add_json(L.GPU_HISTORY, job.gpu_history)
             if job.coordination is not None:

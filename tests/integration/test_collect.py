@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 
 from blackbox._recorder import protocol as P
 from blackbox.adapters.procfs import is_alive
+from blackbox.bundle.reader import read_bundle
 from blackbox.supervisor.rundir import INJECT_DIR
 from tests.conftest import (
     BLACKBOX,
@@ -36,8 +36,8 @@ GLOO_JOB = str(PROGRAMS / "gloo_job.py")
 
 
 def members(bundle: Path) -> dict[str, bytes]:
-    with tarfile.open(bundle) as tar:
-        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    """The bundle's members as a reader sees them (the rank table's records as ranks/<r>/<name>)."""
+    return read_bundle(str(bundle)).files
 
 
 def manifest_step(files: dict[str, bytes], name: str) -> dict[str, Any]:

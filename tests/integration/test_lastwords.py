@@ -17,6 +17,7 @@ from typing import Any, Callable
 import pytest
 
 from blackbox.adapters import flight_recorder as fr
+from blackbox.bundle.reader import read_bundle
 from blackbox.heartbeat_reader import HeartbeatState, decode
 from tests.conftest import ROOT, TORCHRUN, bundles, run_blackbox
 
@@ -54,9 +55,9 @@ def main_thread(dump: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def bundle_names(run_dir: Path) -> list[str]:
+    """The bundle's members as a reader sees them (the rank table's records as ranks/<r>/<name>)."""
     (bundle,) = bundles(run_dir)
-    with tarfile.open(bundle) as tar:
-        return tar.getnames()
+    return sorted(read_bundle(str(bundle)).files)
 
 
 @pytest.mark.parametrize("scenario", ["data-hang", "ddp-data-hang-workers"])
@@ -84,8 +85,8 @@ def test_data_hang(gallery: Gallery, scenario: str) -> None:
     assert {"ranks/0/py-spy.json", "ranks/1/py-spy.json"} <= set(names)
     if scenario == "ddp-data-hang-workers":
         (bundle,) = bundles(run_dir)
-        with tarfile.open(bundle) as tar:
-            workers = [json.load(tar.extractfile(n)) for n in names if n.startswith("ranks/1/py-spy-worker-")]  # type: ignore[arg-type]
+        files = read_bundle(str(bundle)).files
+        workers = [json.loads(files[n]) for n in names if n.startswith("ranks/1/py-spy-worker-")]
         assert len(workers) == 2
         functions = {f["name"] for w in workers for t in w for f in t["frames"]}
         assert any(name.endswith("__getitem__") for name in functions)  # the worker stuck reading the FIFO
@@ -125,8 +126,8 @@ def test_gil_held_in_c_still_dumps_on_sigusr1(gallery: Gallery) -> None:
     assert any(tid in text for tid in threads)  # the map names the hex ids faulthandler prints
     # the bundle shows it too: rank 1's liveness thread had stopped while its process lived
     (bundle,) = bundles(run_dir)
-    with tarfile.open(bundle) as tar:
-        hb = {r: json.load(tar.extractfile(f"ranks/{r}/heartbeat.json")) for r in (0, 1)}  # type: ignore[arg-type]
+    files = read_bundle(str(bundle)).files
+    hb = {r: json.loads(files[f"ranks/{r}/heartbeat.json"]) for r in (0, 1)}
     assert hb[1]["alive"] and hb[1]["liveness_age_s"] > 2.5 > hb[0]["liveness_age_s"]
 
 
@@ -149,7 +150,7 @@ def test_exception_and_the_survivors_sigterm_last_words(gallery: Gallery) -> Non
     (bundle,) = bundles(run_dir)
     with tarfile.open(bundle) as tar:
         manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
-        survivor = json.load(tar.extractfile("ranks/0/py-spy.json"))  # type: ignore[arg-type]
+        survivor = json.loads(read_bundle(str(bundle)).files["ranks/0/py-spy.json"])
         # torchelastic's own error file is left as it was, and collected
         error = json.load(tar.extractfile("ranks/1/torchelastic-error.json"))  # type: ignore[arg-type]
     assert manifest["trigger"] == raised["event"].replace("_", "-")

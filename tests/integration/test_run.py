@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from blackbox.adapters.procfs import is_alive
+from blackbox.bundle.reader import read_bundle
 from blackbox.events import read_events
 from blackbox.heartbeat_reader import decode
 from tests.conftest import PROGRAMS, TORCHRUN, bundles, job_env, run_blackbox, send, start_blackbox, wait_for
@@ -112,7 +113,8 @@ def test_sigusr1_collects_and_the_job_goes_on(tmp_path: Path, run_dir: Path) -> 
     assert bundle.name.endswith("-manual.tar.gz")
     with tarfile.open(bundle) as tar:
         names = tar.getnames()
-    assert names[0] == "manifest.json" and "ranks/0/heartbeat.json" in names and "ranks/1/heartbeat.json" in names
+    assert names[0] == "manifest.json" and "node/ranks.jsonl" in names  # the manifest first; the ranks' records
+    assert {"ranks/0/heartbeat.json", "ranks/1/heartbeat.json"} <= set(read_bundle(str(bundle)).files)
 
 
 def test_launcher_killed_orphans_are_ended(tmp_path: Path, run_dir: Path) -> None:
@@ -189,9 +191,10 @@ def test_stall_is_caught_blamed_and_ended(tmp_path: Path, run_dir: Path) -> None
         detection = json.load(tar.extractfile("detection.json"))  # type: ignore[arg-type]
         assert detection["ranks"] == [0, 1] and "suspects" not in detection
         manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
-    assert manifest["schema_version"] == 1 and manifest["trigger"] == "stall"
-    assert {f["path"] for f in manifest["files"]} >= {"ranks/0/heartbeat.json", "ranks/1/heartbeat.json",
-                                                      "console-tail.log", "events.jsonl"}  # fmt: skip
+    assert manifest["schema_version"] == 2 and manifest["trigger"] == "stall"
+    assert manifest["triggered_by"] == {"rule": "stall", "kind": None, "remote": False}
+    assert {f["path"] for f in manifest["files"]} >= {"node/ranks.jsonl", "console-tail.log", "events.jsonl"}
+    assert {"ranks/0/heartbeat.json", "ranks/1/heartbeat.json"} <= set(read_bundle(str(bundle)).files)
     assert not any(is_alive(pid) for pid in heartbeat_pids(run_dir).values())
 
 

@@ -63,3 +63,37 @@ def test_member_names_come_from_one_place() -> None:
     assert L.numbered(2, P.RANK_PYDUMP, "ranks/2/stacks-11.txt") is None
     assert L.config_member("/job/cfg/train.yaml") == "node/config/job_cfg_train.yaml"
     assert L.glob(P.RANK_MEMORY_SNAPSHOT) == "memory-snapshot-*.pickle"
+
+
+def test_a_ranks_records_are_one_table_and_read_as_their_members(tmp_path: Path) -> None:
+    # GIVEN a bundle whose ranks' records go to the node's rank table, beside a helper's member
+    w = BundleWriter("run-1", "node7", Trigger("stall"))
+    w.add_record(3, L.HEARTBEAT, {"rank": 3, "step": 9})
+    w.add_record(3, L.PYSPY + ".json", [{"thread_name": "MainThread", "frames": []}])
+    w.add_record(12, L.PROC + ".json", {"state": "S (sleeping)"})
+    w.add_json(L.process_member(3, L.PYSPY, 812), [])
+    written = w.write(str(tmp_path), {})
+    # THEN the file holds one table, not a member per record, and a reader sees the members they stand for
+    assert L.RANK_TABLE in written.members and L.rank_member(3, L.HEARTBEAT) not in written.members
+    assert written.manifest["schema_version"] == L.MANIFEST_SCHEMA_VERSION == 2
+    for bundle in (read_bundle(written.path), Bundle.of(written)):
+        assert bundle.json(L.rank_member(3, L.HEARTBEAT)) == {"rank": 3, "step": 9}
+        assert bundle.json(L.process_member(12, L.PROC))["state"] == "S (sleeping)"
+        assert bundle.ranks() == [3, 12] and L.process_member(3, L.PYSPY, 812) in bundle.rank_files(3)
+        assert not bundle.skipped
+
+
+def test_a_hostile_rank_table_loses_only_its_bad_lines(tmp_path: Path) -> None:
+    from blackbox.bundle.reader import expand_rank_table
+
+    table = (b'[1,"heartbeat.json",{"step":1}]\n'  # good
+             b'[2,"../../etc/passwd",{}]\n[x,"heartbeat.json",{}]\n[\xd9\xa3,"proc.json",{}]\n'  # not ours
+             b'[0000000003,"proc.json",{}]\n{"rank":4}\n[5,"heartbeat.json",{"step":\n\n'  # too long, junk, cut
+             b'[007,"history.json",[]]\n')  # fmt: skip
+    files = {L.RANK_TABLE: table, L.rank_member(1, L.HEARTBEAT): b'{"step":0}'}
+    skipped: list[str] = []
+    expand_rank_table(files, skipped)
+    # a member of its own wins over the table's line; the cut line parses as nothing; "007" is rank 7
+    assert files[L.rank_member(1, L.HEARTBEAT)] == b'{"step":0}' and L.rank_member(7, L.HISTORY) in files
+    assert sorted(files) == [L.rank_member(1, L.HEARTBEAT), L.rank_member(7, L.HISTORY)]
+    assert skipped == [f"{L.RANK_TABLE}: 6 line(s) that are not a rank's record"]
