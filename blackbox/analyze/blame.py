@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from signal import SIGTERM
 from typing import Any, Optional
 
 from ..detections import plural_ranks
@@ -271,6 +272,15 @@ def _crash(states: list[RankState], ctx: Context, exceptions: list[dict[str, Any
     signal_dead = [s for s in states if s.where == "dead" and s.exception is None and not (s.exit_code or 0) > 0]
     exit_dead = [s for s in states if s.where == "dead" and s.exception is None and (s.exit_code or 0) > 0]
     early = [s for s in states if s.where == "exited" and any(o.where != "exited" for o in states)]
+    # SIGTERM is how the launcher tears the other ranks down after the first failure: a rank ended by it is that
+    # failure's victim (when every rank was, it is the job's own end: the scheduler's, or a user's)
+    torn = [s for s in signal_dead if s.exit_code == -SIGTERM]
+    if torn and (len(torn) < len(signal_dead) or exit_dead or early or causes):
+        signal_dead = [s for s in signal_dead if s not in torn]
+        notes = [f"{plural_ranks(sorted(s.rank for s in torn))} ended by SIGTERM: the launcher tearing the job down "
+                 "after the first failure (victims, not causes)"]  # fmt: skip
+    else:
+        notes = []
     if causes and not (signal_dead and _later(causes[0], signal_dead)):
         e = causes[0]
         r = int(str(e.get("rank")))
@@ -287,7 +297,7 @@ def _crash(states: list[RankState], ctx: Context, exceptions: list[dict[str, Any
             summary = "; ".join(describe(s, others) for s in group[:3]) + (
                 "; the others lost their peer." if any(o.exception for o in others) else ".")  # fmt: skip
             return Blame(ids, category, group[0].phase, _confidence(group, others), summary[0].upper() + summary[1:],
-                         [], first)  # fmt: skip
+                         notes, first)  # fmt: skip
     if first is not None:  # only consequences (a peer went away): the first of them, with little confidence
         r = int(str(first.get("rank")))
         return Blame([r], "crash.exception", _exc_phase(by_rank.get(r)), "low",

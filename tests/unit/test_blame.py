@@ -225,3 +225,21 @@ def test_a_zombie_that_exited_0_left_early_and_one_that_exited_3_died() -> None:
     dead = _zombie(3)
     assert (dead.where, dead.exit_code) == ("dead", 3)
     assert _zombie(-9).exit_code == -9 and _zombie(None).where == "dead"
+
+
+def test_the_launchers_sigterm_is_a_victims_end() -> None:
+    # GIVEN rank 1 killed by SIGKILL and rank 0 then ended by torchrun's SIGTERM, both seen dead at once
+    killed = classify(1, "n", 11, [fact("dead", "ended: died of signal 9 (SIGKILL)")], "compute", 2)
+    killed.exit_code = -9
+    torn = classify(0, "n", 10, [fact("dead", "ended: died of signal 15 (SIGTERM)", "ranks/0/heartbeat.json")],
+                    "compute", 3)  # fmt: skip
+    torn.exit_code = -15
+    b = blame([torn, killed], Context(rule="rank_death"))
+    # THEN the suspect is the rank that died first of its own, and the SIGTERM is named as the teardown
+    assert (b.category, b.suspects) == ("crash.signal", [1])
+    assert any("SIGTERM" in text and "victims" in text for text in b.inferred)
+    # AND when every rank was ended by SIGTERM (the scheduler's, a user's), they all are named, as before
+    also = classify(1, "n", 11, [fact("dead", "ended: died of signal 15 (SIGTERM)")], "compute", 2)
+    also.exit_code = -15
+    both = blame([torn, also], Context(rule="rank_death"))
+    assert (both.category, both.suspects) == ("crash.signal", [0, 1])
