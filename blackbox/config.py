@@ -27,6 +27,21 @@ def _seconds(value: Any) -> float:
     return seconds
 
 
+def _ratio_or_off(value: Any) -> float:
+    """A factor above 1, or 0 for off."""
+    number = float(value)
+    if number != number or not (number == 0 or 1 < number < float("inf")):
+        raise ValueError(value)
+    return number
+
+
+def _seconds_or_off(value: Any) -> float:
+    number = float(value)
+    if number != number or not 0 <= number < float("inf"):
+        raise ValueError(value)
+    return number
+
+
 def _seconds_or_auto(value: Any) -> Union[float, str]:
     if isinstance(value, str) and value.strip().lower() == AUTO:
         return AUTO
@@ -153,6 +168,13 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("status_interval", _seconds, 0.0, "a number of seconds",
            "Every this many seconds print a status line to stderr: each rank's step, steps/s and phase, and each "
            "GPU's temperature and utilisation (0: off)."),
+    Option("straggler_factor", _ratio_or_off, 1.5, "a factor above 1, or 0 for off",
+           "A rank whose own work per step (data, compute, checkpoint: the time it does not wait for the others in "
+           "collectives or backward) is this many times the median of the others' for several windows in a row is "
+           "a straggler: a `straggler` event and one line on stderr (0: off)."),
+    Option("straggler_window", _seconds_or_off, 15.0, "a number of seconds, or 0 for off",
+           "Seconds in one straggler window; a rank must be slow in 3 windows in a row to be named, and not slow "
+           "in 2 to be cleared (0: off)."),
     Option("coord", _coord, "", "`HOST:PORT` or `off`",
            "Multi-node: where node 0's supervisor serves the coordination store (default: torchrun's rendezvous "
            "host, or the first host of the Slurm job); `off`: no coordination, each node alone."),
@@ -188,6 +210,8 @@ class RunConfig:
     on_incident: str
     notify_url: str
     status_interval: float
+    straggler_factor: float
+    straggler_window: float
     coord: str
     coord_port: Union[int, str]
     console_log_max: int

@@ -58,9 +58,22 @@ class HeartbeatState:
     data_wait_total: float
     batches: int
     busy: bool = False  # a group was being rewritten throughout the read: its fields are the last clean reading
+    # the time ledger (layout version 2): seconds in each phase of protocol.LEDGER_PHASES, up to the current phase's
+    # start; empty for a version-1 page
+    ledger: tuple[float, ...] = ()
 
     def wall(self, mono: float) -> float:
         return self.wall0 + (mono - self.mono0)
+
+    def time_spent(self, now: float) -> dict[str, float]:
+        """Seconds in each phase up to `now` (CLOCK_MONOTONIC): the ledger, and the current phase's time since it
+        began. Empty without a ledger."""
+        if not self.ledger:
+            return {}
+        out = dict(zip(P.LEDGER_PHASES, self.ledger))
+        current = self.phase if self.phase in out else P.LEDGER_PHASES[-1]
+        out[current] += max(0.0, now - self.phase_start)
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,6 +157,7 @@ def _state(buf: Any, q: Any, d: Any, progress: Optional[_Words], phase_words: Op
         state=P.STATE_NAMES[state_code] if 0 <= state_code < len(P.STATE_NAMES) else "unknown",
         liveness=q[P.W_LIVENESS], liveness_time=d[P.W_LIVENESS_TIME], dump_request=q[P.W_DUMP_REQUEST],
         dump_ack=q[P.W_DUMP_ACK], data_wait_total=d[P.W_DATA_WAIT], batches=q[P.W_BATCHES],
+        ledger=tuple(d[P.W_LEDGER : P.W_LEDGER + len(P.LEDGER_PHASES)]) if version >= 2 else (),
     )  # fmt: skip
 
 

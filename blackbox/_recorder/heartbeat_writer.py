@@ -96,6 +96,11 @@ class HeartbeatWriter:
     def ack_dump(self, request: int) -> None:
         self._q[P.W_DUMP_ACK] = request
 
+    def add_time(self, code: int, seconds: float) -> None:
+        """The time ledger: `seconds` more spent in the phase `code` (the loop's thread is the only writer)."""
+        i = 32 + (code if 0 <= code < 7 else 7)  # P.W_LEDGER + P.ledger_slot(code), inlined: every phase edge
+        self._d[i] += seconds
+
     def data(self, waited_total: float, batches: int) -> None:
         self._d[P.W_DATA_WAIT] = waited_total
         self._q[P.W_BATCHES] = batches

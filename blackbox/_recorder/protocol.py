@@ -48,13 +48,13 @@ MODE_RANK = "rank"  # RANK and LOCAL_RANK were in the environment
 MODE_SINGLE = "single"  # a single process without RANK, recorded as rank 0
 
 
-# --- heartbeat layout (version 1) -----------------------------------------------------------------
+# --- heartbeat layout (version 2; a reader reads version 1 too, which has no time ledger) ----------------
 # One page per rank, `ranks/<rank>/heartbeat`, little-endian. After the header every field is one aligned
 # 8-byte word, stored with a single machine store (memoryview casts; `struct.pack_into` would first zero
 # the bytes it writes). Fields that change together form a group with a version word at both ends: the
 # writer stores start version, fields, end version in that order; the reader loads end, fields, start and
 # retries while they differ (0 is never a valid version). No lock, no syscall. Word indices below.
-HEARTBEAT_VERSION = 1
+HEARTBEAT_VERSION = 2
 HEARTBEAT_SIZE = 4096
 MAGIC = b"BBHB"
 
@@ -74,6 +74,11 @@ W_LIVENESS, W_LIVENESS_TIME = 25, 26  # counter and time (mono s): bumped by the
 W_DUMP_REQUEST = 27  # incremented by the supervisor to ask for a dump
 W_DUMP_ACK = 28  # set by the rank to the last request it served
 W_DATA_WAIT, W_BATCHES = 29, 30  # total seconds waited on data, batches delivered
+# the time ledger (version 2): the seconds this rank spent in each phase, one double per LEDGER_PHASES, summed at
+# each phase edge by the thread that runs the job's loop (the time in the current phase, since its start, is not
+# in it yet: a reader adds it). Each word is one store; a reader takes differences between its readings.
+W_LEDGER = 32  # words 32..39
+LEDGER_PHASES = ("startup", "compute", "data", "checkpoint", "collective", "eval", "backward", "other")
 
 MODE_CODES = {MODE_RANK: 0, MODE_SINGLE: 1}
 
@@ -104,6 +109,7 @@ PHASE_DATA = 2
 PHASE_CHECKPOINT = 3
 PHASE_COLLECTIVE = 4
 PHASE_EVAL = 5
+PHASE_BACKWARD = 6  # inside autograd's backward (under DDP and FSDP the gradient collectives wait there)
 PHASE_CUSTOM = 15  # the name is in PHASE_NAME
 PHASE_NAMES = {
     PHASE_STARTUP: "startup",
@@ -112,6 +118,7 @@ PHASE_NAMES = {
     PHASE_CHECKPOINT: "checkpoint",
     PHASE_COLLECTIVE: "collective",
     PHASE_EVAL: "eval",
+    PHASE_BACKWARD: "backward",
 }
 PHASE_CODES = {name: code for code, name in PHASE_NAMES.items()}
 
@@ -140,6 +147,11 @@ COLLECTIVE_OPS = (
     "irecv",
     "monitored_barrier",
 )
+
+
+def ledger_slot(code: int) -> int:
+    """The time ledger's word for a phase code: its own for the known phases, the last (`other`) for a custom one."""
+    return code if 0 <= code < len(LEDGER_PHASES) - 1 else len(LEDGER_PHASES) - 1
 
 
 def parse_proc_stat(text: str) -> tuple[str, int, int]:

@@ -171,6 +171,7 @@ class Recorder:
         if n == 1:
             self.hb.state(P.STATE_RUNNING)
             if self._phase[0] == P.PHASE_STARTUP:
+                self.hb.add_time(P.PHASE_STARTUP, now - self._phase[1])
                 self._phase = (P.PHASE_COMPUTE, now, b"")
                 self.hb.phase(P.PHASE_COMPUTE, now, self._collective_op, self._collective_seq)
 
@@ -190,6 +191,7 @@ class Recorder:
     def enter_phase(self, code: int, name: bytes = b"") -> tuple[int, float, bytes]:
         previous = self._phase
         now = _monotonic()
+        self.hb.add_time(previous[0], now - previous[1])
         self._phase = (code, now, name)
         self.hb.phase(code, now, self._collective_op, self._collective_seq, name)
         return previous
@@ -200,6 +202,8 @@ class Recorder:
             code = P.PHASE_COMPUTE
         if now is None:
             now = _monotonic()
+        current = self._phase
+        self.hb.add_time(current[0], now - current[1])  # the phase that ends now
         self._phase = (code, now, previous[2])
         self.hb.phase(code, now, self._collective_op, self._collective_seq, previous[2])
 
@@ -225,6 +229,7 @@ class Recorder:
     def enter_collective(self, op: int, group: Any) -> tuple[int, float, bytes]:
         previous = self._phase
         now = _monotonic()
+        self.hb.add_time(previous[0], now - previous[1])
         self._collective_op = op
         key = 0 if group is None else id(group)
         self._collective_seq = self._group_seq.get(key, 0) + 1
@@ -413,6 +418,7 @@ class Recorder:
         self.guard("collectives", _wrap_collectives, self, torch)
         self.guard("data", _wrap_dataloader, self)
         self.guard("checkpoint", _wrap_checkpoint, self, torch)
+        self.guard("backward", _wrap_backward, self, torch)
         self.guard("oom", self.lastwords.watch_oom, torch)
         self.guard("seeds", self._wrap_seed, torch, "torch.manual_seed", "manual_seed")
         cuda = getattr(torch, "cuda", None)
@@ -578,6 +584,18 @@ def _wrap_checkpoint(rec: Recorder, torch: Any) -> None:
         fn = getattr(torch, name, None)
         if fn is not None and not getattr(fn, "__blackbox_wrapped__", False):
             setattr(torch, name, _phase_wrapper(rec, "checkpoint", fn, _enter(rec, P.PHASE_CHECKPOINT)))
+
+
+def _wrap_backward(rec: Recorder, torch: Any) -> None:
+    """Phase `backward` while autograd's backward runs (`loss.backward()` calls `torch.autograd.backward`): under
+    DDP and FSDP the gradient collectives are issued, and waited for, in there."""
+    autograd: Any = getattr(torch, "autograd", None)
+    fn = getattr(autograd, "backward", None)
+    if fn is None or getattr(fn, "__blackbox_wrapped__", False):
+        return
+    compiler = getattr(torch, "compiler", None)
+    is_compiling: Callable[[], bool] = getattr(compiler, "is_compiling", None) or (lambda: False)
+    autograd.backward = _phase_wrapper(rec, "backward", fn, _enter(rec, P.PHASE_BACKWARD), skip=is_compiling)
 
 
 def _wrap_dcp(rec: Recorder, dcp: Any) -> None:

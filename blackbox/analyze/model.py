@@ -64,6 +64,10 @@ class Report:
     # earlier incidents of the local index with the same fingerprint ("same") or the same category and top frame
     # ("similar"), newest first, each with its linked fix (blackbox.incidents)
     similar_incidents: list[Any] = field(default_factory=list)
+    # where the time went (analyze.timeshare): {"ranks": [{"rank", "node", "seconds", "shares": {phase: fraction}}],
+    # "data_share": all ranks' time in data, as a fraction (None without time ledgers), "stragglers": the episodes
+    # the supervisor named: [{"rank", "phase", "factor", "started", "ended", "shares", "others_shares"}]}
+    time: dict[str, Any] = field(default_factory=dict)
     schema_version: int = REPORT_SCHEMA_VERSION
 
     def headline(self) -> list[str]:

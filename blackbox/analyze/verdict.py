@@ -20,6 +20,8 @@ from .blame import Blame, Context, blame
 from .model import Finding, RankRow, Report, Verdict
 from .stackgroups import RankStack, group, rank_stack, signature
 from .states import RankState, console_exits, exception_line, exception_records, group_progress, read_state
+from .timeshare import findings as time_findings
+from .timeshare import time_ledger
 
 CONSOLE_LINES = 15
 
@@ -578,6 +580,8 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         findings.append(Finding("observed", f"trigger: {reason}", f"{L.DETECTION}, {L.CONSOLE_TAIL}"))
     elif reason:
         findings.append(Finding("observed", f"trigger: {reason}", L.DETECTION))
+    time = time_ledger(bundle, [r.rank for r in rows], {r.rank: r.node for r in rows})
+    findings.extend(Finding("observed", text, source) for text, source in time_findings(time))
     findings = _rank_summary(rows, rank_stacks, suspects) + findings
     # the suspects' facts first: they are the ones a reader needs
     findings.sort(key=lambda f: not any(f.text.startswith(f"rank {r} ") or f.text.startswith(f"rank {r}'")
@@ -593,7 +597,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         collectives=[u.__dict__ for u in unjoined],
         exception=None if first is None else _exception_record(first),
         timeline=_timeline(bundle, rows, suspects),
-        gpus=_gpu_series(bundle),
+        gpus=_gpu_series(bundle), time=time,
         stack_groups=[{"ranks": g.ranks, "waits_in": g.waits_in, "signature": g.signature, "frames": g.frames,
                        "odd": g.odd, "sources": g.sources, "describe": g.describe(),
                        "workers": _workers(g.ranks, rank_stacks)} for g in groups],

@@ -30,12 +30,15 @@ def _register() -> None:
     from .incidents import incidents
     from .report import report
     from .run import run
+    from .status import status, top
 
     cli.add_command(run)
     cli.add_command(collect)
     cli.add_command(report)
     cli.add_command(doctor)
     cli.add_command(incidents)
+    cli.add_command(status)
+    cli.add_command(top)
 
 
 def main(argv: Optional[list[str]] = None) -> int:

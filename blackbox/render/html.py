@@ -10,7 +10,7 @@ from html import escape
 from typing import Any, TextIO
 
 from ..analyze.model import Report, describe_seen
-from . import printable
+from . import printable, time_rows
 
 MAX_TIMELINE_RANKS = 64
 
@@ -110,6 +110,52 @@ def _gpu_svg(report: Report) -> str:
     return "<h2>GPUs</h2>" + "".join(parts)
 
 
+_PHASE_COLOURS = {
+    "data": "#ef6c00",
+    "compute": "#1565c0",
+    "checkpoint": "#6a1b9a",
+    "eval": "#00838f",
+    "other": "#8d6e63",
+    "backward": "#90caf9",
+    "collective": "#bdbdbd",
+    "startup": "#e0e0e0",
+}
+MAX_TIME_RANKS = 64
+
+
+def _time_bars(report: Report) -> str:
+    """A stacked bar per rank: the share of its time in each phase over the run (the heartbeat's time ledger)."""
+    rows, phases = time_rows(report.time, report.verdict.suspect_ranks, MAX_TIME_RANKS)
+    if not rows:
+        return ""
+    stragglers = {s["rank"] for s in report.time.get("stragglers") or []}
+    width, left, row_h = 1000, 150, 20
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' height='{row_h * len(rows) + 30}' "
+             "role='img' aria-label='where each rank spent its time'>"]  # fmt: skip
+    for i, row in enumerate(rows):
+        y, x = 6 + i * row_h, float(left)
+        label = f"rank {row['rank']}" + (" (straggler)" if row["rank"] in stragglers else "")
+        parts.append(f"<text x='4' y='{y + 12}'>{e(label)}</text>")
+        for p in phases:
+            share = float(row["shares"].get(p, 0.0))
+            if share <= 0:
+                continue
+            w = share * (width - left - 20)
+            parts.append(f"<rect x='{x:.1f}' y='{y + 2}' width='{w:.1f}' height='13' fill='{_PHASE_COLOURS[p]}'>"
+                         f"<title>{e(p)} {share:.0%}</title></rect>")  # fmt: skip
+            x += w
+    legend = " ".join(f"<tspan fill='{_PHASE_COLOURS[p]}'>■</tspan> {e(p)}" for p in phases)
+    parts.append(f"<text x='{left}' y='{row_h * len(rows) + 22}'>{legend}</text></svg>")
+    data_share = report.time.get("data_share")
+    head = (
+        "<h2>Where the time went</h2><p class='meta'>Each rank's share of its time in each phase, over the run"
+        + (f"; all ranks spent {data_share:.0%} of their time waiting for data" if data_share is not None else "")
+        + ".</p>"
+    )
+    more = len(report.time.get("ranks") or []) - len(rows)
+    return head + "".join(parts) + (f"<p class='meta'>{more} more rank(s) not drawn.</p>" if more > 0 else "")
+
+
 def render_html(report: Report, out: TextIO) -> None:
     v = report.verdict
     kind = v.category.split(".")[0]
@@ -137,7 +183,7 @@ def render_html(report: Report, out: TextIO) -> None:
           f"<td class='n'>{e(r.pid)}</td>"
           f"<td>{e(r.state)}</td><td class='n'>{'-' if r.step is None else e(r.step)}</td><td>{e(phase)}</td>"
           f"<td class='n'>{idle}</td><td><code>{e(r.top_frame or '')}</code></td></tr>")  # fmt: skip
-    w("</table><h2>Timeline</h2>" + _timeline_svg(report) + _gpu_svg(report))
+    w("</table><h2>Timeline</h2>" + _timeline_svg(report) + _gpu_svg(report) + _time_bars(report))
     if report.stack_groups:
         w("<h2>Stacks</h2><p class='meta'>Main threads; identical stacks merged, the odd ones first.</p>")
         for g in report.stack_groups:

@@ -7,7 +7,7 @@ import html
 from typing import TextIO
 
 from ..analyze.model import Report, describe_seen
-from . import printable
+from . import printable, time_rows
 
 MAX_ROWS = 64
 
@@ -61,6 +61,17 @@ def render_markdown(report: Report, out: TextIO) -> None:
         for g in report.stack_groups:
             w(f"- {'**odd** ' if g.get('odd') else ''}{_cell(g.get('describe'))} ({_t(g.get('waits_in'))})\n\n")
             w("  ```\n" + "".join(f"  {_code(frame)}\n" for frame in g.get("frames", [])) + "  ```\n")
+    time_shown, phases = time_rows(report.time, v.suspect_ranks, MAX_ROWS)
+    if time_shown:
+        share = report.time.get("data_share")
+        w("\n### Where the time went\n\n" + (f"All ranks spent {share:.0%} of their time waiting for data.\n\n"
+                                               if share is not None else ""))  # fmt: skip
+        w("| rank | s | " + " | ".join(phases) + " |\n| ---: | ---: |" + " ---: |" * len(phases) + "\n")
+        stragglers = {e["rank"] for e in report.time.get("stragglers") or []}
+        for row in time_shown:
+            mark = " (straggler)" if row["rank"] in stragglers else ""
+            w(f"| {_cell(row['rank'])}{mark} | {row['seconds']:.0f} | "
+              + " | ".join(f"{row['shares'].get(p, 0):.0%}" for p in phases) + " |\n")  # fmt: skip
     w("\n### Evidence\n\n")
     for f in report.findings:
         w(f"- *{_t(f.kind)}*: {_t(f.text)}" + (f" — `{_code(f.source)}`" if f.source else "") + "\n")

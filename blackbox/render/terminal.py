@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..analyze.model import Report, describe_seen
-from . import printable
+from . import printable, time_rows
 
 MAX_ROWS = 32  # rank rows in the terminal table; JSON and HTML have them all
 _STYLE = {"hang": "bold yellow", "crash": "bold red", "ok": "bold green"}
@@ -78,6 +78,20 @@ def render_terminal(report: Report, out: TextIO) -> None:
             for rank, workers in (g.get("workers") or {}).items():
                 for worker in workers:
                     say(_text("        rank ", rank, "'s ", worker))
+    rows, phases = time_rows(report.time, v.suspect_ranks, MAX_ROWS)
+    if rows:
+        share = report.time.get("data_share")
+        title = "where the time went (each rank's share of its time, over the run)" + (
+            f"; {share:.0%} of all ranks' time waiting for data" if share is not None else "")  # fmt: skip
+        shares = Table(title=_text(title))
+        for col in ("rank", "s", *phases):
+            shares.add_column(col, justify="right")
+        stragglers = {e["rank"] for e in report.time.get("stragglers") or []}
+        for row in rows:
+            mark = " (straggler)" if row["rank"] in stragglers else ""
+            shares.add_row(_cell(f"{row['rank']}{mark}", "bold" if mark else None), _cell(f"{row['seconds']:.0f}"),
+                           *(_cell(f"{row['shares'].get(p, 0):.0%}") for p in phases))  # fmt: skip
+        say(shares)
     say(_text(("evidence", "bold")))
     for f in report.findings:
         say(_text("  [", f.kind, "] ", f.text, *(("  (", f.source, ")") if f.source else ())))

@@ -283,6 +283,7 @@ class Supervisor:
         idle = self.watch.watch_gpus(views, now)
         if idle is not None:
             self.episodes.act(idle)
+        self.watch.watch_stragglers(views, now)
         self.watch.status_due(views, now)
 
     # --- the end ---------------------------------------------------------------------------------------

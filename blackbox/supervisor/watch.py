@@ -1,6 +1,7 @@
 """Watching the job: each poll, every rank's heartbeat read into one view (alive or how it ended), each rank's
-recent history kept for the report's timeline, the GPUs sampled (hot, throttling, idle) and, when asked, a status
-line. Reads, never decides: the rules and the episodes do. Imports the stdlib and blackbox's host side."""
+recent history kept for the report's timeline, the GPUs sampled (hot, throttling, idle), stragglers named (not an
+incident: an event and a line) and, when asked, a status line. Reads, never decides on incidents: the rules and
+the episodes do. Imports the stdlib and blackbox's host side."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from ..heartbeat_reader import HeartbeatState, HeartbeatTable
 from .context import RunContext
 from .gpuwatch import GpuWatch
 from .process import JobProcess
-from .rules import RankView
+from .rules import LIVE_STATES, RankView
+from .stragglers import Stragglers, describe
 
 HISTORY_SAMPLES = 2000  # per rank: the last changes of step, phase or state kept for the report's timeline
 
@@ -32,6 +34,7 @@ class Watch:
         self._gpu_idle_said = False
         self._status_at: Optional[float] = None  # when the next status line is due
         self._status_steps: dict[int, tuple[float, int]] = {}  # rank -> (time, step) at the last status line
+        self.stragglers = Stragglers(ctx.cfg.straggler_factor, ctx.cfg.straggler_window)
 
     def open(self) -> None:
         self.table = HeartbeatTable(os.path.join(self.ctx.run_dir, P.RANKS_DIR), self._heartbeat_error)
@@ -117,6 +120,19 @@ class Watch:
                     continue
         return gpu.rank_gpus(ranks)
 
+    # --- stragglers -------------------------------------------------------------------------------------
+    def watch_stragglers(self, views: list[RankView], now: float) -> None:
+        """A straggler episode's start and end: an event each, and one line on stderr."""
+        live = [v.hb for v in views if v.alive and v.hb.state in LIVE_STATES]
+        for e in self.stragglers.feed(live, now):
+            name = e.pop("event")
+            self.ctx.event(name, **e)
+            if name == "straggler":
+                for rank in e["ranks"]:
+                    self.ctx.say(f"straggler: {describe(rank, e['details'][str(rank)])}")
+            else:
+                self.ctx.say(f"straggler: rank {e['ranks'][0]} keeps pace again")
+
     # --- the status line ------------------------------------------------------------------------------
     def status_due(self, views: list[RankView], now: float) -> None:
         if self.ctx.cfg.status_interval <= 0:
@@ -139,7 +155,8 @@ class Watch:
             self._status_steps[v.rank] = (now, v.hb.step)
             on = mapping.get(v.rank)
             parts.append(f"rank {v.rank} step {v.hb.step}" + (f" ({rate:.2f}/s)" if rate is not None else "")
-                         + f" {v.hb.phase}" + (f" GPU{','.join(map(str, on))}" if on else ""))  # fmt: skip
+                         + f" {v.hb.phase}" + (f" GPU{','.join(map(str, on))}" if on else "")
+                         + (" STRAGGLER" if v.rank in self.stragglers.active else ""))  # fmt: skip
         readings = self.gpus.latest() if self.gpus.seen_gpus else gpu.query_gpus(2.0)[0]
         gpus = " | ".join(g.describe() for g in readings)
         line = "status: " + ("; ".join(parts) or "no live rank") + (f" | {gpus}" if gpus else "")

@@ -12,13 +12,18 @@ from Python), `ddp` (DistributedDataParallel: the reducer's all_reduce from C++ 
 With BB_FAIL_WHEN=PATH in the environment, steps take 0.1 s and the failure comes once PATH exists rather than
 at step 3 (the multi-node tests choose the moment).
 
+The pace scenarios (steady, jitter, data-straggler, compute-straggler) are not failures: every step does PACE_S of
+work, for BB_STEPS steps (default 600); `jitter` adds up to 50 ms at random to every rank's step, and from step 3
+the straggler rank takes 80 ms more per step in its loader (a slow disk) or in its own compute (a hot GPU).
+
 Scenarios: healthy, straggler, data-hang, data-hang-workers, read-failure, ckpt-hang, spin, gil-hang,
 skip-allreduce, collective-hang, mismatch, comm-timeout, raise, oom, cuda-error, segv, sigkill, sigusr1-user,
-stopped, kernel-hang, exit-early, exit-code."""
+stopped, kernel-hang, exit-early, exit-code; steady, jitter, data-straggler, compute-straggler."""
 
 import ctypes
 import gc
 import os
+import random
 import signal
 import sys
 import tempfile
@@ -35,7 +40,10 @@ BAD_RANKS = {int(r) for r in sys.argv[2].split(",")}
 MODELS = ("plain", "ddp", "fsdp")
 MODEL = next((a for a in sys.argv[3:] if a in MODELS), "plain")  # other arguments (a config file) are the job's
 FAIL_WHEN = os.environ.get("BB_FAIL_WHEN")
-STEPS = 30 if SCENARIO in ("healthy", "straggler") else 100_000 if FAIL_WHEN else 1000
+PACE = ("steady", "jitter", "data-straggler", "compute-straggler")
+PACE_S, SLOWER_S = 0.05, 0.08  # a pace scenario's work per step, and the straggler's extra
+STEPS = (30 if SCENARIO in ("healthy", "straggler") else int(os.environ.get("BB_STEPS", "600")) if SCENARIO in PACE
+         else 100_000 if FAIL_WHEN else 1000)  # fmt: skip
 WORK = tempfile.mkdtemp(prefix="bb-scenario-")
 FIFO = os.path.join(WORK, "fifo")  # opening it blocks until a peer comes: a dead network filesystem
 os.mkfifo(FIFO)
@@ -58,6 +66,8 @@ class Shards(Dataset):
             if SCENARIO == "read-failure":
                 with open(SHARD, "rb") as f:  # mode 000: PermissionError
                     f.read()
+        if SCENARIO == "data-straggler" and self.rank in BAD_RANKS and i >= STEP_AT * 4:
+            time.sleep(SLOWER_S / 4)  # a slower disk: each of the batch's 4 samples
         return torch.randn(8), torch.randn(1)
 
 
@@ -74,6 +84,7 @@ def main() -> None:
     dist.init_process_group("gloo", **({"timeout": timedelta(seconds=5)} if SCENARIO == "comm-timeout" else {}))
     rank = dist.get_rank()
     torch.manual_seed(1234 + rank)
+    jitter = random.Random(rank)
     if SCENARIO == "sigusr1-user":
         signal.signal(signal.SIGUSR1, lambda *_: print(f"rank {rank}: user SIGUSR1 handler ran", flush=True))
     if SCENARIO == "read-failure":
@@ -88,8 +99,13 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step, (x, y) in enumerate(loader, 1):
         mine = rank in BAD_RANKS and (os.path.exists(FAIL_WHEN) if FAIL_WHEN else step == STEP_AT)
-        if mine and SCENARIO not in ("healthy", "straggler", "read-failure") and not SCENARIO.startswith("data-hang"):
+        if mine and SCENARIO not in ("healthy", "straggler", "read-failure", *PACE) and not SCENARIO.startswith(
+                "data-hang"):  # fmt: skip
             announce(rank)  # the data scenarios fail in their loader, and say so there
+        if SCENARIO in PACE:
+            time.sleep(PACE_S + (jitter.uniform(0.0, 0.05) if SCENARIO == "jitter" else 0.0))
+            if SCENARIO == "compute-straggler" and rank in BAD_RANKS and step >= STEP_AT:
+                time.sleep(SLOWER_S)
         if FAIL_WHEN:
             time.sleep(0.1)
         if mine and SCENARIO == "ckpt-hang":

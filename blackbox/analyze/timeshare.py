@@ -1,0 +1,101 @@
+"""Where the time went: each rank's share of its time in each phase over the run (the heartbeat's time ledger, as the
+collection read it), the straggler episodes the supervisor named (the bundle's events), and the share of all ranks'
+time spent waiting for data — the first question after "is it hung?". Pure; imports the stdlib, the rank protocol,
+the bundle layout and reader."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Optional
+
+from .._recorder import protocol as P
+from ..bundle import layout as L
+from ..bundle.reader import Bundle, integer, number
+
+LEDGER = P.LEDGER_PHASES
+
+
+def rank_shares(hb: Any) -> Optional[tuple[float, dict[str, float]]]:
+    """(seconds in all, phase -> fraction) from one heartbeat record: its ledger, and the current phase's time since
+    it began (`phase_age_s`); None without a ledger (a recorder of layout version 1, or none)."""
+    if not isinstance(hb, dict) or not isinstance(hb.get("ledger"), list) or len(hb["ledger"]) != len(LEDGER):
+        return None
+    spent = [max(0.0, number(v) or 0.0) for v in hb["ledger"]]
+    phase = str(hb.get("phase"))
+    slot = LEDGER.index(phase) if phase in LEDGER else len(LEDGER) - 1
+    spent[slot] += max(0.0, number(hb.get("phase_age_s")) or 0.0)
+    total = sum(spent)
+    if total <= 0:
+        return None
+    return total, {p: round(v / total, 4) for p, v in zip(LEDGER, spent) if v > 0}
+
+
+def straggler_episodes(bundle: Bundle) -> list[dict[str, Any]]:
+    """The supervisor's straggler episodes in the bundle's events: rank, phase, factor, started, ended (None: still
+    on when the bundle was taken), and the rank's shares against the others' as the event said them."""
+    out: list[dict[str, Any]] = []
+    open_: dict[int, dict[str, Any]] = {}
+    for name in sorted(n for n in bundle.files if n == L.EVENTS or n.endswith("/" + L.EVENTS)):
+        for line in bundle.text(name).splitlines():
+            try:
+                e = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(e, dict) or e.get("event") not in ("straggler", "straggler_end"):
+                continue
+            ranks: list[Any] = e["ranks"] if isinstance(e.get("ranks"), list) else []
+            for rank in ranks:
+                r = integer(rank)
+                if r is None:
+                    continue
+                if e["event"] == "straggler":
+                    details: dict[str, Any] = e["details"] if isinstance(e.get("details"), dict) else {}
+                    d: dict[str, Any] = details[str(r)] if isinstance(details.get(str(r)), dict) else {}
+                    episode = {"rank": r, "phase": str(d.get("phase", e.get("phase"))), "started": e.get("time"),
+                               "factor": number(d.get("factor", e.get("factor"))), "ended": None,
+                               "shares": d.get("shares"), "others_shares": d.get("others_shares")}  # fmt: skip
+                    out.append(episode)
+                    open_[r] = episode
+                elif r in open_:
+                    open_.pop(r)["ended"] = e.get("time")
+    return out
+
+
+def time_ledger(bundle: Bundle, ranks: list[int], nodes: dict[int, str]) -> dict[str, Any]:
+    """The report's `time` section: {"ranks": [{rank, node, seconds, shares}], "data_share": fraction of all ranks'
+    time in data (None without ledgers), "stragglers": episodes}."""
+    rows = []
+    data = total = 0.0
+    for rank in ranks:
+        got = rank_shares(bundle.json(L.rank_member(rank, L.HEARTBEAT)))
+        if got is None:
+            continue
+        seconds, shares = got
+        rows.append({"rank": rank, "node": nodes.get(rank, ""), "seconds": round(seconds, 3), "shares": shares})
+        data += seconds * shares.get("data", 0.0)
+        total += seconds
+    return {"ranks": rows, "data_share": round(data / total, 4) if total else None,
+            "stragglers": straggler_episodes(bundle)}  # fmt: skip
+
+
+def findings(time: dict[str, Any]) -> list[tuple[str, str]]:
+    """(text, source) of what the time section says, for the evidence: the straggler episodes, and the data share
+    when it is large or one rank's stands out."""
+    out = []
+    for e in time["stragglers"]:
+        when = "still one when the bundle was taken" if e["ended"] is None else f"until {e['ended']}"
+        shares = e.get("shares") if isinstance(e.get("shares"), dict) else {}
+        others = e.get("others_shares") if isinstance(e.get("others_shares"), dict) else {}
+        mine, theirs = number(shares.get(e["phase"])), number(others.get(e["phase"]))
+        spent = f": {mine:.0%} of each step in {e['phase']} (others {theirs:.0%})" if mine is not None and \
+            theirs is not None else f" in {e['phase']}"  # fmt: skip
+        factor = f", {e['factor']:g}x the others' own work" if e["factor"] is not None else ""
+        out.append((f"rank {e['rank']} was a straggler from {e['started']}{spent}{factor}; {when}", L.EVENTS))
+    rows = time["ranks"]
+    if rows and time["data_share"] is not None:
+        top = max(rows, key=lambda r: r["shares"].get("data", 0.0))
+        top_share = top["shares"].get("data", 0.0)
+        if time["data_share"] >= 0.1 or top_share >= 0.2:
+            out.append((f"the ranks spent {time['data_share']:.0%} of their time waiting for data (rank {top['rank']}: "
+                        f"{top_share:.0%})", L.rank_member("*", L.HEARTBEAT) + ": ledger"))  # fmt: skip
+    return out

@@ -1,0 +1,74 @@
+"""A run's status (blackbox.status) for people: one screen of rich renderables (`blackbox status` prints it once,
+`blackbox top` redraws it), and as JSON for scripts. Text from the run directory is shown inert. Imports the stdlib,
+rich and the status model."""
+
+from __future__ import annotations
+
+import json
+from typing import IO, Any, Optional
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from ..status import RunStatus
+from . import printable
+
+PHASES_SHOWN = ("data", "compute", "backward", "collective", "checkpoint", "eval", "other", "startup")
+
+
+def _num(value: Optional[float], fmt: str = "{:.1f}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _shares(share: dict[str, float]) -> str:
+    parts = [f"{p} {share[p]:.0%}" for p in PHASES_SHOWN if share.get(p, 0) >= 0.005]
+    return " ".join(parts) or "-"
+
+
+def renderable(s: RunStatus, title: str = "blackbox status") -> RenderableType:
+    head = Text()
+    head.append(f"{title}: run {printable(s.run_id or '?')}", style="bold")
+    head.append(f"  {printable(s.run_dir)}\n")
+    if s.live:
+        head.append(f"live (supervisor pid {s.supervisor_pid})", style="green")
+    else:
+        head.append(f"not live: {printable(s.why_not_live or '?')}; its last state:", style="yellow")
+    if s.command:
+        head.append(f"\n{printable(' '.join(s.command))[:300]}")
+    table = Table(title_justify="left", expand=False)
+    for col in ("rank", "pid", "step", "steps/s", "phase", "phase s", "idle s", "live s", "where its time goes"):
+        table.add_column(col, justify="left" if col in ("phase", "where its time goes") else "right",
+                         no_wrap=col != "where its time goes")  # fmt: skip
+    for r in s.ranks:
+        style = "bold red" if r.straggler else ("dim" if not r.alive else "")
+        phase = printable(r.phase) + (" (straggler)" if r.straggler else "") + ("" if r.alive else f" ({r.state})")
+        table.add_row(Text(str(r.rank)), Text(str(r.pid)), Text(str(r.step)), Text(_num(r.steps_per_s, "{:.2f}")),
+                      Text(phase), Text(_num(r.phase_s)), Text(_num(r.idle_s)), Text(_num(r.liveness_age_s)),
+                      Text(_shares(r.time_share)), style=style)  # fmt: skip
+    parts: list[RenderableType] = [head, table if s.ranks else Text("no rank has a heartbeat yet")]
+    if s.gpus:
+        parts.append(Text("GPUs: " + " | ".join(
+            f"GPU{g['index']} {printable(str(g['name']))} util {_num(g['utilization_pct'], '{:.0f}')} % "
+            f"{_num(g['temperature_c'], '{:.0f}')} C" for g in s.gpus)))  # fmt: skip
+    for e in s.stragglers[-5:]:
+        when = f"until {str(e['ended'])[11:19]}" if e["ended"] else "still on" if s.live else "until the run ended"
+        parts.append(Text(f"straggler: rank {e['rank']} in {printable(str(e['phase']))}, {e['factor']}x the others' "
+                          f"own work (from {str(e['started'])[11:19]}, {when})",
+                          style="red" if e["ended"] is None and s.live else ""))  # fmt: skip
+    for i in s.incidents[-5:]:
+        parts.append(Text(f"incident ({printable(str(i['trigger']))}): {printable(str(i['category']))}, suspect "
+                          f"rank(s) {i['suspect_ranks']} — {printable(str(i['bundle']))}"))  # fmt: skip
+    return Group(*parts)
+
+
+def render_status(s: RunStatus, out: IO[str], width: Optional[int] = None) -> None:
+    if width is None and not out.isatty():  # a log or a pipe: wide enough for a rank a line
+        width = 140
+    console = Console(file=out, highlight=False, markup=False, emoji=False, soft_wrap=False, width=width)
+    console.print(renderable(s))
+
+
+def render_status_json(s: RunStatus, out: IO[str]) -> None:
+    data: Any = s.to_json()
+    out.write(json.dumps(data, indent=2) + "\n")

@@ -1,0 +1,181 @@
+"""A run as it stands, read from its run directory from any terminal on the node: every rank's heartbeat page
+(mapped read-only: nothing is written, nothing signalled), the run's events (the supervisor, straggler episodes,
+incidents, bundles) and this node's GPUs. The model `blackbox status` renders once and `blackbox top` every second.
+Never prints. Imports the stdlib and blackbox's host side."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+from ._recorder import protocol as P
+from .adapters import gpu, procfs
+from .errors import BlackboxError
+from .events import read_events
+from .heartbeat_reader import HeartbeatState, HeartbeatTable
+
+STATUS_SCHEMA_VERSION = 1
+RUNS_DIR = "blackbox-runs"  # where `blackbox run` puts run directories by default
+
+
+@dataclass
+class RankStatus:
+    rank: int
+    pid: int
+    alive: bool
+    state: str  # the heartbeat's: starting, running, exited, exception
+    step: int
+    steps_per_s: Optional[float]  # between the last two readings (top), else from the last step's duration
+    phase: str
+    phase_s: float  # seconds in the current phase
+    idle_s: float  # seconds since the last progress (a step or a batch)
+    liveness_age_s: float  # seconds since the rank's liveness thread last ran
+    straggler: bool  # in a straggler episode the supervisor named (events.jsonl)
+    time_share: dict[str, float]  # phase -> the fraction of the rank's time since it started (the time ledger)
+
+
+@dataclass
+class RunStatus:
+    run_dir: str
+    run_id: Optional[str]
+    live: bool  # its supervisor runs and has not ended
+    why_not_live: Optional[str]  # in plain words, when not live
+    supervisor_pid: Optional[int]
+    command: list[str]
+    started: Optional[str]
+    exit_code: Optional[int]  # blackbox run's, once it ended
+    ranks: list[RankStatus]
+    gpus: list[dict[str, Any]]  # index, name, utilization_pct, temperature_c (this node's, read now)
+    stragglers: list[dict[str, Any]]  # episodes: ranks, phase, factor, started, ended (None while it lasts)
+    incidents: list[dict[str, Any]]  # each bundle with its verdict: bundle, trigger, category, suspect_ranks, time
+    read_at: float = field(default_factory=time.time)
+    schema_version: int = STATUS_SCHEMA_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        return {"schema_version": data.pop("schema_version"), **data}
+
+
+def _is_live_run(run_dir: str) -> bool:
+    return _supervisor(read_events(os.path.join(run_dir, P.EVENTS_LOG)))[1] is None
+
+
+def find_run(path: Optional[str], cwd: Optional[str] = None) -> str:
+    """The run directory to show: `path`, or the newest live run under ./blackbox-runs (else the newest run)."""
+    if path is not None:
+        if not os.path.isfile(os.path.join(path, P.EVENTS_LOG)):
+            raise BlackboxError(f"`{path}` is not a run directory of `blackbox run` (it has no {P.EVENTS_LOG}).",
+                                hint="Give the run directory (--run-dir of blackbox run).")  # fmt: skip
+        return os.path.abspath(path)
+    base = os.path.join(cwd or os.getcwd(), RUNS_DIR)
+    try:
+        runs = [os.path.join(base, n) for n in os.listdir(base) if os.path.isfile(os.path.join(base, n, P.EVENTS_LOG))]
+    except OSError:
+        runs = []
+    if not runs:
+        raise BlackboxError(f"There is no run under `{base}`.", hint="Give the run directory: blackbox status RUN_DIR.")
+    runs.sort(key=lambda r: os.path.getmtime(os.path.join(r, P.EVENTS_LOG)), reverse=True)
+    return next((r for r in runs if _is_live_run(r)), runs[0])
+
+
+def _supervisor(events: list[dict[str, Any]]) -> tuple[dict[str, Any], Optional[str]]:
+    """The start event, and why the run is not live (None: it is)."""
+    start = next((e for e in events if e.get("event") == "start"), {})
+    end = next((e for e in reversed(events) if e.get("event") == "end"), None)
+    if end is not None:
+        return start, f"the run ended (blackbox run exited with {end.get('exit_code')})"
+    pid = start.get("pid")
+    if not isinstance(pid, int):
+        return start, "its start was not recorded"
+    if not procfs.is_alive(pid) or not any("blackbox" in a for a in procfs.cmdline(pid)):
+        return start, f"its supervisor (pid {pid}) is gone without recording its end (killed?)"
+    return start, None
+
+
+def _episodes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    open_: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if e.get("event") == "straggler":
+            for rank in e.get("ranks") or []:
+                detail = (e.get("details") or {}).get(str(rank), {})
+                episode = {"rank": rank, "phase": detail.get("phase", e.get("phase")), "started": e.get("time"),
+                           "factor": detail.get("factor", e.get("factor")), "ended": None}  # fmt: skip
+                out.append(episode)
+                open_[rank] = episode
+        elif e.get("event") == "straggler_end":
+            for rank in e.get("ranks") or []:
+                if rank in open_:
+                    open_.pop(rank)["ended"] = e.get("time")
+    return out
+
+
+def _incidents(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    verdicts = {e.get("bundle"): e for e in events if e.get("event") == "verdict"}
+    out = []
+    for e in events:
+        if e.get("event") == "bundle":
+            v = verdicts.get(e.get("path"), {})
+            out.append({"bundle": e.get("path"), "trigger": e.get("trigger"), "time": e.get("time"),
+                        "category": v.get("category"), "suspect_ranks": v.get("suspect_ranks"),
+                        "summary": v.get("summary")})  # fmt: skip
+    return out
+
+
+def _share(hb: HeartbeatState, now: float) -> dict[str, float]:
+    """phase -> fraction of the rank's time up to `now` (for a rank that has ended, its end)."""
+    spent = hb.time_spent(now)
+    total = sum(spent.values())
+    return {p: round(v / total, 4) for p, v in spent.items() if v > 0} if total > 0 else {}
+
+
+def read_status(run_dir: str, table: HeartbeatTable, previous: Optional[RunStatus] = None,
+                gpus: Optional[list[gpu.GpuReading]] = None) -> RunStatus:  # fmt: skip
+    """The run now. `previous`: the last reading, for steps per second between the two; `gpus`: readings taken by
+    the caller (top samples at its own pace), else read now."""
+    events = read_events(os.path.join(run_dir, P.EVENTS_LOG))
+    start, why = _supervisor(events)
+    stragglers = _episodes(events)
+    straggling = {s["rank"] for s in stragglers if s["ended"] is None}  # an ended run: as it stood at its end
+    now = time.monotonic()
+    before = {r.rank: r for r in previous.ranks} if previous is not None else {}
+    since = time.time() - previous.read_at if previous is not None else 0.0
+    ranks = []
+    for hb in sorted(table.read(), key=lambda h: h.rank):
+        prior = before.get(hb.rank)
+        if prior is not None and prior.pid == hb.pid and since > 0:
+            rate: Optional[float] = round((hb.step - prior.step) / since, 3)
+        else:
+            rate = round(1 / hb.last_step_dt, 3) if hb.last_step_dt > 0 and hb.step > 1 else None
+        alive = procfs.is_alive(hb.pid, hb.start_ticks)
+        at = now if alive else max(hb.liveness_time, hb.last_progress)  # an ended rank's last state is at its end
+        ranks.append(RankStatus(
+            rank=hb.rank, pid=hb.pid, alive=alive, state=hb.state, step=hb.step,
+            steps_per_s=rate, phase=hb.phase, phase_s=round(max(0.0, at - hb.phase_start), 3),
+            idle_s=round(max(0.0, at - hb.last_progress), 3),
+            liveness_age_s=round(max(0.0, at - hb.liveness_time), 3), straggler=hb.rank in straggling,
+            time_share=_share(hb, at),
+        ))  # fmt: skip
+    if gpus is None:
+        gpus = gpu.query_gpus(2.0)[0]
+    ended: dict[str, Any] = next((e for e in reversed(events) if e.get("event") == "end"), {})
+    return RunStatus(
+        run_dir=run_dir, run_id=start.get("run_id"), live=why is None, why_not_live=why,
+        supervisor_pid=start.get("pid") if isinstance(start.get("pid"), int) else None,
+        command=[str(a) for a in start.get("command") or []], started=start.get("time"),
+        exit_code=ended.get("exit_code") if isinstance(ended.get("exit_code"), int) else None,
+        ranks=ranks, gpus=[{"index": g.index, "name": g.name, "utilization_pct": g.utilization_pct,
+                            "temperature_c": g.temperature_c} for g in gpus],
+        stragglers=stragglers, incidents=_incidents(events),
+    )  # fmt: skip
+
+
+def open_table(run_dir: str) -> HeartbeatTable:
+    """The run's heartbeat pages, read-only, the run directory's user's files only."""
+    try:
+        owner: Optional[int] = os.stat(run_dir).st_uid
+    except OSError:
+        owner = None
+    return HeartbeatTable(os.path.join(run_dir, P.RANKS_DIR), lambda path, message: None, owner)
