@@ -124,7 +124,11 @@ def collective():
 def batch_hook():
     rec.batch_delivered(rec.enter_phase(2), batch, it)
 
+def backward():  # the phase around autograd's backward (6: PHASE_BACKWARD), time ledger included
+    rec.exit_phase(rec.enter_phase(6))
+
 print("COLLECTIVE %.1f" % best_ns(collective, 100000))
+print("BACKWARD %.1f" % best_ns(backward, 100000))
 print("STEP %.1f" % best_ns(rec.step, 100000))
 print("BATCH %.1f" % best_ns(batch_hook, 50000))
 """
@@ -428,10 +432,12 @@ def main() -> int:
         target = "≤ +15 ms" if name == "active" else "≤ +3 ms"
         print(f"| interpreter start, recorder {name} | {ms:.1f} ms ({ms - plain_start:+.1f} ms) | {target} |")
     costs = bench_hook_costs()
-    per_step = costs["BATCH"] + costs["STEP"] + 4 * costs["COLLECTIVE"]
-    print(f"| recorder work per collective call (phase in and out) | {costs['COLLECTIVE']:.0f} ns | |")
+    per_step = costs["BATCH"] + costs["STEP"] + costs["BACKWARD"] + 4 * costs["COLLECTIVE"]
+    print(f"| recorder work per collective call (phase in and out, time ledger) | {costs['COLLECTIVE']:.0f} ns | |")
+    print(f"| recorder work per backward pass (phase in and out, time ledger) | {costs['BACKWARD']:.0f} ns | |")
     print(f"| recorder work per DataLoader batch (phase, wait, batch shapes) | {costs['BATCH']:.0f} ns | |")
-    print(f"| recorder work per training step (1 batch, 4 collectives, 1 optimizer step) | {per_step / 1000:.1f} µs "
+    print(f"| recorder work per training step (1 batch, 1 backward, 4 collectives, 1 optimizer step) | "
+          f"{per_step / 1000:.1f} µs "
           "| |")  # fmt: skip
     liveness = bench_liveness(args.liveness_seconds)
     print(f"| liveness thread, CPU per second ({args.liveness_seconds:g} s, schedstat) | {liveness * 100:.3f} % of "
@@ -452,7 +458,8 @@ def main() -> int:
     from blackbox._recorder import protocol as P
 
     parts = {
-        "recorder hooks (1 batch, 1 optimizer step, 4 collectives: more than this job has)": per_step / 1e9,
+        "recorder hooks and time ledger (1 batch, 1 backward, 1 optimizer step, 4 collectives: more than this job "
+        "has)": per_step / 1e9,
         f"flight recorder, {P.FR_ENTRIES} entries, 2 collectives ({fr_cost[P.FR_ENTRIES] * 1e6:+.2f} µs measured per "
         "collective; below 0 is noise, read as 0)": 2 * max(fr_cost[P.FR_ENTRIES], 0.0),
         "liveness thread (its share of a core, as time taken from the step)": liveness * plain_step,

@@ -240,3 +240,45 @@ def analyzer_missing_ranks(output: str) -> list[int]:
     for m in _MISSING.finditer(output or ""):
         ranks.update(int(r) for r in m.group(1).replace(" ", "").split(",") if r)
     return sorted(ranks)
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """Who came last to the collectives every rank recorded: the one the others waited for."""
+
+    group: str
+    collectives: int  # collectives of the group in every rank's dump (the newest MAX_ARRIVALS)
+    last: dict[int, int]  # rank -> how many of them it entered last
+
+    def latest(self) -> tuple[int, int]:
+        """(the rank that came last most often, how often)."""
+        rank = max(self.last, key=lambda r: (self.last[r], -r))
+        return rank, self.last[rank]
+
+
+MAX_ARRIVALS = 500  # the newest collectives compared per group
+
+
+def arrivals(dumps: dict[int, dict[str, Any]]) -> list[Arrivals]:
+    """Per group: for each collective (by sequence number) every rank's dump holds, the rank whose entry was created
+    last (`time_created_ns`: when the rank enqueued it). On one node the clocks are one; across nodes they differ by
+    the hosts' skew. Untrusted input: entries without a group, sequence number or time are left out."""
+    created: dict[str, dict[int, dict[int, int]]] = {}  # group -> seq -> rank -> time
+    for rank, dump in dumps.items():
+        for e in dump.get("entries") or []:
+            if not isinstance(e, dict) or e.get("is_p2p"):
+                continue
+            pg, seq, t = e.get("process_group"), e.get("collective_seq_id"), e.get("time_created_ns")
+            if isinstance(pg, (tuple, list)) and pg and isinstance(seq, int) and isinstance(t, int):
+                created.setdefault(str(pg[0]), {}).setdefault(seq, {})[rank] = t
+    out = []
+    for group, by_seq in sorted(created.items()):
+        common = sorted(seq for seq, times in by_seq.items() if len(times) == len(dumps))[-MAX_ARRIVALS:]
+        if len(dumps) < 2 or not common:
+            continue
+        last: dict[int, int] = dict.fromkeys(sorted(dumps), 0)
+        for seq in common:
+            times = by_seq[seq]
+            last[max(times, key=lambda r: (times[r], r))] += 1
+        out.append(Arrivals(group, len(common), last))
+    return out

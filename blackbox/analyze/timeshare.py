@@ -78,10 +78,17 @@ def time_ledger(bundle: Bundle, ranks: list[int], nodes: dict[int, str]) -> dict
             "stragglers": straggler_episodes(bundle)}  # fmt: skip
 
 
-def findings(time: dict[str, Any]) -> list[tuple[str, str]]:
-    """(text, source) of what the time section says, for the evidence: the straggler episodes, and the data share
-    when it is large or one rank's stands out."""
+def findings(time: dict[str, Any], arrivals: list[Any]) -> list[tuple[str, str]]:
+    """(text, source) of what the time section says, for the evidence: the straggler episodes (with the flight
+    recorder's arrival order beside them, `adapters.flight_recorder.arrivals`), and the data share when it is large
+    or one rank's stands out."""
     out = []
+    named = {e["rank"] for e in time["stragglers"]}
+    for a in sorted(arrivals, key=lambda a: -a.collectives)[:1] if named else []:
+        last, times = a.latest()
+        word = "agrees" if last in named and times > a.collectives / len(a.last) else "does not agree"
+        out.append((f"the flight recorder {word}: rank {last} came last to {times} of the {a.collectives} newest "
+                    f"collectives of group {a.group} that every rank recorded", L.FLIGHT_RECORDER_DIR))  # fmt: skip
     for e in time["stragglers"]:
         when = "still one when the bundle was taken" if e["ended"] is None else f"until {e['ended']}"
         shares = e.get("shares") if isinstance(e.get("shares"), dict) else {}

@@ -6,13 +6,17 @@ the episodes do. Imports the stdlib and blackbox's host side."""
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections import deque
 from typing import Optional
 
 from .._recorder import protocol as P
+from ..adapters import flight_recorder as fr
 from ..adapters import gpu, procfs
 from ..detections import Detection
 from ..heartbeat_reader import HeartbeatState, HeartbeatTable
+from ..safeopen import RunDir
 from .context import RunContext
 from .gpuwatch import GpuWatch
 from .process import JobProcess
@@ -20,6 +24,7 @@ from .rules import LIVE_STATES, RankView
 from .stragglers import Stragglers, describe
 
 HISTORY_SAMPLES = 2000  # per rank: the last changes of step, phase or state kept for the report's timeline
+STRAGGLER_FR_MIN = 10  # collectives every rank recorded, at least, before their arrival order is read
 
 
 class Watch:
@@ -130,8 +135,49 @@ class Watch:
             if name == "straggler":
                 for rank in e["ranks"]:
                     self.ctx.say(f"straggler: {describe(rank, e['details'][str(rank)])}")
+                threading.Thread(target=self._confirm, args=(e["ranks"],), name="blackbox-straggler",
+                                 daemon=True).start()  # fmt: skip
             else:
                 self.ctx.say(f"straggler: rank {e['ranks'][0]} keeps pace again")
+
+    def _confirm(self, ranks: list[int]) -> None:
+        """The flight recorder's word on a straggler, once per episode, in a thread of its own: every live rank is
+        asked for its dump the quiet way (the heartbeat's dump-request word: no signal), then the collectives they
+        all recorded say who came to them last — the rank the others waited for."""
+        ctx = self.ctx
+        try:
+            table = HeartbeatTable(os.path.join(ctx.run_dir, P.RANKS_DIR), lambda path, message: None)
+            try:
+                live = [hb for hb in table.read() if procfs.is_alive(hb.pid, hb.start_ticks)]
+                asked = {hb.rank: table.request_dump(hb.rank) for hb in live}
+                deadline = time.monotonic() + ctx.cfg.dump_timeout
+                while asked and time.monotonic() < deadline:
+                    asked = {r: n for r, n in asked.items() if not any(
+                        hb.rank == r and hb.dump_ack >= n for hb in table.read())}  # fmt: skip
+                    time.sleep(0.1)
+            finally:
+                table.close()
+            run, dumps = RunDir(ctx.run_dir, None), {}
+            for hb in live:
+                try:
+                    dumps[hb.rank] = fr.load_dump(run.read(f"{P.FR_DIR}/{P.FR_PREFIX}{hb.rank}", fr.MAX_DUMP_BYTES))
+                except (OSError, fr.FlightRecorderError):
+                    continue
+            found = [a for a in fr.arrivals(dumps) if a.collectives >= STRAGGLER_FR_MIN]
+            if not found:
+                ctx.event("straggler_confirmed", ranks=ranks, result="no flight-recorder trace to compare",
+                          dumps=sorted(dumps))  # fmt: skip
+                return
+            a = max(found, key=lambda a: a.collectives)
+            last, times = a.latest()
+            agrees = last in ranks and times > a.collectives / len(a.last)
+            ctx.event("straggler_confirmed", ranks=ranks, group=a.group, collectives=a.collectives,
+                      last_arrivals={str(r): n for r, n in a.last.items()}, agrees=agrees)  # fmt: skip
+            verdict = "agrees" if agrees else "does not agree"
+            ctx.say(f"straggler: the flight recorder {verdict}: rank {last} came last to {times} of the "
+                    f"{a.collectives} newest collectives of group {a.group}")  # fmt: skip
+        except Exception as exc:
+            ctx.internal_error("straggler confirmation", exc)
 
     # --- the status line ------------------------------------------------------------------------------
     def status_due(self, views: list[RankView], now: float) -> None:

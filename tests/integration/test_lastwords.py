@@ -78,7 +78,7 @@ def test_data_hang(gallery: Gallery, scenario: str) -> None:
     else:  # the rank waits on its workers; their pids are recorded for the collector
         assert len(loader["worker_pids"]) == 2 and dump["dataloader"]["num_workers"] == 2
     # rank 0 waits for it: in its own all_reduce, or (DDP) in backward(), where the reducer's all_reduce waits
-    assert latest_pydump(run_dir, 0)["context"]["phase"] == ("collective" if scenario == "data-hang" else "compute")
+    assert latest_pydump(run_dir, 0)["context"]["phase"] == ("collective" if scenario == "data-hang" else "backward")
     names = bundle_names(run_dir)
     assert {"ranks/1/pydump-1.json", "ranks/1/loader.json", "ranks/1/threads.json"} <= set(names)
     # py-spy took every rank's stacks from outside, and the stuck loader worker's too

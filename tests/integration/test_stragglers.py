@@ -83,6 +83,9 @@ def test_stragglers_are_named_and_steady_jobs_are_not(tmp_path: Path) -> None:
             (first,) = [e for e in events(runs[name], "first_step") if e["rank"] == 1]
             assert named["ranks"] == [1] and named["phase"] == phase and named["factor"] > 1.5, named
             assert named["t"] - first["t"] <= 60, (named["t"] - first["t"], named)
+            # AND the flight recorder, asked once (the quiet dump request), says rank 1 came to the collectives last
+            (fr,) = wait_for(lambda name=name: events(runs[name], "straggler_confirmed"), 30, f"{name}'s confirmation")
+            assert fr["agrees"] and fr["collectives"] >= 10 and fr["last_arrivals"]["1"] > fr["last_arrivals"]["0"], fr
         # AND blackbox status says so too, read-only from another process
         run = runs["data-straggler"]
         out = subprocess.run([*BLACKBOX, "status", str(run), "--format", "json"], capture_output=True, text=True,
@@ -108,6 +111,7 @@ def test_stragglers_are_named_and_steady_jobs_are_not(tmp_path: Path) -> None:
         assert shares[1]["data"] > 0.3 and report.time["data_share"] > 0.15
         assert [(e["rank"], e["phase"], e["ended"]) for e in report.time["stragglers"]] == [(1, "data", None)]
         assert any(f.text.startswith("rank 1 was a straggler") for f in report.findings)
+        assert any(f.text.startswith("the flight recorder agrees: rank 1 came last") for f in report.findings)
         page = __import__("io").StringIO()
         render_html(report, page)
         assert "Where the time went" in page.getvalue() and "rank 1 (straggler)" in page.getvalue()
@@ -124,4 +128,5 @@ def test_stragglers_are_named_and_steady_jobs_are_not(tmp_path: Path) -> None:
         assert not events(runs[name], "straggler") and "straggler" not in results[name][1], results[name][1][-2000:]
     err = results["data-straggler"][1]
     assert "blackbox: straggler: rank 1 spends " in err and " of each step in data (others " in err
+    assert "blackbox: straggler: the flight recorder agrees: rank 1 came last to " in err
     assert any("STRAGGLER" in line for line in err.splitlines() if line.startswith("blackbox: status:"))

@@ -91,3 +91,52 @@ def test_off_and_too_few_steps_say_nothing() -> None:
     # a step every 10 s: fewer than MIN_STEPS in a 15 s window says too little to name anyone
     glacial, _ = synchronous({"data": 9.0, "compute": 1.0}, {"data": 0.1, "compute": 1.0})
     assert run(lambda rank, w: glacial, ranks=2, seconds=200) == []
+
+
+# --- the flight recorder's arrival order, and the report's "where the time went" ------------------------------------
+def _dump(times: dict[int, int], group: str = "0") -> dict[str, Any]:
+    return {"entries": [{"process_group": [group, "default_pg"], "collective_seq_id": seq, "time_created_ns": t}
+                        for seq, t in times.items()]}  # fmt: skip
+
+
+def test_the_flight_recorder_says_who_came_last() -> None:
+    from blackbox.adapters.flight_recorder import arrivals
+
+    # GIVEN rank 1 enqueuing each of 20 collectives 30 ms after rank 0, but for two, and a collective only rank 0 has
+    fast = _dump({seq: seq * 10**9 for seq in range(21)})
+    slow = _dump({seq: seq * 10**9 + (30_000_000 if seq % 10 else -1) for seq in range(20)})
+    (a,) = arrivals({0: fast, 1: slow})
+    assert (a.group, a.collectives, a.latest()) == ("0", 20, (1, 18))
+    # junk entries are left out; one rank alone compares nothing
+    junk = {"entries": [None, {"process_group": "0", "collective_seq_id": "3"}, {"collective_seq_id": 1}]}
+    assert arrivals({0: junk, 1: junk}) == [] and arrivals({0: fast}) == []
+
+
+def test_where_the_time_went_from_the_heartbeats_and_events() -> None:
+    import json
+
+    from blackbox.analyze.timeshare import findings, rank_shares, time_ledger
+    from blackbox.bundle.reader import Bundle
+
+    ledger = [0.0, 30.0, 55.0, 0.0, 0.0, 0.0, 1.0, 0.0]  # compute 30 s, data 55 s, backward 1 s
+    hb = {"ledger": ledger, "phase": "data", "phase_age_s": 4.0}
+    seconds, shares = rank_shares(hb) or (0.0, {})
+    assert seconds == 90.0 and shares == {"compute": 0.3333, "data": 0.6556, "backward": 0.0111}
+    assert rank_shares({"ledger": [1, 2]}) is None and rank_shares({"phase": "data"}) is None  # layout 1, junk
+    waiter = {"ledger": [0.0, 30.0, 1.0, 0.0, 0.0, 0.0, 59.0, 0.0], "phase": "backward", "phase_age_s": 0.0}
+    events = [{"event": "straggler", "time": "t1", "ranks": [1], "phase": "data", "factor": 2.6,
+               "details": {"1": {"phase": "data", "factor": 2.6, "shares": {"data": 0.61},
+                                 "others_shares": {"data": 0.01}}}},
+              {"event": "straggler", "ranks": ["x"]}, "not an event"]  # fmt: skip
+    files = {
+        "ranks/0/heartbeat.json": json.dumps(waiter).encode(),
+        "ranks/1/heartbeat.json": json.dumps(hb).encode(),
+        "events.jsonl": "\n".join(map(json.dumps, events)).encode(),
+    }
+    time = time_ledger(Bundle("b", {"schema_version": 2}, files, []), [0, 1], {0: "n", 1: "n"})
+    assert [r["rank"] for r in time["ranks"]] == [0, 1] and time["data_share"] == round(60 / 180, 4)
+    (episode,) = time["stragglers"]
+    assert (episode["rank"], episode["phase"], episode["factor"], episode["ended"]) == (1, "data", 2.6, None)
+    texts = [text for text, _ in findings(time, [])]
+    assert texts[0].startswith("rank 1 was a straggler from t1: 61% of each step in data (others 1%), 2.6x")
+    assert "the ranks spent 33% of their time waiting for data (rank 1: 66%)" in texts
