@@ -52,12 +52,15 @@ def make_bundle(ranks: int, out_dir: str, stuck: int = 1) -> str:
         mine = r == stuck
         phase = "data" if mine else "collective"
         w.add_record(r, "heartbeat.json", {
-            "version": 1, "pid": 10_000 + r, "rank": r, "local_rank": r % 8, "world_size": ranks, "mode": "rank",
+            "version": 2, "pid": 10_000 + r, "rank": r, "local_rank": r % 8, "world_size": ranks, "mode": "rank",
             "step": 100, "phase": phase, "collective": "none" if mine else "all_reduce", "state": "running",
             "alive": True, "idle_s": 63.0 + (r % 7) * 0.1, "liveness_age_s": 0.3, "last_progress_wall": now - 63,
-            "phase_start_wall": now - 63,
+            "phase_start_wall": now - 63, "phase_age_s": 63.0, "exit_status": None, "dump_request": 1,
+            "dump_ack": 1, "data_wait_total": 12.5, "batches": 400, "last_step_dt": 0.51, "slowest_step_dt": 0.9,
+            "ledger": [30.0, 250.0, 12.5 if not mine else 80.0, 0.0, 0.0, 0.0, 140.0, 0.0],
         })  # fmt: skip
         w.add_record(r, "py-spy.json", _stack(mine))
+        w.add_record(r, "proc-state.json", {"state": "S (sleeping)", "wchan": "futex_wait_queue", "exit_code": None})
         w.add_record(r, "proc.json", {
             "pid": 10_000 + r, "name": "python3", "state": "S (sleeping)", "wchan": "futex_wait_queue",
             "threads": [{"tid": 10_000 + r + t, "name": "python3", "state": "S", "wchan": "futex_wait_queue"}

@@ -214,7 +214,8 @@ def read_state(
             facts.append(Fact(hb_src if hb else L.MANIFEST, "dead", "its process is gone"))
     # /proc
     psrc = L.process_member(rank, L.PROC)
-    proc = bundle.json(psrc)
+    summary = L.process_member(rank, L.PROC_STATE)  # its state, wchan and exit code alone (schema 2)
+    proc = bundle.json(summary if bundle.files.get(summary) else psrc)
     proc = proc if isinstance(proc, dict) else {}
     letter = str(proc.get("state") or "")[:1]
     wchan = str(proc.get("wchan") or "")
@@ -299,8 +300,10 @@ _FINAL = ("raised", "dead", "exited", "stopped", "traced")
 def classify(rank: int, node: str, pid: Optional[int], facts: list[Fact], phase: str, step: Optional[int]) -> RankState:
     """One state from the facts. Pure: unit tests give hand-made facts."""
 
-    def first(*says: str) -> Optional[Fact]:
-        return next((f for f in facts if f.says in says), None)
+    firsts: dict[str, Fact] = {}  # what each kind of fact says first (the order of `facts` is the order of trust)
+    for f in facts:
+        firsts.setdefault(f.says, f)
+    first = firsts.get
 
     def make(kind: str, where_: str, decided: Fact, ph: str) -> RankState:
         st = RankState(rank, node, pid, kind, where_, decided.text, ph, step, facts=facts)
@@ -316,9 +319,9 @@ def classify(rank: int, node: str, pid: Optional[int], facts: list[Fact], phase:
     if waiting_exc is not None:  # raised out of a collective: a victim of whoever did not arrive
         return make("waiting", "collective", waiting_exc, "collective")
     for final in _FINAL:
-        f = first(final)
-        if f is not None:
-            return make("elsewhere", final, f, phase)
+        decisive = first(final)
+        if decisive is not None:
+            return make("elsewhere", final, decisive, phase)
     stack = next((f for f in facts if f.text.startswith("main thread in ")), None)
     gil = first("gil")
     kernel = first("kernel")

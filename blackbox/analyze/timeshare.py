@@ -20,7 +20,7 @@ def rank_shares(hb: Any) -> Optional[tuple[float, dict[str, float]]]:
     it began (`phase_age_s`); None without a ledger (a recorder of layout version 1, or none)."""
     if not isinstance(hb, dict) or not isinstance(hb.get("ledger"), list) or len(hb["ledger"]) != len(LEDGER):
         return None
-    spent = [max(0.0, number(v) or 0.0) for v in hb["ledger"]]
+    spent = [v if type(v) is float and 0 <= v < 1e12 else max(0.0, number(v) or 0.0) for v in hb["ledger"]]
     phase = str(hb.get("phase"))
     slot = LEDGER.index(phase) if phase in LEDGER else len(LEDGER) - 1
     spent[slot] += max(0.0, number(hb.get("phase_age_s")) or 0.0)

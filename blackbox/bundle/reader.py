@@ -106,6 +106,8 @@ def is_number(text: str) -> bool:
 def number(value: Any) -> Optional[float]:
     """A finite number from a bundle value: an int, a float or a numeric string; None for anything else (NaN,
     1e308, a list, `True`): every number a report computes with comes through here or `integer`."""
+    if type(value) is float:  # the common case, answered first (a 32,768-rank report asks ~500,000 times)
+        return value if -1e20 < value < 1e20 else None  # NaN compares false
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
     try:

@@ -1,0 +1,84 @@
+"""`blackbox status`'s model on a hand-made run directory: real heartbeat pages (the recorder's own writer), an
+events log with a straggler episode and a bundle; a run whose supervisor is gone says so; bad paths are one
+sentence."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from blackbox._recorder import protocol as P
+from blackbox._recorder.heartbeat_writer import HeartbeatWriter
+from blackbox.errors import BlackboxError
+from blackbox.render.status import render_status, render_status_json
+from blackbox.status import find_run, open_table, read_status
+
+
+def make_run(root: Path, supervisor_pid: int, ended: bool = False) -> Path:
+    run = root / "blackbox-runs" / "20261201-000000-abcdef"
+    for rank in (0, 1):
+        (run / "ranks" / str(rank)).mkdir(parents=True)
+        hb = HeartbeatWriter(str(run / "ranks" / str(rank) / "heartbeat"), pid=os.getpid(), start_ticks=0, rank=rank,
+                             local_rank=rank, world_size=2, mode="rank")  # fmt: skip
+        now = time.monotonic()
+        hb.progress(40, now, 0.25, 0.3)
+        hb.phase(P.PHASE_DATA if rank else P.PHASE_BACKWARD, now, 0, 0)
+        hb.liveness(9, now)
+        hb.add_time(P.PHASE_COMPUTE, 4.0)
+        hb.add_time(P.PHASE_DATA if rank else P.PHASE_BACKWARD, 6.0)
+    events = [
+        {"event": "start", "time": "2026-12-01T00:00:00+00:00", "run_id": "20261201-000000-abcdef",
+         "pid": supervisor_pid, "command": ["torchrun", "train.py"]},
+        {"event": "straggler", "time": "2026-12-01T00:01:00+00:00", "ranks": [1], "phase": "data", "factor": 2.5,
+         "details": {"1": {"phase": "data", "factor": 2.5}}},
+        {"event": "bundle", "time": "2026-12-01T00:02:00+00:00", "path": "/b.tar.gz", "trigger": "manual"},
+        {"event": "verdict", "bundle": "/b.tar.gz", "category": "ok", "suspect_ranks": [1], "summary": "s"},
+        *([{"event": "end", "exit_code": 0}] if ended else []),
+    ]  # fmt: skip
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    return run
+
+
+def test_a_run_as_it_stands(tmp_path: Path) -> None:
+    # GIVEN a run whose supervisor is gone (this process's pid is not a blackbox) and whose rank 1 is a straggler
+    run = make_run(tmp_path, os.getpid())
+    assert find_run(None, str(tmp_path)) == str(run)  # the newest run under ./blackbox-runs
+    table = open_table(str(run))
+    try:
+        s = read_status(find_run(str(run)), table, gpus=[])
+    finally:
+        table.close()
+    # THEN it says it is not live and why, and shows each rank's last state with where its time went
+    assert not s.live and "supervisor" in (s.why_not_live or "") and s.run_id == "20261201-000000-abcdef"
+    r0, r1 = s.ranks
+    assert (r1.phase, r1.step, r1.straggler, r0.straggler) == ("data", 40, True, False)
+    assert r1.time_share["data"] > 0.5 and r0.time_share["backward"] > 0.5 and r1.steps_per_s == 4.0
+    assert s.stragglers == [{"rank": 1, "phase": "data", "factor": 2.5, "started": "2026-12-01T00:01:00+00:00",
+                             "ended": None}]  # fmt: skip
+    assert s.incidents[0]["category"] == "ok" and s.incidents[0]["bundle"] == "/b.tar.gz"
+    out = io.StringIO()
+    render_status(s, out)
+    assert "not live" in out.getvalue() and "data (straggler)" in out.getvalue()
+    out = io.StringIO()
+    render_status_json(s, out)
+    data = json.loads(out.getvalue())
+    assert data["schema_version"] == 1 and data["ranks"][1]["time_share"]["data"] > 0.5
+
+
+def test_an_ended_run_and_bad_paths(tmp_path: Path) -> None:
+    run = make_run(tmp_path, os.getpid(), ended=True)
+    table = open_table(str(run))
+    try:
+        s = read_status(str(run), table, gpus=[])
+    finally:
+        table.close()
+    assert not s.live and s.why_not_live == "the run ended (blackbox run exited with 0)" and s.exit_code == 0
+    with pytest.raises(BlackboxError, match="is not a run directory"):
+        find_run(str(tmp_path))
+    with pytest.raises(BlackboxError, match="There is no run under"):
+        find_run(None, str(tmp_path / "elsewhere"))
