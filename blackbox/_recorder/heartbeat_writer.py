@@ -45,6 +45,10 @@ class HeartbeatWriter:
         self._d = memoryview(self.mm).cast("d")
         self._pv = 0  # group versions; 0 is never written as a version
         self._phv = 0
+        # the time ledger, kept by the phase writes themselves: the word of the phase now written, since when
+        self._ledger_words = [P.W_LEDGER + P.ledger_slot(code) for code in range(P.PHASE_CUSTOM + 1)]
+        self._ledger_word = self._ledger_words[P.PHASE_STARTUP]
+        self._phase_start = self.mono0
         P.HEADER.pack_into(self.mm, P.OFF_HEADER, P.MAGIC, P.HEARTBEAT_VERSION, P.HEARTBEAT_SIZE)
         P.IDENT.pack_into(
             self.mm, P.OFF_IDENT, pid, start_ticks, rank, local_rank, world_size,
@@ -67,7 +71,11 @@ class HeartbeatWriter:
         q[13] = v
 
     def phase(self, code: int, start: float, op: int, op_seq: int, name: bytes = b"") -> None:
+        """The phase from `start` (now) on; the time of the phase it ends goes to that phase's ledger word."""
         q = self._q
+        self._d[self._ledger_word] += start - self._phase_start
+        self._ledger_word = self._ledger_words[code]
+        self._phase_start = start
         v = self._phv + 1
         self._phv = v
         q[14] = v  # P.W_PHASE
@@ -95,11 +103,6 @@ class HeartbeatWriter:
 
     def ack_dump(self, request: int) -> None:
         self._q[P.W_DUMP_ACK] = request
-
-    def add_time(self, code: int, seconds: float) -> None:
-        """The time ledger: `seconds` more spent in the phase `code` (the loop's thread is the only writer)."""
-        i = 32 + (code if 0 <= code < 7 else 7)  # P.W_LEDGER + P.ledger_slot(code), inlined: every phase edge
-        self._d[i] += seconds
 
     def data(self, waited_total: float, batches: int) -> None:
         self._d[P.W_DATA_WAIT] = waited_total

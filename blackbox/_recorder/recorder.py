@@ -171,7 +171,6 @@ class Recorder:
         if n == 1:
             self.hb.state(P.STATE_RUNNING)
             if self._phase[0] == P.PHASE_STARTUP:
-                self.hb.add_time(P.PHASE_STARTUP, now - self._phase[1])
                 self._phase = (P.PHASE_COMPUTE, now, b"")
                 self.hb.phase(P.PHASE_COMPUTE, now, self._collective_op, self._collective_seq)
 
@@ -191,7 +190,6 @@ class Recorder:
     def enter_phase(self, code: int, name: bytes = b"") -> tuple[int, float, bytes]:
         previous = self._phase
         now = _monotonic()
-        self.hb.add_time(previous[0], now - previous[1])
         self._phase = (code, now, name)
         self.hb.phase(code, now, self._collective_op, self._collective_seq, name)
         return previous
@@ -202,8 +200,6 @@ class Recorder:
             code = P.PHASE_COMPUTE
         if now is None:
             now = _monotonic()
-        current = self._phase
-        self.hb.add_time(current[0], now - current[1])  # the phase that ends now
         self._phase = (code, now, previous[2])
         self.hb.phase(code, now, self._collective_op, self._collective_seq, previous[2])
 
@@ -229,7 +225,6 @@ class Recorder:
     def enter_collective(self, op: int, group: Any) -> tuple[int, float, bytes]:
         previous = self._phase
         now = _monotonic()
-        self.hb.add_time(previous[0], now - previous[1])
         self._collective_op = op
         key = 0 if group is None else id(group)
         self._collective_seq = self._group_seq.get(key, 0) + 1

@@ -25,12 +25,13 @@ def make_run(root: Path, supervisor_pid: int, ended: bool = False) -> Path:
         (run / "ranks" / str(rank)).mkdir(parents=True)
         hb = HeartbeatWriter(str(run / "ranks" / str(rank) / "heartbeat"), pid=os.getpid(), start_ticks=0, rank=rank,
                              local_rank=rank, world_size=2, mode="rank")  # fmt: skip
-        now = time.monotonic()
+        now, own = time.monotonic(), P.PHASE_DATA if rank else P.PHASE_BACKWARD
         hb.progress(40, now, 0.25, 0.3)
-        hb.phase(P.PHASE_DATA if rank else P.PHASE_BACKWARD, now, 0, 0)
         hb.liveness(9, now)
-        hb.add_time(P.PHASE_COMPUTE, 4.0)
-        hb.add_time(P.PHASE_DATA if rank else P.PHASE_BACKWARD, 6.0)
+        # the ledger as the phase writes keep it: 6 s in its own phase, then 4 s of compute, then that phase again
+        hb.phase(own, hb.mono0, 0, 0)
+        hb.phase(P.PHASE_COMPUTE, hb.mono0 + 6, 0, 0)
+        hb.phase(own, hb.mono0 + 10, 0, 0)
     events = [
         {"event": "start", "time": "2026-12-01T00:00:00+00:00", "run_id": "20261201-000000-abcdef",
          "pid": supervisor_pid, "command": ["torchrun", "train.py"]},
