@@ -68,12 +68,7 @@ class HeartbeatState:
     def time_spent(self, now: float) -> dict[str, float]:
         """Seconds in each phase up to `now` (CLOCK_MONOTONIC): the ledger, and the current phase's time since it
         began. Empty without a ledger."""
-        if not self.ledger:
-            return {}
-        out = dict(zip(P.LEDGER_PHASES, self.ledger))
-        current = self.phase if self.phase in out else P.LEDGER_PHASES[-1]
-        out[current] += max(0.0, now - self.phase_start)
-        return out
+        return P.time_spent(self.ledger, self.phase, now - self.phase_start) if self.ledger else {}
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -154,6 +154,14 @@ def ledger_slot(code: int) -> int:
     return code if 0 <= code < len(LEDGER_PHASES) - 1 else len(LEDGER_PHASES) - 1
 
 
+def time_spent(ledger: "tuple[float, ...] | list[float]", phase: str, elapsed: float) -> "dict[str, float]":
+    """Seconds in each phase of LEDGER_PHASES: the ledger's words, with `elapsed` (the current phase's time since it
+    began, which the ledger does not hold yet) added to the current phase (`other` for a custom one)."""
+    out = dict(zip(LEDGER_PHASES, ledger))
+    out[phase if phase in out else LEDGER_PHASES[-1]] += max(0.0, elapsed)
+    return out
+
+
 def parse_proc_stat(text: str) -> tuple[str, int, int]:
     """(state letter, ppid, start time in clock ticks) from the text of /proc/PID/stat."""
     # The command name is in parentheses and may itself hold spaces or parentheses.

@@ -12,22 +12,17 @@ from .._recorder import protocol as P
 from ..bundle import layout as L
 from ..bundle.reader import Bundle, integer, number
 
-LEDGER = P.LEDGER_PHASES
-
-
 def rank_shares(hb: Any) -> Optional[tuple[float, dict[str, float]]]:
     """(seconds in all, phase -> fraction) from one heartbeat record: its ledger, and the current phase's time since
     it began (`phase_age_s`); None without a ledger (a recorder of layout version 1, or none)."""
-    if not isinstance(hb, dict) or not isinstance(hb.get("ledger"), list) or len(hb["ledger"]) != len(LEDGER):
+    if not isinstance(hb, dict) or not isinstance(hb.get("ledger"), list) or len(hb["ledger"]) != len(P.LEDGER_PHASES):
         return None
-    spent = [v if type(v) is float and 0 <= v < 1e12 else max(0.0, number(v) or 0.0) for v in hb["ledger"]]
-    phase = str(hb.get("phase"))
-    slot = LEDGER.index(phase) if phase in LEDGER else len(LEDGER) - 1
-    spent[slot] += max(0.0, number(hb.get("phase_age_s")) or 0.0)
-    total = sum(spent)
+    words = [v if type(v) is float and 0 <= v < 1e12 else max(0.0, number(v) or 0.0) for v in hb["ledger"]]
+    spent = P.time_spent(words, str(hb.get("phase")), number(hb.get("phase_age_s")) or 0.0)
+    total = sum(spent.values())
     if total <= 0:
         return None
-    return total, {p: round(v / total, 4) for p, v in zip(LEDGER, spent) if v > 0}
+    return total, {p: round(v / total, 4) for p, v in spent.items() if v > 0}
 
 
 def straggler_episodes(bundle: Bundle) -> list[dict[str, Any]]:
