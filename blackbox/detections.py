@@ -5,9 +5,10 @@ only."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 HANG_RULES = ("stall", "gpu_idle")  # kind "hang": collected, then (--on-stall kill) the job is ended
 CRASH_RULES = ("exception", "rank_death", "console", "exit")  # kind "crash": what follows is the same episode
@@ -134,3 +135,31 @@ def rank_ranges(ranks: Iterable[int]) -> str:
 def plural_ranks(ranks: Sequence[int]) -> str:
     """'rank 3' / 'ranks 0-2, 5'."""
     return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
+
+
+def straggler_episodes(events: Iterable[object]) -> list[dict[str, Any]]:
+    """Each straggler episode the supervisor named, from its events (`straggler`, `straggler_end`; untrusted where
+    they come from a bundle): rank, phase, factor, started, ended (None while it lasts), and the rank's per-phase
+    shares and the others' as the event said them."""
+    out: list[dict[str, Any]] = []
+    open_: dict[int, dict[str, Any]] = {}
+    for e in events:
+        if not isinstance(e, dict) or e.get("event") not in ("straggler", "straggler_end"):
+            continue
+        for r in e["ranks"] if isinstance(e.get("ranks"), list) else []:
+            if not isinstance(r, int) or isinstance(r, bool):
+                continue
+            if e["event"] == "straggler_end":
+                if r in open_:
+                    open_.pop(r)["ended"] = e.get("time")
+                continue
+            details = e["details"] if isinstance(e.get("details"), dict) else {}
+            d = details[str(r)] if isinstance(details.get(str(r)), dict) else {}
+            factor = d.get("factor", e.get("factor"))
+            good = isinstance(factor, (int, float)) and not isinstance(factor, bool) and math.isfinite(factor)
+            episode = {"rank": r, "phase": str(d.get("phase", e.get("phase"))), "factor": factor if good else None,
+                       "started": e.get("time"), "ended": None, "shares": d.get("shares"),
+                       "others_shares": d.get("others_shares")}  # fmt: skip
+            out.append(episode)
+            open_[r] = episode
+    return out

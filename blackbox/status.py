@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from ._recorder import protocol as P
 from .adapters import gpu, procfs
+from .detections import straggler_episodes
 from .errors import BlackboxError
 from .events import read_events
 from .heartbeat_reader import HeartbeatState, HeartbeatTable
@@ -95,21 +96,8 @@ def _supervisor(events: list[dict[str, Any]]) -> tuple[dict[str, Any], Optional[
 
 
 def _episodes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    open_: dict[int, dict[str, Any]] = {}
-    for e in events:
-        if e.get("event") == "straggler":
-            for rank in e.get("ranks") or []:
-                detail = (e.get("details") or {}).get(str(rank), {})
-                episode = {"rank": rank, "phase": detail.get("phase", e.get("phase")), "started": e.get("time"),
-                           "factor": detail.get("factor", e.get("factor")), "ended": None}  # fmt: skip
-                out.append(episode)
-                open_[rank] = episode
-        elif e.get("event") == "straggler_end":
-            for rank in e.get("ranks") or []:
-                if rank in open_:
-                    open_.pop(rank)["ended"] = e.get("time")
-    return out
+    keep = ("rank", "phase", "factor", "started", "ended")
+    return [{k: e[k] for k in keep} for e in straggler_episodes(events)]
 
 
 def _incidents(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

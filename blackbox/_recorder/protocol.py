@@ -154,7 +154,7 @@ def ledger_slot(code: int) -> int:
     return code if 0 <= code < len(LEDGER_PHASES) - 1 else len(LEDGER_PHASES) - 1
 
 
-def time_spent(ledger: "tuple[float, ...] | list[float]", phase: str, elapsed: float) -> "dict[str, float]":
+def time_spent(ledger: tuple[float, ...] | list[float], phase: str, elapsed: float) -> dict[str, float]:
     """Seconds in each phase of LEDGER_PHASES: the ledger's words, with `elapsed` (the current phase's time since it
     began, which the ledger does not hold yet) added to the current phase (`other` for a custom one)."""
     out = dict(zip(LEDGER_PHASES, ledger))

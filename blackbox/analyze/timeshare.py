@@ -10,7 +10,9 @@ from typing import Any, Optional
 
 from .._recorder import protocol as P
 from ..bundle import layout as L
-from ..bundle.reader import Bundle, integer, number
+from ..bundle.reader import Bundle, number
+from ..detections import straggler_episodes as episodes_of
+
 
 def rank_shares(hb: Any) -> Optional[tuple[float, dict[str, float]]]:
     """(seconds in all, phase -> fraction) from one heartbeat record: its ledger, and the current phase's time since
@@ -26,34 +28,15 @@ def rank_shares(hb: Any) -> Optional[tuple[float, dict[str, float]]]:
 
 
 def straggler_episodes(bundle: Bundle) -> list[dict[str, Any]]:
-    """The supervisor's straggler episodes in the bundle's events: rank, phase, factor, started, ended (None: still
-    on when the bundle was taken), and the rank's shares against the others' as the event said them."""
-    out: list[dict[str, Any]] = []
-    open_: dict[int, dict[str, Any]] = {}
+    """The supervisor's straggler episodes in the bundle's events (detections.straggler_episodes)."""
+    events = []
     for name in sorted(n for n in bundle.files if n == L.EVENTS or n.endswith("/" + L.EVENTS)):
         for line in bundle.text(name).splitlines():
             try:
-                e = json.loads(line)
+                events.append(json.loads(line))
             except ValueError:
                 continue
-            if not isinstance(e, dict) or e.get("event") not in ("straggler", "straggler_end"):
-                continue
-            ranks: list[Any] = e["ranks"] if isinstance(e.get("ranks"), list) else []
-            for rank in ranks:
-                r = integer(rank)
-                if r is None:
-                    continue
-                if e["event"] == "straggler":
-                    details: dict[str, Any] = e["details"] if isinstance(e.get("details"), dict) else {}
-                    d: dict[str, Any] = details[str(r)] if isinstance(details.get(str(r)), dict) else {}
-                    episode = {"rank": r, "phase": str(d.get("phase", e.get("phase"))), "started": e.get("time"),
-                               "factor": number(d.get("factor", e.get("factor"))), "ended": None,
-                               "shares": d.get("shares"), "others_shares": d.get("others_shares")}  # fmt: skip
-                    out.append(episode)
-                    open_[r] = episode
-                elif r in open_:
-                    open_.pop(r)["ended"] = e.get("time")
-    return out
+    return episodes_of(events)
 
 
 def time_ledger(bundle: Bundle, ranks: list[int], nodes: dict[int, str]) -> dict[str, Any]:
