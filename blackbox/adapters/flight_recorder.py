@@ -255,6 +255,16 @@ class Arrivals:
         rank = max(self.last, key=lambda r: (self.last[r], -r))
         return rank, self.last[rank]
 
+    def agrees(self, named: set[int]) -> bool:
+        """Whether the rank that came last most often is one of `named`, and more often than chance would have it."""
+        last, times = self.latest()
+        return last in named and times > self.collectives / len(self.last)
+
+    def describe(self, named: set[int]) -> str:
+        last, times = self.latest()
+        return (f"the flight recorder {'agrees' if self.agrees(named) else 'does not agree'}: rank {last} came last "
+                f"to {times} of the {self.collectives} newest collectives of group {self.group}")  # fmt: skip
+
 
 MAX_ARRIVALS = 500  # the newest collectives compared per group
 

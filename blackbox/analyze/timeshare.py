@@ -63,10 +63,7 @@ def findings(time: dict[str, Any], arrivals: list[Any]) -> list[tuple[str, str]]
     out = []
     named = {e["rank"] for e in time["stragglers"]}
     for a in sorted(arrivals, key=lambda a: -a.collectives)[:1] if named else []:
-        last, times = a.latest()
-        word = "agrees" if last in named and times > a.collectives / len(a.last) else "does not agree"
-        out.append((f"the flight recorder {word}: rank {last} came last to {times} of the {a.collectives} newest "
-                    f"collectives of group {a.group} that every rank recorded", L.FLIGHT_RECORDER_DIR))  # fmt: skip
+        out.append((a.describe(named) + " that every rank recorded", L.FLIGHT_RECORDER_DIR))
     for e in time["stragglers"]:
         when = "still one when the bundle was taken" if e["ended"] is None else f"until {e['ended']}"
         shares = e.get("shares") if isinstance(e.get("shares"), dict) else {}

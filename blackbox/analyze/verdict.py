@@ -581,7 +581,8 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     elif reason:
         findings.append(Finding("observed", f"trigger: {reason}", L.DETECTION))
     time = time_ledger(bundle, [r.rank for r in rows], {r.rank: r.node for r in rows})
-    findings.extend(Finding("observed", text, source) for text, source in time_findings(time, fr.arrivals(dumps)))
+    arrivals = fr.arrivals(dumps) if time["stragglers"] else []  # read only beside a straggler it would confirm
+    findings.extend(Finding("observed", text, source) for text, source in time_findings(time, arrivals))
     findings = _rank_summary(rows, rank_stacks, suspects) + findings
     # the suspects' facts first: they are the ones a reader needs
     findings.sort(key=lambda f: not any(f.text.startswith(f"rank {r} ") or f.text.startswith(f"rank {r}'")

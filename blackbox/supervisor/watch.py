@@ -169,13 +169,9 @@ class Watch:
                           dumps=sorted(dumps))  # fmt: skip
                 return
             a = max(found, key=lambda a: a.collectives)
-            last, times = a.latest()
-            agrees = last in ranks and times > a.collectives / len(a.last)
             ctx.event("straggler_confirmed", ranks=ranks, group=a.group, collectives=a.collectives,
-                      last_arrivals={str(r): n for r, n in a.last.items()}, agrees=agrees)  # fmt: skip
-            verdict = "agrees" if agrees else "does not agree"
-            ctx.say(f"straggler: the flight recorder {verdict}: rank {last} came last to {times} of the "
-                    f"{a.collectives} newest collectives of group {a.group}")  # fmt: skip
+                      last_arrivals={str(r): n for r, n in a.last.items()}, agrees=a.agrees(set(ranks)))  # fmt: skip
+            ctx.say(f"straggler: {a.describe(set(ranks))}")
         except Exception as exc:
             ctx.internal_error("straggler confirmation", exc)
 
