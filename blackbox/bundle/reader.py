@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .._recorder import protocol as P
 from ..detections import Trigger
 from ..errors import BlackboxError
 from . import layout as L
@@ -172,7 +173,7 @@ def find_bundle(path: str) -> str:
     if os.path.isdir(path):
         if os.path.isfile(os.path.join(path, MANIFEST)):
             return path
-        bundles_dir = os.path.join(path, "bundles")
+        bundles_dir = os.path.join(path, P.BUNDLES_DIR)
         found = []
         if os.path.isdir(bundles_dir):
             found = [os.path.join(bundles_dir, n) for n in os.listdir(bundles_dir) if n.endswith(".tar.gz")]
@@ -354,8 +355,9 @@ def _read_tar(path: str, files: dict[str, bytes], skipped: list[str]) -> str:
             if kind not in "07":
                 skipped.append(f"{member}: not a regular file")
                 continue
-            if size > (MAX_TOTAL_BYTES if member == L.RANK_TABLE else MAX_MEMBER_BYTES):  # a node's table: all ranks
-                skipped.append(f"{member}: {size} bytes, over the {MAX_MEMBER_BYTES} byte limit")
+            cap = MAX_TOTAL_BYTES if member == L.RANK_TABLE else MAX_MEMBER_BYTES  # a node's table holds all its ranks
+            if size > cap:
+                skipped.append(f"{member}: {size} bytes, over the {cap} byte limit")
                 continue
             total += size
             if total > MAX_TOTAL_BYTES:
@@ -394,7 +396,7 @@ def _expand(path: str) -> list[str]:
     if (
         os.path.isdir(path)
         and not os.path.isfile(os.path.join(path, MANIFEST))
-        and not os.path.isdir(os.path.join(path, "bundles"))
+        and not os.path.isdir(os.path.join(path, P.BUNDLES_DIR))
     ):
         found = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".tar.gz"))
         if found:

@@ -117,9 +117,6 @@ class BundleWriter:
         self.steps.append(Step(name, status, round(time.monotonic() - started, 4), detail))
 
     def manifest(self, extra: dict[str, Any]) -> dict[str, Any]:
-        table = self._rank_table()
-        if table is not None:
-            self.entries[RANK_TABLE] = table
         files = [
             {
                 "path": path,
@@ -163,6 +160,9 @@ class BundleWriter:
             stem, dot, ext = name.partition(".tar")
             final = os.path.join(out_dir, f"{stem}-{n}{dot}{ext}")
         tmp = os.path.join(out_dir, f".{name}.{os.getpid()}.tmp")
+        table = self._rank_table()
+        if table is not None:  # the ranks' records, one member (counted against the caps as each was added)
+            self.entries[RANK_TABLE] = table
         manifest = json.dumps(self.manifest(extra), indent=2).encode()
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
