@@ -17,6 +17,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 ENV_CONFIG = "BLACKBOX_CONFIG"
+RUNS_DIR = "blackbox-runs"  # where `blackbox run` makes a run directory when --run-dir is not given
 AUTO = "auto"
 
 

@@ -12,13 +12,13 @@ from typing import Any, Optional
 
 from ._recorder import protocol as P
 from .adapters import gpu, procfs
+from .config import RUNS_DIR
 from .detections import straggler_episodes
 from .errors import BlackboxError
 from .events import read_events
 from .heartbeat_reader import HeartbeatState, HeartbeatTable
 
 STATUS_SCHEMA_VERSION = 1
-RUNS_DIR = "blackbox-runs"  # where `blackbox run` puts run directories by default
 
 
 @dataclass

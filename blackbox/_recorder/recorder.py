@@ -510,13 +510,16 @@ class _ImportWatcher:
         return spec
 
 
-def _wrap_collectives(rec: Recorder, torch: Any) -> None:
+def _is_compiling(torch: Any) -> Callable[[], bool]:
+    """torch.compiler.is_compiling where this torch has it: a phase wrapper steps aside while dynamo traces."""
+    return getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
 
+
+def _wrap_collectives(rec: Recorder, torch: Any) -> None:
     dist = getattr(torch, "distributed", None)
     if dist is None or not dist.is_available():
         return
-    compiler = getattr(torch, "compiler", None)
-    is_compiling: Callable[[], bool] = getattr(compiler, "is_compiling", None) or (lambda: False)
+    is_compiling = _is_compiling(torch)
 
     def wrap(fn: Callable[..., Any], op: int) -> Callable[..., Any]:
         try:  # where the `group` argument sits, for the per-group sequence number
@@ -588,9 +591,7 @@ def _wrap_backward(rec: Recorder, torch: Any) -> None:
     fn = getattr(autograd, "backward", None)
     if fn is None or getattr(fn, "__blackbox_wrapped__", False):
         return
-    compiler = getattr(torch, "compiler", None)
-    is_compiling: Callable[[], bool] = getattr(compiler, "is_compiling", None) or (lambda: False)
-    autograd.backward = _phase_wrapper(rec, "backward", fn, _enter(rec, P.PHASE_BACKWARD), skip=is_compiling)
+    autograd.backward = _phase_wrapper(rec, "backward", fn, _enter(rec, P.PHASE_BACKWARD), skip=_is_compiling(torch))
 
 
 def _wrap_dcp(rec: Recorder, dcp: Any) -> None:

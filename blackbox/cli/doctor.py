@@ -8,13 +8,14 @@ from typing import Optional
 
 import click
 
+from ..config import RUNS_DIR
 from ..errors import BlackboxError
 
 
 @click.command()
 @click.option(
     "--run-dir",
-    default="blackbox-runs",
+    default=RUNS_DIR,
     show_default=True,
     metavar="DIR",
     help="Where `blackbox run` will write (checked for write access and free space).",

@@ -109,9 +109,14 @@ class _Proc:
         """Where its `what` (py-spy, proc) goes in the bundle (bundle.layout)."""
         return L.process_member(self.rank, what, self.pid if self.helper else None)
 
+    @property
+    def own(self) -> bool:
+        """A rank's own process (not one of its helpers, not the agent)."""
+        return self.rank is not None and not self.helper
+
     def add(self, w: BundleWriter, what: str, obj: Any) -> None:
         """Its `what` into the bundle: a rank's own in the node's rank table, a helper's or the agent's a member."""
-        if self.rank is not None and not self.helper and what + ".json" in L.TABLED:
+        if self.own and self.rank is not None and what + ".json" in L.TABLED:
             w.add_record(self.rank, what + ".json", obj)
         else:
             w.add_json(self.path(what), obj)
@@ -284,7 +289,7 @@ class Collector:
         ambiguous = []
         for p in procs:
             main = stacks.main_thread(pyspy.threads(taken.get(p.pid)))
-            if p.rank is not None and not p.helper and main is not None and where(main).kind == "ambiguous":
+            if p.own and main is not None and where(main).kind == "ambiguous":
                 ambiguous.append(p)
         if not ambiguous or time.monotonic() >= deadline:
             return
@@ -318,7 +323,7 @@ class Collector:
                 gone.append(p.pid)
                 continue
             p.add(w, L.PROC, snap)
-            if p.rank is not None and not p.helper:  # what the analysis reads of it, without parsing it all
+            if p.own:  # what the analysis reads of it, without parsing it all
                 p.add(w, L.PROC_STATE, {k: snap.get(k) for k in L.PROC_STATE_FIELDS})
         w.step("/proc", "ok" if not gone else "partial", t,
                f"{len(procs) - len(gone)}/{len(procs)} process(es)" + (f"; gone: {gone}" if gone else ""))  # fmt: skip

@@ -12,9 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..status import RunStatus
-from . import printable
-
-PHASES_SHOWN = ("data", "compute", "backward", "collective", "checkpoint", "eval", "other", "startup")
+from . import TIME_PHASES, printable
 
 
 def _num(value: Optional[float], fmt: str = "{:.1f}") -> str:
@@ -22,7 +20,7 @@ def _num(value: Optional[float], fmt: str = "{:.1f}") -> str:
 
 
 def _shares(share: dict[str, float]) -> str:
-    parts = [f"{p} {share[p]:.0%}" for p in PHASES_SHOWN if share.get(p, 0) >= 0.005]
+    parts = [f"{p} {share[p]:.0%}" for p in TIME_PHASES if share.get(p, 0) >= 0.005]
     return " ".join(parts) or "-"
 
 

@@ -20,7 +20,7 @@ from typing import Callable, Optional
 from .. import __version__
 from .._recorder import protocol as P
 from ..adapters import gpu, host
-from ..config import RunConfig
+from ..config import RUNS_DIR, RunConfig
 from ..coord.topology import Topology, topology
 from ..detections import Trigger
 from ..errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
@@ -39,7 +39,7 @@ from .watch import Watch
 class Supervisor:
     def __init__(self, argv: list[str], cfg: RunConfig, env: Mapping[str, str], say: Callable[[str], None]):
         run_id = new_run_id()
-        run_dir = os.path.abspath(cfg.run_dir or os.path.join("blackbox-runs", run_id))
+        run_dir = os.path.abspath(cfg.run_dir or os.path.join(RUNS_DIR, run_id))
         self.ctx = RunContext(argv, cfg, env, say, run_id, host.hostname(), run_dir)
         self.topology: Optional[Topology] = None  # this node's place in a multi-node job (None: one node)
         self._episodes: Optional[Episodes] = None

@@ -26,7 +26,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "bundle": {"__version__", "_recorder", "detections", "errors"},
     "analyze": {"_recorder", "adapters", "bundle", "detections", "frames"},
     "render": {"analyze", "status"},
-    "status": {"_recorder", "adapters", "detections", "errors", "events", "heartbeat_reader"},
+    "status": {"_recorder", "adapters", "config", "detections", "errors", "events", "heartbeat_reader"},
     "incidents": {"_recorder", "analyze", "bundle", "events"},
     "intake": {"analyze", "bundle", "incidents"},
     "alerts": {"analyze", "redact"},
