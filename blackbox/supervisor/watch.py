@@ -152,8 +152,8 @@ class Watch:
                 asked = {hb.rank: table.request_dump(hb.rank) for hb in live}
                 deadline = time.monotonic() + ctx.cfg.dump_timeout
                 while asked and time.monotonic() < deadline:
-                    asked = {r: n for r, n in asked.items() if not any(
-                        hb.rank == r and hb.dump_ack >= n for hb in table.read())}  # fmt: skip
+                    acks = {hb.rank: hb.dump_ack for hb in table.read()}
+                    asked = {r: n for r, n in asked.items() if acks.get(r, 0) < n}
                     time.sleep(0.1)
             finally:
                 table.close()
