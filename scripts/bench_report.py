@@ -60,7 +60,6 @@ def make_bundle(ranks: int, out_dir: str, stuck: int = 1) -> str:
             "ledger": [30.0, 250.0, 12.5 if not mine else 80.0, 0.0, 0.0, 0.0, 140.0, 0.0],
         })  # fmt: skip
         w.add_record(r, "py-spy.json", _stack(mine))
-        w.add_record(r, "proc-state.json", {"state": "S (sleeping)", "wchan": "futex_wait_queue", "exit_code": None})
         w.add_record(r, "proc.json", {
             "pid": 10_000 + r, "name": "python3", "state": "S (sleeping)", "wchan": "futex_wait_queue",
             "threads": [{"tid": 10_000 + r + t, "name": "python3", "state": "S", "wchan": "futex_wait_queue"}

@@ -214,8 +214,7 @@ def read_state(
             facts.append(Fact(hb_src if hb else L.MANIFEST, "dead", "its process is gone"))
     # /proc
     psrc = L.process_member(rank, L.PROC)
-    summary = L.process_member(rank, L.PROC_STATE)  # its state, wchan and exit code alone (schema 2)
-    proc = bundle.json(summary if bundle.files.get(summary) else psrc)
+    proc = bundle.json(psrc)
     proc = proc if isinstance(proc, dict) else {}
     letter = str(proc.get("state") or "")[:1]
     wchan = str(proc.get("wchan") or "")

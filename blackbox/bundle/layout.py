@@ -45,11 +45,9 @@ TORCHELASTIC_ERROR = "torchelastic-error.json"  # torchelastic's own error file,
 PYSPY = "py-spy"  # py-spy's JSON, as py-spy wrote it
 PYSPY_NATIVE = "py-spy-native"  # the main thread with native frames, where the Python stack was ambiguous
 PROC = "proc"  # /proc state (adapters.procfs)
-PROC_STATE = "proc-state"  # of a rank's own: the fields of its /proc state the analysis reads (state, wchan, exit code)
 WORKER = "-worker-"
 # a rank's own records, in RANK_TABLE
-TABLED = (HEARTBEAT, HISTORY, PYSPY + ".json", PROC + ".json", PROC_STATE + ".json")
-PROC_STATE_FIELDS = ("state", "wchan", "exit_code")
+TABLED = (HEARTBEAT, HISTORY, PYSPY + ".json", PROC + ".json")
 # copied from the rank's directory as the recorder named them
 RANK_FILES = (
     P.RANK_LOG, P.RANK_EVENTS, P.RANK_ANNOTATIONS, P.RANK_METRICS, P.RANK_THREADS, P.RANK_LOADER, P.RANK_INFO,

@@ -323,8 +323,6 @@ class Collector:
                 gone.append(p.pid)
                 continue
             p.add(w, L.PROC, snap)
-            if p.own:  # what the analysis reads of it, without parsing it all
-                p.add(w, L.PROC_STATE, {k: snap.get(k) for k in L.PROC_STATE_FIELDS})
         w.step("/proc", "ok" if not gone else "partial", t,
                f"{len(procs) - len(gone)}/{len(procs)} process(es)" + (f"; gone: {gone}" if gone else ""))  # fmt: skip
 
