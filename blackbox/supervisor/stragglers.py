@@ -103,10 +103,11 @@ class Stragglers:
     def feed(self, states: list[HeartbeatState], now: float) -> list[dict[str, Any]]:
         if not self.on:
             return []
+        if self._since is not None and now - self._since < self.window_s:
+            return []  # read the ledgers at the windows' edges only
         readings = {hb.rank: Reading(now, hb.step, hb.time_spent(now)) for hb in states if hb.ledger}
-        if self._since is None or now - self._since < self.window_s:
-            if self._since is None:
-                self._start, self._since = readings, now
+        if self._since is None:
+            self._start, self._since = readings, now
             return []
         ws = windows(self._start, readings)
         self._start, self._since = readings, now
