@@ -25,7 +25,6 @@ MIN_EXTRA = 0.05  # the extra own work must also be this share of the median ste
 
 @dataclass(frozen=True)
 class Reading:
-    t: float  # CLOCK_MONOTONIC
     step: int
     spent: dict[str, float]  # seconds per phase so far (HeartbeatState.time_spent)
 
@@ -105,7 +104,7 @@ class Stragglers:
             return []
         if self._since is not None and now - self._since < self.window_s:
             return []  # read the ledgers at the windows' edges only
-        readings = {hb.rank: Reading(now, hb.step, hb.time_spent(now)) for hb in states if hb.ledger}
+        readings = {hb.rank: Reading(hb.step, hb.time_spent(now)) for hb in states if hb.ledger}
         if self._since is None:
             self._start, self._since = readings, now
             return []
