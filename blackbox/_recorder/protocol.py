@@ -19,7 +19,6 @@ FR_PREFIX = "fr_trace_"  # flight-recorder dumps: <run dir>/flight_recorder/<FR_
 # --- the run directory, as both sides name it ----------------------------------------------------------
 FR_DIR = "flight_recorder"  # <run dir>/flight_recorder/: the ranks' flight-recorder dumps
 RANKS_DIR = "ranks"  # <run dir>/ranks/<rank>/: each rank's own directory, written by its recorder
-BOOTSTRAP_ERRORS = "bootstrap-errors.log"  # <run dir>/: the injected sitecustomize's own failures
 CONSOLE_LOG = "console.log"  # <run dir>/: the job's output (the supervisor's tee), then console.tail.log
 EVENTS_LOG = "events.jsonl"  # <run dir>/: the supervisor's event log
 BUNDLES_DIR = "bundles"  # <run dir>/bundles/: the bundles of the run

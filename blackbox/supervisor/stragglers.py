@@ -34,7 +34,6 @@ class Window:
     """One rank over one window: per step, the seconds in each phase and in all."""
 
     rank: int
-    steps: int
     per_step: dict[str, float]
 
     @property
@@ -59,7 +58,7 @@ def windows(start: dict[int, Reading], end: dict[int, Reading]) -> list[Window]:
         if steps < MIN_STEPS:
             continue
         per_step = {p: max(0.0, b.spent.get(p, 0.0) - a.spent.get(p, 0.0)) / steps for p in P.LEDGER_PHASES}
-        out.append(Window(rank, steps, per_step))
+        out.append(Window(rank, per_step))
     return out
 
 

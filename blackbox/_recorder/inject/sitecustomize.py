@@ -98,7 +98,6 @@ def _blackbox_activate(mode: str, env: "os._Environ[str]") -> None:
         recorder.activate(run_dir, rank, local_rank, world_size, mode)  # type: ignore[attr-defined]
     except Exception as exc:  # the job must start whatever happens here
         try:
-            # protocol.BOOTSTRAP_ERRORS, spelt out: the recorder's modules may be what failed to load
             with open(os.path.join(run_dir, "bootstrap-errors.log"), "a") as f:
                 f.write("pid %d: the recorder could not start: %r\n" % (os.getpid(), exc))
         except Exception:
