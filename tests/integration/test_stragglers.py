@@ -6,6 +6,7 @@ The four jobs run side by side (their steps mostly sleep): about two minutes in 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pty
@@ -112,7 +113,7 @@ def test_stragglers_are_named_and_steady_jobs_are_not(tmp_path: Path) -> None:
         assert [(e["rank"], e["phase"], e["ended"]) for e in report.time["stragglers"]] == [(1, "data", None)]
         assert any(f.text.startswith("rank 1 was a straggler") for f in report.findings)
         assert any(f.text.startswith("the flight recorder agrees: rank 1 came last") for f in report.findings)
-        page = __import__("io").StringIO()
+        page = io.StringIO()
         render_html(report, page)
         assert "Where the time went" in page.getvalue() and "rank 1 (straggler)" in page.getvalue()
         # THEN every job runs to its own end: exit 0, and the steady and jittery ones were never named
