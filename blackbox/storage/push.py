@@ -6,7 +6,6 @@ hangs is ended with its process and never holds the supervisor. Imports the stdl
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from typing import Any
@@ -17,28 +16,6 @@ from .urls import describe_error, display, join, permanent
 
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 8.0
-
-
-def _put(store: Any, src: str, dest: str, data: bytes | None = None) -> None:
-    """One object; on a filesystem written beside and renamed, so no reader ever sees half of it."""
-    fs = store.fs
-    if store.local:
-        fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
-        part = f"{dest}.part-{os.getpid()}"
-        try:
-            if data is None:
-                fs.put_file(src, part)
-            else:
-                fs.pipe_file(part, data)
-            os.chmod(part, 0o640)  # the team reads it through the directory's group; never the world
-            fs.mv(part, dest)
-        finally:
-            if fs.exists(part):
-                fs.rm(part)
-    elif data is None:
-        fs.put_file(src, dest)
-    else:
-        fs.pipe_file(dest, data)
 
 
 def push(request: dict[str, Any]) -> dict[str, Any]:
@@ -63,8 +40,8 @@ def push(request: dict[str, Any]) -> dict[str, Any]:
     while True:
         answer["attempts"] += 1
         try:
-            _put(store, str(request["bundle"]), dest)
-            _put(store, "", join(store.root, SL.record_key(key)), body)
+            store.put(dest, src=str(request["bundle"]))
+            store.put(join(store.root, SL.record_key(key)), data=body)
             answer.update(ok=True, url=url, error=None)
             break
         except Exception as exc:

@@ -7,12 +7,13 @@ and this package."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any, Callable, Optional, TypeVar
 
 from ..bundle.reader import MAX_TOTAL_BYTES, Bundle, read_bundle
@@ -86,6 +87,30 @@ class Store:
                     out.write(chunk)
 
         self.call("read", copy)
+
+    def put(self, dest: str, src: Optional[str] = None, data: Optional[bytes] = None) -> None:
+        """One object, from a local file or bytes; on a filesystem written beside and renamed, so that no reader
+        ever sees half of it, group-readable (the team reads it through the directory), never world-readable.
+        Raises the backend's own errors (the caller decides about retries)."""
+        fs = self.fs
+        if not self.local:
+            if src is not None:
+                fs.put_file(src, dest)
+            else:
+                fs.pipe_file(dest, data or b"")
+            return
+        fs.makedirs(dest.rsplit("/", 1)[0], exist_ok=True)
+        part = f"{dest}.part-{os.getpid()}"
+        try:
+            if src is not None:
+                fs.put_file(src, part)
+            else:
+                fs.pipe_file(part, data or b"")
+            os.chmod(part, 0o640)
+            fs.mv(part, dest)
+        finally:
+            if fs.exists(part):
+                fs.rm(part)
 
     def cat(self, paths: list[str]) -> dict[str, bytes]:
         if not paths:
@@ -253,6 +278,15 @@ def find_record(store: Store, ident: str) -> tuple[str, dict[str, Any]]:
     rec = matches[0]
     path = next(p for p in objects if store.url_of(p) == rec["record"])
     return path, rec
+
+
+def link_fix(store: Store, record_path: str, fields: dict[str, Any]) -> str:
+    """Write a fix record beside an incident record; returns its URL."""
+    created = fields.get("created") or datetime.now(timezone.utc).isoformat(timespec="seconds")
+    body = {k: fields.get(k) for k in SL.FIX_FIELDS} | {"created": created, "record": store.url_of(record_path)}
+    dest = SL.fix_key(record_path, str(created).replace(":", ""))
+    store.call("write to", lambda: store.put(dest, data=(json.dumps(body, indent=1) + "\n").encode()))
+    return store.url_of(dest)
 
 
 def seen_before(store: Store, fingerprint: str, category: str, top_frame: Optional[str], incident_id: Optional[str],
