@@ -42,6 +42,9 @@ _SIGNED = re.compile(r"(?i)\b(X-Amz-[A-Za-z-]+|Signature|Credential|AWSAccessKey
                      r"access_token|Authorization)(\s*[=:]\s*)([^\s&,;\"']+)")  # fmt: skip
 
 
+_ENDPOINT_PATH = re.compile(r"(https?://[^/\s\"']+)/[^\s\"']*")
+
+
 def scheme(url: str) -> Optional[str]:
     m = _SCHEME.match(url)
     return m.group(1).lower() if m else None
@@ -113,7 +116,7 @@ def describe_error(exc: BaseException) -> str:
         kind = "timed out"
     else:
         kind = type(exc).__name__
-    text = str(exc) or kind
+    text = _ENDPOINT_PATH.sub(r"\1", str(exc)).strip().rstrip(".") or kind  # the endpoint says enough
     return scrub(f"{kind}: {text}" if text != kind else kind)
 
 
