@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import SERVICES
+
 BUCKET = "blackbox-team"
 KEY_ID = "BBTESTKEYID0"
 SECRET = "bb-test-secret-0f9e8d7c6b5a4f3e2d1c"  # the server's one identity: its secret is seeded, never written
@@ -62,11 +64,33 @@ def seaweed_s3(workdir: Path) -> Iterator[S3Server]:
     """`weed mini` on loopback with one identity and one bucket; buckets are never created on upload."""
     weed = _weed()
     config = workdir / "s3.json"
-    config.write_text(json.dumps({"identities": [{"name": "tester", "credentials": [
-        {"accessKey": KEY_ID, "secretKey": SECRET}], "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}))
+    config.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "tester",
+                        "credentials": [{"accessKey": KEY_ID, "secretKey": SECRET}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            }
+        )
+    )
     for attempt in range(3):  # a port taken between choosing and binding: choose again
-        names = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
-                 "filer.port.grpc", "s3.port", "s3.port.grpc", "admin.port", "admin.port.grpc", "webdav.port")
+        names = (
+            "master.port",
+            "master.port.grpc",
+            "volume.port",
+            "volume.port.grpc",
+            "filer.port",
+            "filer.port.grpc",
+            "s3.port",
+            "s3.port.grpc",
+            "admin.port",
+            "admin.port.grpc",
+            "webdav.port",
+        )
         ports = {name: free_port() for name in names}
         data = workdir / f"data{attempt}"
         data.mkdir()
@@ -76,6 +100,7 @@ def seaweed_s3(workdir: Path) -> Iterator[S3Server]:
                 "-admin.ui=false", "-master.telemetry=false", *(f"-{k}={v}" for k, v in ports.items())]  # fmt: skip
         with open(log, "wb") as out:
             proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        SERVICES.add(proc.pid)  # shared by the module's tests: not reaped after each
         server = S3Server(f"http://127.0.0.1:{ports['s3.port']}", proc, log)
         try:
             if _ready(server):
@@ -89,6 +114,7 @@ def seaweed_s3(workdir: Path) -> Iterator[S3Server]:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, 9)
                 proc.wait()
+            SERVICES.discard(proc.pid)
     pytest.skip(f"SeaweedFS did not start (see {log}): {log.read_text()[-500:]}")
 
 
@@ -147,6 +173,7 @@ def prometheus(workdir: Path, targets: list[str], interval_s: float = 1.0) -> It
             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]  # fmt: skip
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    SERVICES.add(proc.pid)
     server = Prometheus(f"http://127.0.0.1:{port}", proc, log)
     try:
         deadline = time.monotonic() + 60
@@ -169,3 +196,4 @@ def prometheus(workdir: Path, targets: list[str], interval_s: float = 1.0) -> It
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait()
+        SERVICES.discard(proc.pid)

@@ -81,7 +81,7 @@ def test_two_nodes_upload_under_one_prefix_and_report_by_url_gives_the_local_ver
             assert code == 86, err[-3000:]
             lines = uploaded(err)
             assert len(lines) == 1 and not not_uploaded(err), err[-3000:]
-            assert lines[0].split(": ", 1)[1].startswith(targets[kind] + "/"), lines
+            assert lines[0].split(": ", 2)[2].startswith(targets[kind] + "/"), lines
             (bundle,) = bundles(base / f"node{i}")  # the local bundle is kept
             local.append(bundle)
         job_id = manifest(local[0])["multinode"]["job_id"]
@@ -110,7 +110,10 @@ def test_two_nodes_upload_under_one_prefix_and_report_by_url_gives_the_local_ver
         records = json.loads(listing.stdout)["incidents"]
         assert len(records) == 2 and len({r["incident_id"] for r in records}) == 1, records
         assert {r["run"] for r in records} == {job_id}
-        assert all(r["bundle"].startswith(run_url + "/") and r["category"] == "hang.data_loading" for r in records)
+        assert all(r["bundle"].startswith(run_url + "/") for r in records), records
+        # (each record is its own node's bundle's verdict: node 1, whose rank 3 hangs, names it alone)
+        by_node = {r["node"].split("-")[0]: r for r in records}
+        assert by_node["node1"]["category"] == "hang.data_loading" and by_node["node1"]["suspects"] == [3], records
 
 
 # --- failures of the storage -------------------------------------------------------------------------------------
