@@ -109,9 +109,9 @@ class Evidence:
                            on_seen=seen, background=True)  # fmt: skip
         except Exception as exc:
             ctx.internal_error("report", exc)
-            if alert:
+            if alert and self.uploads is None:
                 self._alert(path, None, trigger)
-            self._upload(written, None, None, trigger, alert)
+            self._upload(written, None, None, trigger, alert)  # the alarms follow the upload
             return None
         self._intakes.append(taken)
         self._upload(written, taken, taken.report, trigger, alert)
