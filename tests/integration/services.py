@@ -163,7 +163,7 @@ def prometheus(workdir: Path, targets: list[str], interval_s: float = 1.0) -> It
         pytest.skip("Prometheus is not installed (Debian package `prometheus`; `make test` installs it as root)")
     config = workdir / "prometheus.yml"
     config.write_text(
-        f"global:\n  scrape_interval: {interval_s:g}s\n  evaluation_interval: {interval_s:g}s\n"
+        f"global:\n  scrape_interval: {round(interval_s * 1000)}ms\n  evaluation_interval: {round(interval_s * 1000)}ms\n"
         "scrape_configs:\n  - job_name: blackbox\n    static_configs:\n"
         f"      - targets: {json.dumps(targets)}\n"
     )

@@ -229,14 +229,18 @@ def test_what_is_uploaded_holds_no_secret_and_a_colleague_sees_it_before(tmp_pat
     prefix = f"s3://{BUCKET}/seen"
     cmd = ["run", "--upload", prefix, "--", sys.executable, str(PROGRAMS / "secrets_job.py"), "--config", str(config)]
 
+    alarm = tmp_path / "alarm.txt"  # the --on-incident command is told where the bundle went
+
     def run(name: str, home: Path) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*BLACKBOX, cmd[0], "--run-dir", str(tmp_path / name), *cmd[1:]], cwd=tmp_path,
+        return subprocess.run([*BLACKBOX, cmd[0], "--run-dir", str(tmp_path / name), "--on-incident",
+                               f"echo $BLACKBOX_BUNDLE_URL >> {alarm}", *cmd[1:]], cwd=tmp_path,
                               env=job_env(**s3.env(), **SEEDED, BLACKBOX_HOME=str(home)), text=True,
                               capture_output=True, timeout=120)  # fmt: skip
 
     # WHEN it fails under `blackbox run --upload s3://…`
     first = run("first", tmp_path / "home-a")
     assert first.returncode == 1 and len(uploaded(first.stderr)) == 1, first.stderr[-3000:]
+    assert alarm.read_text().split() == [uploaded(first.stderr)[0].split(": ", 2)[2]]
     # THEN what landed in the bucket (the bundle, every member of it, and its record) holds none of the secrets
     fs = s3.fs()
     keys = fs.find(f"{BUCKET}/seen")

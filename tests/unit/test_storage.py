@@ -185,3 +185,15 @@ def test_records_under_a_prefix_newest_first_with_their_fix(tmp_path: Path) -> N
     assert url.startswith(str(tmp_path / "p")) and remote.find_record(store, "bbbb")[1]["fix"]["status"] == "verified"
     with pytest.raises(BlackboxError, match="no incident `cccc`"):
         remote.find_record(store, "cccc")
+
+
+def test_the_alarms_carry_the_uploaded_bundles_url() -> None:
+    from blackbox.alerts import incident_env, payload
+
+    url = "s3://team/bb/r1/node0-h/b.tar.gz"
+    assert incident_env("/local/b.tar.gz", None, "r1", "h", "stall", url)["BLACKBOX_BUNDLE_URL"] == url
+    body = payload("/local/b.tar.gz", None, "r1", "h", "stall", url)
+    assert body["bundle_url"] == url and body["bundle"] == "/local/b.tar.gz" and body["upload_error"] is None
+    failed = payload("/local/b.tar.gz", None, "r1", "h", "stall", None, "access refused")
+    assert failed["bundle_url"] is None and failed["upload_error"] == "access refused"
+    assert "bundle_url" not in payload("/local/b.tar.gz", None, "r1", "h", "stall")  # without --upload: as before
