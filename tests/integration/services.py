@@ -162,8 +162,9 @@ def prometheus(workdir: Path, targets: list[str], interval_s: float = 1.0) -> It
     if not binary:
         pytest.skip("Prometheus is not installed (Debian package `prometheus`; `make test` installs it as root)")
     config = workdir / "prometheus.yml"
+    every = f"{round(interval_s * 1000)}ms"  # Prometheus takes no fractions of a second
     config.write_text(
-        f"global:\n  scrape_interval: {round(interval_s * 1000)}ms\n  evaluation_interval: {round(interval_s * 1000)}ms\n"
+        f"global:\n  scrape_interval: {every}\n  evaluation_interval: {every}\n"
         "scrape_configs:\n  - job_name: blackbox\n    static_configs:\n"
         f"      - targets: {json.dumps(targets)}\n"
     )
