@@ -79,24 +79,14 @@ def _list_shared(source: str, category: Optional[str], since: Optional[str], lim
         json.dump({"from": display(store.url), "incidents": rows}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
-
     if not rows:
         click.echo(f"no incidents under {display(store.url)}" + (" that match" if category or since else ""))
         return 0
-    table = Table(title=f"incidents ({display(store.url)})", title_justify="left")
-    for col in ("id", "when (UTC)", "category", "phase", "suspects", "run", "host", "where", "fix"):
-        table.add_column(col, overflow="fold")
-    for r in rows:
-        fix = r.get("fix") or {}
-        fixed = f"{fix.get('status')} {str(fix.get('fix_commit') or '')[:10]}".strip() if fix else ""
-        cells = (r.get("id"), str(r.get("time") or "")[:19].replace("T", " "), r.get("category"), r.get("phase"),
-                 ",".join(map(str, r.get("suspects") or [])), r.get("run"), r.get("host"), r.get("top_frame"),
-                 fixed)  # fmt: skip
-        table.add_row(*(Text(_printable(str(c or ""))) for c in cells))
-    Console(soft_wrap=False).print(table)
+    cells = [(r.get("id"), r.get("time"), r.get("category"), r.get("phase"),
+              ",".join(map(str, r.get("suspects") or [])), r.get("host"), r.get("top_frame"), _fixed(r.get("fix")))
+             for r in rows]  # fmt: skip
+    _table(f"incidents ({display(store.url)})",
+           ("id", "when (UTC)", "category", "phase", "suspects", "host", "where", "fix"), cells)  # fmt: skip
     return 0
 
 
@@ -187,24 +177,32 @@ def list_(category: Optional[str], since: Optional[str], limit: int, source: Opt
                   indent=2)  # fmt: skip
         sys.stdout.write("\n")
         return 0
+    if not rows:
+        click.echo(f"no incidents in {index.path}" + (" that match" if category or since else ""))
+        return 0
+    cells = [(r["id"], r.get("created"), r.get("category"), r.get("phase"), ",".join(map(str, r.get("suspects") or [])),
+              r.get("top_frame"), _fixed(r["fix"])) for r in rows]  # fmt: skip
+    _table(f"incidents ({index.path})", ("#", "when (UTC)", "category", "phase", "suspects", "where", "fix"), cells)
+    return 0
+
+
+def _fixed(fix: Optional[dict[str, Any]]) -> str:
+    return "" if not fix else f"{fix['status']} {str(fix.get('fix_commit') or '')[:10]}".strip()
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    """Rows of incidents as a table; the second cell is a time. Bundle text is never read as rich markup."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    if not rows:
-        click.echo(f"no incidents in {index.path}" + (" that match" if category or since else ""))
-        return 0
-    table = Table(title=f"incidents ({index.path})", title_justify="left")
-    for col in ("#", "when (UTC)", "category", "phase", "suspects", "where", "fix"):
+    table = Table(title=title, title_justify="left")
+    for col in columns:
         table.add_column(col, overflow="fold")
-    for r in rows:
-        fix, when = r["fix"], str(r.get("created") or "")[:19].replace("T", " ")
-        fixed = "" if not fix else f"{fix['status']} {str(fix.get('fix_commit') or '')[:10]}".strip()
-        cells = (str(r["id"]), when, r.get("category") or "", r.get("phase") or "",
-                 ",".join(map(str, r.get("suspects") or [])), r.get("top_frame") or "", fixed)  # fmt: skip
-        table.add_row(*(Text(_printable(str(c))) for c in cells))  # bundle text: never read as rich markup
+    for row in rows:
+        cells = (row[0], str(row[1] or "")[:19].replace("T", " "), *row[2:])
+        table.add_row(*(Text(_printable(str(c if c is not None else ""))) for c in cells))
     Console(soft_wrap=False).print(table)
-    return 0
 
 
 @incidents.command()

@@ -74,15 +74,21 @@ def _text(value: Any, cap: int = 1000) -> Optional[str]:
     return None if value is None else str(value)[:cap]
 
 
-def parse_record(data: bytes, where: str) -> Optional[dict[str, Any]]:
-    """A record read back (untrusted): its known fields, typed, or None when it is not one this blackbox reads."""
+def _small_json(data: bytes) -> Optional[dict[str, Any]]:
+    """A JSON object of at most MAX_RECORD_BYTES, else None."""
     if len(data) > MAX_RECORD_BYTES:
         return None
     try:
         raw = json.loads(data)
     except (ValueError, RecursionError):
         return None
-    if not isinstance(raw, dict) or not isinstance(raw.get("schema_version"), int):
+    return raw if isinstance(raw, dict) else None
+
+
+def parse_record(data: bytes, where: str) -> Optional[dict[str, Any]]:
+    """A record read back (untrusted): its known fields, typed, or None when it is not one this blackbox reads."""
+    raw = _small_json(data)
+    if raw is None or not isinstance(raw.get("schema_version"), int):
         return None
     if raw["schema_version"] > RECORD_SCHEMA_VERSION or not isinstance(raw.get("fingerprint"), str):
         return None
@@ -105,12 +111,7 @@ FIX_FIELDS = ("status", "fix_commit", "fix_config_name", "note", "created", "by"
 
 
 def parse_fix(data: bytes) -> Optional[dict[str, Any]]:
-    if len(data) > MAX_RECORD_BYTES:
-        return None
-    try:
-        raw = json.loads(data)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(raw, dict) or raw.get("status") not in ("hypothesis", "fixed", "verified"):
+    raw = _small_json(data)
+    if raw is None or raw.get("status") not in ("hypothesis", "fixed", "verified"):
         return None
     return {k: _text(raw.get(k)) for k in FIX_FIELDS}

@@ -107,15 +107,20 @@ def seaweed_s3(workdir: Path) -> Iterator[S3Server]:
                 yield server
                 return
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, 15)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-            SERVICES.discard(proc.pid)
+            _stop(proc)
     pytest.skip(f"SeaweedFS did not start (see {log}): {log.read_text()[-500:]}")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the server's session, SIGKILL after 15 s; reaped."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, 15)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait()
+    SERVICES.discard(proc.pid)
 
 
 def _ready(server: S3Server, timeout: float = 60.0) -> bool:
@@ -190,11 +195,4 @@ def prometheus(workdir: Path, targets: list[str], interval_s: float = 1.0) -> It
                 time.sleep(0.2)
         yield server
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, 15)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-        SERVICES.discard(proc.pid)
+        _stop(proc)
