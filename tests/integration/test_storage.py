@@ -103,6 +103,9 @@ def test_two_nodes_upload_under_one_prefix_and_report_by_url_gives_the_local_ver
         assert verdict(report(targets[kind])) == expected  # type: ignore[arg-type]
         merged = report(run_url)  # type: ignore[arg-type]
         assert sorted(r["rank"] for r in merged["ranks"]) == [0, 1, 2, 3]
+        node1_url = uploaded(results[kind][1][1])[0].split(": ", 2)[2]
+        alone = report(node1_url)  # type: ignore[arg-type]
+        assert alone["verdict"]["suspect_ranks"] == [3] and sorted(r["rank"] for r in alone["ranks"]) == [2, 3]
         # AND the records under the prefix list both nodes' bundles of the one incident, with their URLs
         listing = subprocess.run([*BLACKBOX, "incidents", "list", "--from", targets[kind], "--format", "json"],
                                  capture_output=True, text=True, env=job_env(), timeout=60)  # fmt: skip
