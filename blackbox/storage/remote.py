@@ -234,10 +234,11 @@ def read_remote(url: str) -> list[Bundle]:
 
 
 # --- incident records -------------------------------------------------------------------------------------------
-def records(store: Store, limit: int = MAX_RECORDS) -> list[dict[str, Any]]:
+def records(store: Store, limit: int = MAX_RECORDS,
+            objects: Optional[dict[str, dict[str, Any]]] = None) -> list[dict[str, Any]]:  # fmt: skip
     """The incident records under the store's URL, newest first (at most `limit`), each with its newest linked fix
-    (`fix`, or None)."""
-    objects = store.listing(store.root)
+    (`fix`, or None). `objects`: the store's listing, when the caller has it."""
+    objects = store.listing(store.root) if objects is None else objects
     found = sorted(((p, i) for p, i in objects.items() if p.endswith(SL.RECORD_SUFFIX)),
                    key=lambda pi: _mtime(pi[1]), reverse=True)[:limit]  # fmt: skip
     fixes = sorted(((p, i) for p, i in objects.items() if SL.FIX_MARK in p.rsplit("/", 1)[-1] and p.endswith(".json")),
@@ -266,7 +267,7 @@ def find_record(store: Store, ident: str) -> tuple[str, dict[str, Any]]:
     ident = ident.strip().lower()
     objects = store.listing(store.root)
     matches = []
-    for rec in records(store, MAX_RECORDS):
+    for rec in records(store, MAX_RECORDS, objects):
         if ident and str(rec.get("id") or "").lower().startswith(ident):
             matches.append(rec)
     if not matches:
