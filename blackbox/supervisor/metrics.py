@@ -20,7 +20,8 @@ PREFIX = "blackbox_"
 
 
 class Metrics:
-    """The supervisor's latest views, kept for the scrapes, and the counters its events feed."""
+    """The supervisor's latest views, kept for the scrapes, and the counters its events feed. `gpus` and
+    `stragglers` are read at each poll, in the supervisor's thread; a scrape reads only what was kept."""
 
     def __init__(self, ctx: RunContext, run: Callable[[], str], node: Callable[[], str],
                  gpus: Callable[[], list[GpuReading]], stragglers: Callable[[], set[int]]) -> None:  # fmt: skip
@@ -33,6 +34,8 @@ class Metrics:
         self._views: list[RankView] = []
         self._steps: dict[int, deque[tuple[float, int]]] = {}  # rank -> (poll time, step), the rate window
         self._rates: dict[int, float] = {}
+        self._gpu_readings: list[GpuReading] = []
+        self._straggling: set[int] = set()
         self.stalls = 0
         self.incidents: dict[str, int] = {}  # category -> count
         self.bundles = 0
@@ -82,9 +85,11 @@ class Metrics:
             (t0, s0), (t1, s1) = window[0], window[-1]
             if t1 > t0:
                 rates[v.rank] = (s1 - s0) / (t1 - t0)
+        gpus, straggling = self._gpus(), self._stragglers()  # read here, in the thread that writes them
         with self._lock:
             self._views = list(views)
             self._rates = rates
+            self._gpu_readings, self._straggling = list(gpus), set(straggling)
 
     def on_event(self, name: str, fields: dict[str, Any]) -> None:
         """Counters from the run's events (RunContext listeners)."""
@@ -109,10 +114,10 @@ class Metrics:
 
         with self._lock:
             views, rates = list(self._views), dict(self._rates)
+            gpus, stragglers = list(self._gpu_readings), set(self._straggling)
             stalls, incidents, bundles, uploads = self.stalls, dict(self.incidents), self.bundles, dict(self.uploads)
         run, node = self._run(), self._node()
         now = time.monotonic()
-        stragglers = self._stragglers()
         base = ["run", "node", "rank"]
 
         def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Any:
@@ -163,7 +168,7 @@ class Metrics:
         mem = GaugeMetricFamily(PREFIX + "gpu_memory_used_bytes", "GPU memory in use.", labels=node_labels)
         mem_total = GaugeMetricFamily(PREFIX + "gpu_memory_total_bytes", "GPU memory in all.", labels=node_labels)
         temp = GaugeMetricFamily(PREFIX + "gpu_temperature_celsius", "GPU temperature.", labels=node_labels)
-        for g in self._gpus():
+        for g in gpus:
             labels = [run, node, str(g.index), g.name]
             if g.utilization_pct is not None:
                 util.add_metric(labels, g.utilization_pct / 100.0)

@@ -306,8 +306,9 @@ class Supervisor:
     def _poll(self) -> None:
         now = time.monotonic()
         views = self.watch.read_views()
-        if self.metrics is not None:
-            self.metrics.update(views, now)
+        metrics = self.metrics
+        if metrics is not None:  # a failure here is the metrics', never the watch's
+            self._guarded("metrics", lambda: metrics.update(views, now))
         self.episodes.evaluate(views, now)
         self.episodes.publish(views, now)
         idle = self.watch.watch_gpus(views, now)
