@@ -243,7 +243,11 @@ def test_what_is_uploaded_holds_no_secret_and_a_colleague_sees_it_before(tmp_pat
     # WHEN it fails under `blackbox run --upload s3://…`
     first = run("first", tmp_path / "home-a")
     assert first.returncode == 1 and len(uploaded(first.stderr)) == 1, first.stderr[-3000:]
-    assert alarm.read_text().split() == [uploaded(first.stderr)[0].split(": ", 2)[2]]
+    url = uploaded(first.stderr)[0].split(": ", 2)[2]
+    assert alarm.read_text().split() == [url]
+    local = subprocess.run([*BLACKBOX, "incidents", "list", "--format", "json"], capture_output=True, text=True,
+                           env=job_env(BLACKBOX_HOME=str(tmp_path / "home-a")), timeout=60)  # fmt: skip
+    assert [r["bundle_url"] for r in json.loads(local.stdout)["incidents"]] == [url]  # the local index has it too
     # THEN what landed in the bucket (the bundle, every member of it, and its record) holds none of the secrets
     fs = s3.fs()
     keys = fs.find(f"{BUCKET}/seen")
