@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup test test-fast lint docs demo bench clean browser
+.PHONY: setup test test-fast lint docs demo bench clean browser services
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,15 @@ browser:
 		echo "installing chromium (Debian package) for the HTML report test" && \
 		apt-get install -y --no-install-recommends chromium >/dev/null 2>&1; } || true
 
-test: $(STAMP) browser
+# The metrics tests scrape blackbox with a real Prometheus server (and check the shipped rules with promtool); as
+# root with apt, it is installed when missing (best effort: without it those tests are skipped and say why).
+services:
+	@command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+		command -v apt-get >/dev/null 2>&1 && echo "installing prometheus (Debian package) for the metrics tests" && \
+		{ apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 || { apt-get update >/dev/null 2>&1 && \
+		apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1; }; }; } || true
+
+test: $(STAMP) browser services
 	$(PY) -m pytest
 
 # The unit tests alone: pure logic on golden and generated bundles, no torch import, no job started (seconds).

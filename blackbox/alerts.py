@@ -21,8 +21,11 @@ POST_TIMEOUT_S = 10.0
 RETRY_AFTER_S = 2.0
 
 
-def incident_env(bundle: str, report: Optional[Report], run_id: str, node: str, trigger: str) -> dict[str, str]:
+def incident_env(bundle: str, report: Optional[Report], run_id: str, node: str, trigger: str,
+                 bundle_url: Optional[str] = None) -> dict[str, str]:  # fmt: skip
     env = {"BLACKBOX_BUNDLE": bundle, "BLACKBOX_RUN_ID": run_id, "BLACKBOX_NODE": node, "BLACKBOX_TRIGGER": trigger}
+    if bundle_url:
+        env["BLACKBOX_BUNDLE_URL"] = bundle_url  # where --upload copied it
     if report is not None:
         v = report.verdict
         env.update(BLACKBOX_CATEGORY=v.category, BLACKBOX_SUSPECTS=",".join(map(str, v.suspect_ranks)),
@@ -30,8 +33,10 @@ def incident_env(bundle: str, report: Optional[Report], run_id: str, node: str, 
     return env
 
 
-def payload(bundle: str, report: Optional[Report], run_id: str, node: str, trigger: str) -> dict[str, Any]:
-    """What the webhook receives: the report's verdict block, where the bundle is, and which host."""
+def payload(bundle: str, report: Optional[Report], run_id: str, node: str, trigger: str,
+            bundle_url: Optional[str] = None, upload_error: Optional[str] = None) -> dict[str, Any]:  # fmt: skip
+    """What the webhook receives: the report's verdict block, where the bundle is (on the node, and in shared
+    storage with --upload), and which host."""
     verdict = None
     if report is not None:
         v = report.verdict
@@ -40,6 +45,8 @@ def payload(bundle: str, report: Optional[Report], run_id: str, node: str, trigg
     body = {"source": "torch-blackbox", "run_id": run_id, "node": node, "host": node, "trigger": trigger,
             "bundle": bundle, "verdict": verdict,
             "next_action": report.next_actions[0] if report is not None and report.next_actions else None}  # fmt: skip
+    if bundle_url or upload_error:
+        body.update(bundle_url=bundle_url, upload_error=upload_error)
     return dict(redact_value(body))  # it leaves the machine: the summary quotes the job's own exception
 
 
@@ -108,12 +115,13 @@ class Alerts:
         self.say_once = say_once
         self._threads: list[threading.Thread] = []
 
-    def incident(self, bundle: str, report: Optional[Report], run_id: str, node: str, trigger: str) -> None:
+    def incident(self, bundle: str, report: Optional[Report], run_id: str, node: str, trigger: str,
+                 bundle_url: Optional[str] = None, upload_error: Optional[str] = None) -> None:  # fmt: skip
         if self.on_incident:
-            env = incident_env(bundle, report, run_id, node, trigger)
+            env = incident_env(bundle, report, run_id, node, trigger, bundle_url)
             self._start(self._command, env)
         if self.notify_url:
-            self._start(self._post, payload(bundle, report, run_id, node, trigger))
+            self._start(self._post, payload(bundle, report, run_id, node, trigger, bundle_url, upload_error))
 
     def _start(self, fn: Callable[[Any], None], arg: Any) -> None:
         t = threading.Thread(target=fn, args=(arg,), name="blackbox-alert", daemon=True)

@@ -108,6 +108,27 @@ def _url(value: Any) -> str:
     return text
 
 
+STORAGE_SCHEMES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "file")  # blackbox.storage.urls.BACKENDS
+
+
+def _storage(value: Any) -> str:
+    """A storage URL (s3://bucket/prefix, gs://, az://, file://) or a directory on a shared filesystem."""
+    text = str(value).strip()
+    scheme, sep, rest = text.partition("://")
+    if sep and scheme.lower() in STORAGE_SCHEMES and rest.strip("/"):
+        return text.rstrip("/")
+    if not text or sep:
+        raise ValueError(value)
+    return os.path.abspath(os.path.expanduser(text))
+
+
+def _port_or_off(value: Any) -> int:
+    port = int(value)
+    if not 0 <= port < 65536 or port != float(value):
+        raise ValueError(value)
+    return port
+
+
 @dataclass(frozen=True)
 class Option:
     name: str  # attribute and config-file key
@@ -188,6 +209,15 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("cuda_memory_history", _count, 0, "a whole number of entries",
            "Record this many CUDA allocation events per rank once CUDA is initialised, for memory snapshots "
            "(0: off; it costs GPU-side time)."),
+    Option("upload", _storage, "", "a storage URL (s3://, gs://, az://, file://) or a directory",
+           "Copy each bundle, as written (redacted), with a small incident record to shared storage: "
+           "PREFIX/RUN_ID/NODE/; new incidents are checked against the records already there (`seen before`). "
+           "Credentials come from the backend's usual sources (docs/storage.md)."),
+    Option("upload_timeout", _seconds, 60.0, "a number of seconds",
+           "Seconds one bundle's upload may take, retries included; the job's exit waits no longer for it."),
+    Option("metrics_port", _port_or_off, 0, "a port number (0: off)",
+           "Serve Prometheus metrics (per rank, per GPU, incident counters) on this port (docs/metrics.md)."),
+    Option("metrics_addr", _text, "127.0.0.1", "an address", "The address the metrics port listens on."),
 )  # fmt: skip
 
 
@@ -217,6 +247,10 @@ class RunConfig:
     coord_port: Union[int, str]
     console_log_max: int
     cuda_memory_history: int
+    upload: str
+    upload_timeout: float
+    metrics_port: int
+    metrics_addr: str
     sources: Mapping[str, str]  # option name -> where its value came from (for the events log)
 
 

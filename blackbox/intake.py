@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 from .analyze.model import Report
 from .analyze.verdict import analyze
 from .bundle.reader import Bundle
-from .incidents.indexing import index_bundle
+from .incidents.indexing import index_bundle, record_url
 
 
 class Intake:
@@ -56,3 +56,9 @@ class Intake:
     def join(self, timeout: float) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def record_url(self, sha256: str, url: str, warn: Callable[[str], None], env: Optional[Mapping[str, str]] = None,
+                   timeout: float = 5.0) -> None:  # fmt: skip
+        """Where `--upload` copied the bundle, into its index entry (once the entry is written)."""
+        self.join(timeout)
+        record_url(sha256, url, warn, env)

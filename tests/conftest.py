@@ -67,12 +67,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                                 red=True)  # fmt: skip
 
 
+# pids of the servers a module shares between its tests (tests/integration/services.py): their fixtures stop them
+SERVICES: set[int] = set()
+
+
 def _reap_descendants() -> None:
-    """Kill and reap every process the test left, except a gallery job still running beside the tests."""
+    """Kill and reap every process the test left, except a gallery job still running beside the tests and the
+    module's shared servers."""
     me = psutil.Process()
     runner = sys.modules.get("runner")
     with getattr(runner, "LIVE_LOCK", contextlib.nullcontext()):
-        keep: set[int] = set(getattr(runner, "LIVE", ()))
+        keep: set[int] = set(getattr(runner, "LIVE", ())) | SERVICES
         procs = []
         for p in me.children(recursive=True):
             with contextlib.suppress(psutil.Error):

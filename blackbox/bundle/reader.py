@@ -410,11 +410,20 @@ def _job_of(b: Bundle) -> str:
     return str(b.section("multinode").get("job_id") or b.manifest.get("run_id"))
 
 
+def expand_paths(paths: list[str]) -> list[str]:
+    """The bundle files and directories the user's paths stand for."""
+    return [p for path in paths for p in _expand(path)]
+
+
 def read_bundles(paths: list[str]) -> Bundle:
     """One view of what the user named: a bundle, or the node bundles of one job merged by job id (each rank's
     files under ranks/<rank>/, each node's own files under nodes/<node>/). Bundles of different jobs are refused;
     of two bundles from the same node, the newest is used."""
-    bundles = [read_bundle(p) for path in paths for p in _expand(path)]
+    return merge_bundles([read_bundle(p) for p in expand_paths(paths)])
+
+
+def merge_bundles(bundles: list[Bundle]) -> Bundle:
+    """Bundles already read (from files, or fetched from shared storage) as one view: see `read_bundles`."""
     if len(bundles) == 1:
         return bundles[0]
     runs: dict[str, str] = {}

@@ -15,6 +15,9 @@ import click
 
 from ..errors import EXIT_CANT_CREATE, BlackboxError
 
+FROM = click.option("--from", "source", default=None, metavar="URL",
+                    help="Read the incident records under this shared-storage prefix (`blackbox run --upload`: "
+                         "s3://, gs://, az:// or a directory) instead of the local index.")  # fmt: skip
 FORMAT = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
                       help="`table` for people, `json` for scripts.")  # fmt: skip
 
@@ -53,6 +56,90 @@ def _printable(text: str) -> str:
     return "".join(c if c in "\n\t" or (ord(c) >= 32 and ord(c) != 127) else "?" for c in text)
 
 
+def _number(ident: str) -> int:
+    if not ident.strip().isdigit():
+        raise BlackboxError(f"`{ident}` is not an incident number of the local index.",
+                            hint="Incidents in shared storage are named with --from URL.")  # fmt: skip
+    return int(ident)
+
+
+def _list_shared(source: str, category: Optional[str], since: Optional[str], limit: int, fmt: str) -> int:
+    from ..storage.remote import Store, records
+    from ..storage.urls import display
+
+    store = Store(source)
+    rows = records(store)
+    if category:
+        rows = [r for r in rows if r.get("category") == category or str(r.get("category") or "").startswith(
+            category.rstrip(".") + ".")]  # fmt: skip
+    if since:
+        rows = [r for r in rows if str(r.get("time") or "") >= since]
+    rows = rows[: max(0, limit)] if limit else rows
+    if fmt == "json":
+        json.dump({"from": display(store.url), "incidents": rows}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    if not rows:
+        click.echo(f"no incidents under {display(store.url)}" + (" that match" if category or since else ""))
+        return 0
+    cells = [(r.get("id"), r.get("time"), r.get("category"), r.get("phase"),
+              ",".join(map(str, r.get("suspects") or [])), r.get("host"), r.get("top_frame"), _fixed(r.get("fix")))
+             for r in rows]  # fmt: skip
+    _table(f"incidents ({display(store.url)})",
+           ("id", "when (UTC)", "category", "phase", "suspects", "host", "where", "fix"), cells)  # fmt: skip
+    return 0
+
+
+def _show_shared(source: str, ident: str, fmt: str) -> int:
+    from ..storage.remote import Store, find_record
+
+    _, row = find_record(Store(source), ident)
+    if fmt == "json":
+        json.dump(row, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return 0
+    fix = row.get("fix")
+    lines = [
+        f"incident {row['id']}: {row.get('category')} (phase {row.get('phase') or '?'}), suspect rank(s) "
+        f"{', '.join(map(str, row.get('suspects') or [])) or 'none named'}",
+        f"  {row.get('summary') or ''}",
+        f"  when: {row.get('time')}   run: {row.get('run')}   node: {row.get('node')}   host: {row.get('host')}   "
+        f"trigger: {row.get('trigger')}",
+        f"  bundle: {row.get('bundle')}",
+        f"  record: {row.get('record')}",
+        f"  exception: {row.get('exception_type') or '-'}: {row.get('message') or '-'}",
+        f"  top frame: {row.get('top_frame') or '-'}",
+        f"  fingerprint: {row.get('fingerprint')}",
+    ]  # fmt: skip
+    if isinstance(fix, dict):
+        lines.append(f"  fix ({fix.get('created')}): {fix.get('status')}"
+                     + (f", commit {fix['fix_commit']}" if fix.get("fix_commit") else "")
+                     + (f" — {fix['note']}" if fix.get("note") else ""))  # fmt: skip
+    else:
+        lines.append(f"  no fix linked yet: blackbox incidents link {row['id']} --from URL --fix-commit SHA")
+    lines.append(f"  report: blackbox report {row.get('bundle')}")
+    click.echo(_printable("\n".join(lines)))
+    return 0
+
+
+def _link_shared(source: str, ident: str, fix_commit: Optional[str], status: Optional[str], note: Optional[str],
+                 fmt: str) -> int:  # fmt: skip
+    from ..storage.remote import Store, find_record, link_fix
+
+    store = Store(source)
+    path, row = find_record(store, ident)
+    status = status or ("fixed" if fix_commit else "hypothesis")
+    url = link_fix(store, path, {"status": status, "fix_commit": fix_commit, "note": note,
+                                 "by": os.environ.get("USER") or None})  # fmt: skip
+    if fmt == "json":
+        json.dump({"incident": row["id"], "fix": url, "status": status}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return 0
+    click.echo(f"incident {row['id']}: fix recorded as {status}" + (f" (commit {fix_commit})" if fix_commit else "")
+               + f" at {url}")  # fmt: skip
+    return 0
+
+
 def _incident(index: Any, number: int) -> dict[str, Any]:
     found: Optional[dict[str, Any]] = index.get(number)
     if found is None:
@@ -73,45 +160,60 @@ def incidents() -> None:
 @click.option("--category", default=None, metavar="CATEGORY", help="Only this category (`hang` matches hang.*).")
 @click.option("--since", default=None, metavar="WHEN", help="Only bundles made since: 7d, 12h, 30m or a date.")
 @click.option("--limit", type=int, default=50, show_default=True, help="At most this many, newest first.")
+@FROM
 @FORMAT
-def list_(category: Optional[str], since: Optional[str], limit: int, fmt: str) -> int:
+def list_(category: Optional[str], since: Optional[str], limit: int, source: Optional[str], fmt: str) -> int:
     """List the incidents, newest first."""
+    if source is not None:
+        return _list_shared(source, category, _since(since), limit, fmt)
     index = _open()
     rows = index.incidents(category=category, since=_since(since), limit=limit)
     for row in rows:
         row["fix"] = index.fix(int(row["id"]))
     if fmt == "json":
         keep = ("id", "created", "run_id", "node", "incident_id", "category", "phase", "suspects", "top_frame",
-                "exception_type", "message", "fingerprint", "bundle", "fix")  # fmt: skip
+                "exception_type", "message", "fingerprint", "bundle", "bundle_url", "fix")  # fmt: skip
         json.dump({"index": index.path, "incidents": [{k: r.get(k) for k in keep} for r in rows]}, sys.stdout,
                   indent=2)  # fmt: skip
         sys.stdout.write("\n")
         return 0
+    if not rows:
+        click.echo(f"no incidents in {index.path}" + (" that match" if category or since else ""))
+        return 0
+    cells = [(r["id"], r.get("created"), r.get("category"), r.get("phase"), ",".join(map(str, r.get("suspects") or [])),
+              r.get("top_frame"), _fixed(r["fix"])) for r in rows]  # fmt: skip
+    _table(f"incidents ({index.path})", ("#", "when (UTC)", "category", "phase", "suspects", "where", "fix"), cells)
+    return 0
+
+
+def _fixed(fix: Optional[dict[str, Any]]) -> str:
+    return "" if not fix else f"{fix['status']} {str(fix.get('fix_commit') or '')[:10]}".strip()
+
+
+def _table(title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
+    """Rows of incidents as a table; the second cell is a time. Bundle text is never read as rich markup."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
-    if not rows:
-        click.echo(f"no incidents in {index.path}" + (" that match" if category or since else ""))
-        return 0
-    table = Table(title=f"incidents ({index.path})", title_justify="left")
-    for col in ("#", "when (UTC)", "category", "phase", "suspects", "where", "fix"):
+    table = Table(title=title, title_justify="left")
+    for col in columns:
         table.add_column(col, overflow="fold")
-    for r in rows:
-        fix, when = r["fix"], str(r.get("created") or "")[:19].replace("T", " ")
-        fixed = "" if not fix else f"{fix['status']} {str(fix.get('fix_commit') or '')[:10]}".strip()
-        cells = (str(r["id"]), when, r.get("category") or "", r.get("phase") or "",
-                 ",".join(map(str, r.get("suspects") or [])), r.get("top_frame") or "", fixed)  # fmt: skip
-        table.add_row(*(Text(_printable(str(c))) for c in cells))  # bundle text: never read as rich markup
+    for row in rows:
+        cells = (row[0], str(row[1] or "")[:19].replace("T", " "), *row[2:])
+        table.add_row(*(Text(_printable(str(c if c is not None else ""))) for c in cells))
     Console(soft_wrap=False).print(table)
-    return 0
 
 
 @incidents.command()
-@click.argument("number", type=int, metavar="ID")
+@click.argument("ident", metavar="ID")
+@FROM
 @FORMAT
-def show(number: int, fmt: str) -> int:
+def show(ident: str, source: Optional[str], fmt: str) -> int:
     """One incident in full, with every fix linked to it."""
+    if source is not None:
+        return _show_shared(source, ident, fmt)
+    number = _number(ident)
     index = _open()
     row = _incident(index, number)
     row["links"] = index.links(number)
@@ -127,7 +229,7 @@ def show(number: int, fmt: str) -> int:
         f"  {row.get('summary') or ''}",
         f"  when: {row.get('created')}   run: {row.get('run_id')}   node: {row.get('node')}   trigger: "
         f"{row.get('trigger')}" + (f"   incident: {row['incident_id']}" if row.get("incident_id") else ""),
-        f"  bundle: {row.get('bundle')}",
+        f"  bundle: {row.get('bundle')}" + (f"   shared: {row['bundle_url']}" if row.get("bundle_url") else ""),
         f"  command: {' '.join(row.get('command') or []) or '?'}",
         f"  git commit: {row.get('git_commit') or 'unknown'}",
         f"  exception: {row.get('exception_type') or '-'}: {row.get('message') or '-'}",
@@ -151,7 +253,7 @@ def show(number: int, fmt: str) -> int:
 
 
 @incidents.command()
-@click.argument("number", type=int, metavar="ID")
+@click.argument("ident", metavar="ID")
 @click.option("--fix-commit", default=None, metavar="SHA", help="The commit that fixes it.")
 @click.option(
     "--fix-config",
@@ -169,18 +271,28 @@ def show(number: int, fmt: str) -> int:
               help="Default: `verified` after a clean rerun, `hypothesis` when the rerun failed the same way, "
                    "else `fixed`.")  # fmt: skip
 @click.option("--note", default=None, metavar="TEXT", help="Anything the next person should know (redacted).")
+@FROM
 @FORMAT
-def link(number: int, fix_commit: Optional[str], fix_config: Optional[str], rerun: Optional[str],
-         status: Optional[str], note: Optional[str], fmt: str) -> int:  # fmt: skip
+def link(ident: str, fix_commit: Optional[str], fix_config: Optional[str], rerun: Optional[str],
+         status: Optional[str], note: Optional[str], source: Optional[str], fmt: str) -> int:  # fmt: skip
     """Record what fixed incident ID, and whether a rerun confirmed it.
 
     blackbox incidents link 12 --fix-commit 3f2a9c1 --fix-config train.yaml --rerun blackbox-runs/RUN
+
+    With --from URL, ID is an incident under that prefix and the fix is written beside its record, for everyone
+    whose `blackbox run --upload URL` meets the same failure (--fix-commit, --status and --note only).
     """
     from ..incidents.indexing import CONFIG_CAP, rerun_outcome
     from ..redact import redact_config, redact_text
 
     if not (fix_commit or fix_config or rerun or note or status):
         raise BlackboxError("Nothing to link: give --fix-commit, --fix-config, --rerun, --status or --note.")
+    if source is not None:
+        if fix_config or rerun:
+            raise BlackboxError("--fix-config and --rerun are for the local index: with --from, give --fix-commit, "
+                                "--status and --note.")  # fmt: skip
+        return _link_shared(source, ident, fix_commit, status, redact_text(note) if note else None, fmt)
+    number = _number(ident)
     index = _open()
     incident = _incident(index, number)
     fields: dict[str, Any] = {"fix_commit": fix_commit, "note": redact_text(note) if note else None}

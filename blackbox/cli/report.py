@@ -30,19 +30,25 @@ def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyze
     directory holding the node bundles of one incident. Several node bundles of one job are merged into one
     view (by job id: a multi-node job's, else the run id); bundles of different jobs are refused.
 
+    PATH may also be in shared storage (`blackbox run --upload`, docs/storage.md): a bundle's URL, a run's
+    prefix (every node's bundle, merged), or the upload prefix (its newest run).
+
         blackbox report blackbox-runs/20261129-120000-ab12cd
+        blackbox report s3://team-bucket/blackbox/20261129-120000-ab12cd
     """
     from .._recorder.protocol import FR_PREFIX
     from ..adapters import flight_recorder as fr
     from ..analyze.verdict import flight_recorder_dumps
-    from ..bundle.reader import read_bundles
+    from ..bundle.reader import expand_paths, merge_bundles, read_bundle
     from ..intake import Intake
     from ..render.html import render_html
     from ..render.json_render import render_json
     from ..render.markdown import render_markdown
     from ..render.terminal import render_terminal
+    from ..storage.remote import is_remote, read_remote
 
-    bundle = read_bundles(list(paths))
+    read = [read_remote(p) if is_remote(p) else [read_bundle(b) for b in expand_paths([p])] for p in paths]
+    bundle = merge_bundles([b for bundles in read for b in bundles])
     torch_fr = None
     if fr_analyzer:
         dumps, _ = flight_recorder_dumps(bundle)

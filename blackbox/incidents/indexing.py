@@ -40,7 +40,8 @@ def record(sig: Signature, report: Report, bundle: Bundle, path: str, sha256: st
     git: dict[str, Any] = node["git"] if isinstance(node, dict) and isinstance(node.get("git"), dict) else {}
     config_name, config = job_config(bundle)
     return {
-        "sha256": sha256, "bundle": os.path.abspath(path), "run_id": str(m.get("run_id") or ""),
+        "sha256": sha256, "bundle": path if "://" in path else os.path.abspath(path),
+        "run_id": str(m.get("run_id") or ""),
         "job_id": multinode.get("job_id"), "incident_id": incident.get("id"), "node": str(m.get("node") or ""),
         "trigger": str(m.get("trigger") or ""), "created": m.get("created"), "command": job.get("command"),
         "git_commit": git.get("commit"), "category": sig.category, "phase": sig.phase,
@@ -108,7 +109,23 @@ def index_bundle(report: Report, bundle: Bundle, warn: Callable[[str], None],
     finally:
         index.close()
     current = bundle.section("incident").get("id")  # other nodes' bundles of this incident are not "before"
-    keep = ("id", "match", "created", "run_id", "node", "bundle", "category", "phase", "top_frame", "message",
-            "exception_type", "git_commit", "summary")  # fmt: skip
+    keep = ("id", "match", "created", "run_id", "node", "bundle", "bundle_url", "category", "phase", "top_frame",
+            "message", "exception_type", "git_commit", "summary")  # fmt: skip
     return [{k: r.get(k) for k in keep} | {"fix": _fix(r.get("fix"))} for r in found
             if not current or r.get("incident_id") != current]  # fmt: skip
+
+
+def record_url(sha256: str, url: str, warn: Callable[[str], None], env: Optional[Mapping[str, str]] = None) -> None:
+    """The shared-storage URL of an indexed bundle; an index that cannot be used costs one warning."""
+    path = default_path(os.environ if env is None else env)
+    try:
+        index = IncidentIndex(path)
+    except IndexUnavailable as exc:
+        warn(f"{exc}; the bundle's URL is not in the incident index")
+        return
+    try:
+        index.set_url(sha256, url)
+    except Exception as exc:
+        warn(f"the incident index `{path}` could not record the bundle's URL ({exc})")
+    finally:
+        index.close()

@@ -51,6 +51,9 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX links_incident ON links (incident);
     """,
+    """
+    ALTER TABLE incidents ADD COLUMN bundle_url TEXT;  -- where `blackbox run --upload` copied the bundle
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -155,6 +158,15 @@ class IncidentIndex:
 
         result: tuple[int, bool] = self._retry(insert)
         return result
+
+    def set_url(self, sha256: str, url: str) -> None:
+        """The shared-storage URL of an indexed bundle (`--upload`)."""
+
+        def update() -> None:
+            with self._write() as db:
+                db.execute("UPDATE incidents SET bundle_url = ? WHERE sha256 = ?", (url, sha256))
+
+        self._retry(update)
 
     def get(self, incident: int) -> Optional[dict[str, Any]]:
         row = self.db.execute("SELECT * FROM incidents WHERE id = ?", (incident,)).fetchone()

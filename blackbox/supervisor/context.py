@@ -32,6 +32,7 @@ class RunContext:
         self.bundles: list[str] = []  # the bundles this node wrote, in order
         self._say = say
         self._said_once: set[str] = set()
+        self.listeners: list[Callable[[str, dict[str, object]], None]] = []  # told every event (the metrics)
 
     def say(self, message: str) -> None:
         with contextlib.suppress(Exception):
@@ -45,6 +46,9 @@ class RunContext:
     def event(self, name: str, **fields: object) -> None:
         if self.events is not None:
             self.events.write(name, **fields)
+        for listener in self.listeners:
+            with contextlib.suppress(Exception):
+                listener(name, fields)
 
     def internal_error(self, where: str, exc: BaseException) -> None:
         self.event("error", where=where, error=repr(exc), traceback=traceback.format_exc())

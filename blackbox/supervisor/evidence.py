@@ -5,6 +5,7 @@ never the job's. Imports the stdlib and blackbox's host side."""
 from __future__ import annotations
 
 import os
+import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from .._recorder import protocol as P
@@ -17,6 +18,7 @@ from ..detections import Detection, Trigger
 from ..render import printable
 from .context import RunContext
 from .process import JobProcess
+from .uploads import Outcome, Uploads
 from .watch import Watch
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ class Evidence:
         self.watch = watch
         self.alerts = Alerts(ctx.cfg.on_incident, ctx.cfg.notify_url, ctx.event, ctx.say_once)
         self._intakes: list[Intake] = []  # bundles taken in, whose index may still be written
+        self.uploads = Uploads(ctx) if ctx.cfg.upload else None
 
     def write(self, trigger: Trigger, detection: Optional[Detection], job_ends: bool, incident: dict[str, object],
               coordination: Optional[dict[str, object]]) -> Optional[Written]:  # fmt: skip
@@ -87,7 +90,7 @@ class Evidence:
                       confidence=v.confidence, summary=v.summary)  # fmt: skip
             for line in report.headline():
                 ctx.say(f"  {printable(line)}")  # it quotes the job's exception: shown, never acted on
-            if alert:
+            if alert and self.uploads is None:
                 self._alert(path, report, trigger)
 
         def seen(entries: list[dict[str, Any]]) -> None:
@@ -106,21 +109,53 @@ class Evidence:
                            on_seen=seen, background=True)  # fmt: skip
         except Exception as exc:
             ctx.internal_error("report", exc)
-            if alert:
+            if alert and self.uploads is None:
                 self._alert(path, None, trigger)
+            self._upload(written, None, None, trigger, alert)  # the alarms follow the upload
             return None
         self._intakes.append(taken)
+        self._upload(written, taken, taken.report, trigger, alert)
         return taken.report
 
-    def _alert(self, path: str, report: Optional[Report], trigger: Trigger) -> None:
+    def _upload(self, written: Written, taken: Optional[Intake], report: Optional[Report], trigger: Trigger,
+                alert: bool) -> None:  # fmt: skip
+        """--upload: the bundle copied beside the job's ending; then the alarms (they carry its URL), its URL in
+        the incident index, and the incidents seen before under the prefix."""
+        if self.uploads is None:
+            return
+        from ..bundle.reader import Bundle
+        from ..storage.remote import describe_remote
+
+        ctx = self.ctx
+
+        def done(outcome: Outcome) -> None:
+            if alert:
+                self._alert(written.path, report, trigger, outcome)
+            if outcome.ok and outcome.url and taken is not None:
+                taken.record_url(written.sha256, outcome.url, lambda m: ctx.say_once("index-url", m), ctx.env)
+            for entry in outcome.seen[:1]:
+                ctx.say(f"  seen before (shared storage): {printable(describe_remote(entry))}")
+            if outcome.seen:
+                ctx.event("seen_before", shared=[e.get("record") for e in outcome.seen])
+
         try:
-            self.alerts.incident(path, report, self.ctx.run_id, self.ctx.node, trigger.name)
+            self.uploads.submit(written, taken.bundle if taken is not None else Bundle.of(written), report, done)
+        except Exception as exc:
+            ctx.internal_error("upload", exc)
+
+    def _alert(self, path: str, report: Optional[Report], trigger: Trigger, upload: Optional[Outcome] = None) -> None:
+        try:
+            self.alerts.incident(path, report, self.ctx.run_id, self.ctx.node, trigger.name,
+                                 upload.url if upload else None,
+                                 upload.error if upload and not upload.ok else None)  # fmt: skip
         except Exception as exc:
             self.ctx.internal_error("alerts", exc)
 
     def finish(self) -> None:
-        """At the end of the run: the index a moment to finish, the alarms a little longer (a slow command or
-        webhook is left behind rather than holding the job's exit)."""
+        """At the end of the run: the index a moment to finish, the uploads up to their timeout, the alarms a
+        little longer (a slow command, webhook or storage is left behind rather than holding the job's exit)."""
         for taken in self._intakes:
             taken.join(5.0)
+        if self.uploads is not None:
+            self.uploads.join(time.monotonic() + self.ctx.cfg.upload_timeout + 5.0)
         self.alerts.join(10.0)

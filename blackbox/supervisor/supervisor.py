@@ -26,11 +26,13 @@ from ..detections import Trigger
 from ..errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
 from ..events import EventLog
 from ..redact import add_known_secret, add_known_secrets, redact_argv, redact_url
+from ..storage.urls import add_url_secrets
 from .console_log import ConsoleLog
 from .context import RunContext
 from .episodes import Episodes
 from .evidence import Evidence
 from .launch import resize_ptys
+from .metrics import Metrics
 from .process import HANDLED, JobProcess, become_subreaper, describe_status, exit_code_of, resolve_command, run_plain
 from .rundir import new_run_id, prepare_run_dir
 from .watch import Watch
@@ -47,6 +49,7 @@ class Supervisor:
                                   lambda: self._episodes.helper_pids() if self._episodes else [])  # fmt: skip
         self.watch = Watch(self.ctx, self.process)
         self.evidence = Evidence(self.ctx, self.process, self.watch)
+        self.metrics: Optional[Metrics] = None
         self._wake_fd: Optional[int] = None
 
     @property
@@ -77,6 +80,8 @@ class Supervisor:
                 self.process.launched.restore_terminal()
             self.episodes.close()
             self.watch.close()
+            if self.metrics is not None:
+                self.metrics.close()
             if ctx.console is not None:
                 ctx.console.close()
             if ctx.events is not None:
@@ -97,6 +102,8 @@ class Supervisor:
         add_known_secrets(ctx.env)  # the job's credentials, scrubbed from everything blackbox writes
         if ctx.cfg.notify_url:  # a webhook URL is a credential too: only its host is ever written
             add_known_secret(ctx.cfg.notify_url)
+        if ctx.cfg.upload:  # a storage URL's password and query (an Azure SAS token) too
+            add_url_secrets(ctx.cfg.upload)
         ctx.run_dir = prepare_run_dir(ctx.run_dir)
         ctx.events = EventLog(os.path.join(ctx.run_dir, P.EVENTS_LOG))
         ctx.console = ConsoleLog(os.path.join(ctx.run_dir, P.CONSOLE_LOG), lambda m: ctx.say_once("console", m),
@@ -112,6 +119,27 @@ class Supervisor:
             config_sources=dict(cfg.sources),
             **facts,
         )  # fmt: skip
+        if cfg.metrics_port:
+            self._serve_metrics()
+
+    def _serve_metrics(self) -> None:
+        """--metrics-port: the collector over what each poll read (never the ranks themselves)."""
+        ctx, watch = self.ctx, self.watch
+
+        def run() -> str:
+            coord = self._episodes.coord if self._episodes is not None else None
+            return coord.job_id if coord is not None and coord.job_id else ctx.run_id
+
+        node = ctx.node if self.topology is None or self.topology.node_rank is None else (
+            f"{ctx.node}-node{self.topology.node_rank}")  # fmt: skip
+        metrics = Metrics(ctx, run, lambda: node, lambda: watch.gpus.latest() if watch.gpus.seen_gpus else [],
+                          lambda: set(watch.stragglers.active))  # fmt: skip
+        try:
+            if metrics.start(ctx.cfg.metrics_addr, ctx.cfg.metrics_port):
+                self.metrics = metrics
+                ctx.listeners.append(metrics.on_event)
+        except Exception as exc:
+            ctx.internal_error("metrics", exc)
 
     def _header(self) -> dict[str, object]:
         """console.log's header: which host, which IP, which GPU and how hot, which code. Git and GPU
@@ -278,6 +306,9 @@ class Supervisor:
     def _poll(self) -> None:
         now = time.monotonic()
         views = self.watch.read_views()
+        metrics = self.metrics
+        if metrics is not None:  # a failure here is the metrics', never the watch's
+            self._guarded("metrics", lambda: metrics.update(views, now))
         self.episodes.evaluate(views, now)
         self.episodes.publish(views, now)
         idle = self.watch.watch_gpus(views, now)

@@ -33,8 +33,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     "collect": {"_recorder", "adapters", "bundle", "detections", "errors", "events", "frames", "heartbeat_reader",
                 "redact", "safeopen"},
     "coord": {"adapters", "errors"},
+    "storage": {"analyze", "bundle", "errors", "incidents", "redact"},
     "supervisor": {"__version__", "_recorder", "adapters", "alerts", "analyze", "bundle", "collect", "config", "coord",
-                   "detections", "errors", "events", "heartbeat_reader", "intake", "redact", "render", "safeopen"},
+                   "detections", "errors", "events", "heartbeat_reader", "intake", "redact", "render", "safeopen",
+                   "storage"},
     "doctor": {"_recorder", "adapters", "heartbeat_reader", "incidents", "supervisor"},
     "api": {"_recorder"},
 }  # fmt: skip

@@ -1,0 +1,76 @@
+"""Copying one bundle and its incident record to shared storage, retried with backoff within a deadline, then
+(when asked) the records under the prefix searched for the same failure. Runs in a helper process of its own
+(`python -m blackbox.storage.push`, a JSON request on stdin, one JSON answer on stdout), so that a backend that
+hangs is ended with its process and never holds the supervisor. Imports the stdlib and this package."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+from ..errors import BlackboxError
+from . import layout as SL
+from .urls import describe_error, display, join, permanent
+
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 8.0
+
+
+def push(request: dict[str, Any]) -> dict[str, Any]:
+    """Copy request["bundle"] to request["url"]/request["key"] and its record beside it. The answer: ok, url (the
+    bundle's), error (one scrubbed sentence), attempts, seconds, seen (records of the same failure)."""
+    from .remote import Store, seen_before
+
+    started = time.monotonic()
+    deadline = started + float(request["timeout"])
+    target, key, record = str(request["url"]), str(request["key"]), dict(request["record"])
+    answer: dict[str, Any] = {"ok": False, "url": None, "error": None, "attempts": 0, "seen": []}
+    try:
+        store = Store(target, timeout=max(1.0, deadline - time.monotonic()))
+    except BlackboxError as exc:
+        answer["error"] = exc.message.rstrip(".") + (f" ({exc.hint})" if exc.hint else "")
+        return answer
+    dest = join(store.root, key)
+    url = join(display(store.url), key)
+    record["bundle"] = url
+    body = (json.dumps(record, indent=1) + "\n").encode()
+    backoff = FIRST_BACKOFF_S
+    while True:
+        answer["attempts"] += 1
+        try:
+            store.put(dest, src=str(request["bundle"]))
+            store.put(join(store.root, SL.record_key(key)), data=body)
+            answer.update(ok=True, url=url, error=None)
+            break
+        except Exception as exc:
+            answer["error"] = describe_error(exc)
+            left = deadline - time.monotonic()
+            if permanent(exc) or left < backoff:
+                break
+            time.sleep(backoff)
+            backoff = min(MAX_BACKOFF_S, backoff * 2)
+    if answer["ok"] and request.get("seen"):
+        try:
+            answer["seen"] = seen_before(store, record["fingerprint"], record["verdict"]["category"],
+                                         record.get("top_frame"), record.get("incident_id"),
+                                         record.get("sha256"))  # fmt: skip
+        except Exception as exc:
+            answer["seen_error"] = exc.message if isinstance(exc, BlackboxError) else describe_error(exc)
+    answer["seconds"] = round(time.monotonic() - started, 3)
+    return answer
+
+
+def main() -> None:
+    try:
+        request = json.loads(sys.stdin.read())
+        answer = push(request)
+    except Exception as exc:  # a bug here is said in the answer, never as a traceback on the job's terminal
+        answer = {"ok": False, "error": f"internal error: {describe_error(exc)}", "attempts": 0, "seen": []}
+    sys.stdout.write(json.dumps(answer, default=str) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
