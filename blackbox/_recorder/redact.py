@@ -34,7 +34,8 @@ _DESCRIBES = {"id", "ids", "name", "names", "dir", "dirs", "path", "paths", "fil
               "label", "description", "help", "lifetime", "duration", "shape", "heads", "proj", "norm", "cache",
               "store", "stores", "rate", "steps", "step", "padding", "embedding", "embeddings", "layer",
               "layers", "weight", "weights", "bias", "ref", "refs", "reference", "selector", "source", "mount",
-              "volume", "template", "url", "uri", "issuer", "audience", "subject", "algorithm"}  # fmt: skip
+              "volume", "template", "url", "uri", "issuer", "audience", "subject", "error", "errors", "exception",
+              "exceptions", "warning", "warnings", "expiration"}  # fmt: skip
 _ANYWHERE = ("password", "passwd", "passphrase", "secret", "credential", "webhook")  # inside any word
 _PHRASE_WORDS = ("password", "passwd", "passphrase")
 _LAST = {"pass": PHRASE, "pwd": PHRASE, "pw": PHRASE, "auth": SECRET, "authorization": SECRET, "cookie": SECRET,
@@ -116,7 +117,11 @@ def is_secret_name(name: str) -> bool:
 _HARMLESS = {"", "true", "false", "none", "null", "nil", "yes", "no", "on", "off", "0", "1", "-", "***",
              "required", "optional", "unset", "n/a", "na", REDACTED.lower()}  # fmt: skip
 _SPECIAL_TOKEN = re.compile(r"<\|?[^<>|\s]{1,40}\|?>|</?[A-Za-z]{1,12}>|\[[A-Za-z_]{1,20}\]")
-_REFERENCE = re.compile(r"\$[A-Za-z_][A-Za-z0-9_]*|\$\{[^}]{1,128}\}|\{\{[^}]{1,128}\}\}|%\([A-Za-z_]+\)s")
+_REFERENCE = re.compile(r"\$[A-Za-z_][A-Za-z0-9_]*|\$\{[^}]{1,128}\}|\{\{[^}]{1,128}\}\}|%\([A-Za-z_]+\)s|"
+                        r"\{[A-Za-z_][A-Za-z0-9_.\[\]'\"()]{0,64}\}")  # shell, templates, f-string fields
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CALL = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\(.*\)")
 _PATH = re.compile(r"(?:~|\.{1,2})?/[A-Za-z0-9_.\-@+~%/]*|[A-Za-z]:\\[A-Za-z0-9_.\-\\ ]*")
 _NUMBER = re.compile(r"[+\-]?[0-9][0-9_.,:eE+\-/]*[a-zA-Z%]{0,3}")
 
@@ -127,7 +132,9 @@ def _random_part(part: str) -> bool:
         return False
     digits = sum(c.isdigit() for c in part)
     letters = sum(c.isalpha() for c in part)
-    if digits >= 2 and letters >= 2:
+    if letters < 2:
+        return False
+    if digits >= 2 or (digits and not part.isupper() and not part.islower()):
         return True
     switches = sum(1 for a, b in zip(part, part[1:]) if a.isupper() != b.isupper() and a.isalpha() and b.isalpha())
     return len(part) >= 12 and switches >= 4
@@ -163,6 +170,14 @@ def _harmless(name: str, value: str, kind: Optional[int] = None) -> bool:
         return True
     if _REFERENCE.fullmatch(v) or (len(set(v)) == 1 and len(v) > 2) or v == REDACTED:
         return True
+    if not any(c.isalnum() for c in v):  # punctuation left of a quoted prompt (`"Password: ")`)
+        return True
+    if _DOTTED.fullmatch(v) and _kind(v.rsplit(".", 1)[1]):  # code: `password = args.password`
+        return True
+    if _CALL.fullmatch(v):  # code: `api_key = get_api_key()`, `password = getpass.getpass("Password: ")`
+        return True
+    if _IDENTIFIER.fullmatch(v) and name and _words(v)[-1:] == _words(name)[-1:] and ("_" in v or v.islower()):
+        return True  # code: `self.api_key = api_key`, `token = access_token`
     if v.startswith("<") and v.endswith(">") and len(v) <= 48:  # a placeholder or a special token
         return True
     if _is_path(v):
@@ -414,7 +429,7 @@ def _aws_pairs(text: str) -> List[Span]:
 # was there), the body goes. The body is a run of base64 lines (at least 16 characters each, the last may be
 # shorter before the END marker) and the headers of encrypted keys — so a BEGIN with no body, in an error
 # message about a bad key file, keeps everything after it.
-_PEM_SEP = r"(?:[ \t\r\n]|\\[rn])+"
+_PEM_SEP = r"(?:[ \t\r\n]|\\[rn])+(?:\[[A-Za-z0-9_,.\- ]{1,32}\]:?[ \t]*)?"  # torchrun's `[rank0]:` prefix
 _PEM_BEGIN = r"-----BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
 _PEM_END = r"-----END [A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
 _PEM = re.compile(
@@ -425,7 +440,8 @@ _PEM = re.compile(
     "(" + _PEM_SEP + _PEM_END + ")?"
 )  # fmt: skip
 _PEM_END_RE = re.compile(_PEM_END)
-_PEM_BODY_LINE = re.compile(r"[ \t]*(?:[A-Za-z0-9+/=]{1,128}|(?:Proc-Type|DEK-Info|Comment|Version|Hash|Charset):.*)?[ \t]*\r?")
+_PEM_BODY_LINE = re.compile(r"(?:\[[A-Za-z0-9_,.\- ]{1,32}\]:?)?[ \t]*(?:[A-Za-z0-9+/=]{1,128}|"
+                            r"(?:Proc-Type|DEK-Info|Comment|Version|Hash|Charset):.*)?[ \t]*\r?")
 MAX_KEY_LINES = 256  # a private key printed line by line: beyond this, what follows is output again
 
 
@@ -467,7 +483,7 @@ _SQ = re.compile(r"'((?:[^'\\\n]|\\.)*)'")
 _EDQ = re.compile(r'\\"((?:[^"\\\n]|\\[^"\n])*)\\"')  # a JSON-escaped quoted string: \"…\"
 _WORD_VALUE = re.compile(r"[^\s\"'`,;(){}\[\]<>\\]+")
 _WORD_VALUE_URL = re.compile(r"[^\s\"'`,;(){}\[\]<>&#\\]+")
-_REST_OF_LINE = re.compile(r"[^\r\n\"'`]*")
+_REST_OF_LINE = re.compile(r"(?:[^\r\n\"'`\\]|\\(?![nr\"']))*")
 _SCHEME = re.compile(r"(?:bearer|basic|token|digest|bot|negotiate|ntlm|aws4-hmac-sha256|hmac-sha256)[ \t]+")
 _WHOLE_LINE_NAMES = {"authorization", "proxy_authorization", "cookie", "set_cookie", "cookies"}
 _LINE_START_BACK = 64  # how far back to look for the start of a YAML-like `password: several words` line
@@ -482,31 +498,45 @@ def _name_start(text: str, stem: int) -> int:
         i -= 1
     if i == limit and i > 0 and text[i - 1] in _WORD_CHARS:
         return -1
+    if i and text[i - 1] == "\\" and text[i : i + 1] in ("n", "t", "r"):  # `\npassword=` inside a JSON string
+        i += 1
     return i
 
 
 def _quoted(text: str, i: int) -> Optional[Tuple[int, int]]:
-    """The span inside the quoted string starting at `i` (plain or JSON-escaped quotes), or None."""
+    """The span inside the quoted string starting at `i` — plain quotes, or quotes escaped once or more (a JSON
+    string inside a JSON string: `\\\"…\\\"`) — or None."""
     c = text[i : i + 1]
     if c == '"' or c == "'":
         m = (_DQ if c == '"' else _SQ).match(text, i)
         return (m.start(1), m.end(1)) if m else None
-    if text.startswith('\\"', i):
-        m = _EDQ.match(text, i)
-        return (m.start(1), m.end(1)) if m else None
-    return None
+    if c != "\\":
+        return None
+    j = i
+    while j < len(text) and j - i < 8 and text[j] == "\\":
+        j += 1
+    if text[j : j + 1] not in ('"', "'"):
+        return None
+    delim = text[i : j + 1]
+    end = text.find(delim, j + 1)
+    newline = text.find("\n", j + 1)
+    if end < 0 or (0 <= newline < end):
+        return None
+    return j + 1, end
 
 
 def _value_span(text: str, i: int, name: str, kind: int, sep: str, at_line_start: bool, url: bool) -> Tuple[int, int]:
     """Where the value after a name and its separator lies: inside quotes, one word, or (for a header, or a
     `password: several words` line) the rest of the line. Empty when there is none."""
     span = _quoted(text, i)
+    if span is None and text[i : i + 1] in ("f", "r", "b", "F", "R", "B") and text[i + 1 : i + 2] in ("'", '"'):
+        span = _quoted(text, i + 1)  # a Python string literal with a prefix: f"Bearer {token}"
     if span is not None:
         return span
     if text[i : i + 1] in ("'", '"'):  # an unterminated quote: the word after it
         i += 1
     low = name.lower().replace("-", "_").lstrip("_")
-    if low in _WHOLE_LINE_NAMES or (kind == PHRASE and at_line_start and sep == ":"):
+    if low in _WHOLE_LINE_NAMES or (kind == PHRASE and at_line_start and sep.startswith(":")):
         m = _REST_OF_LINE.match(text, i)
         end = m.end() if m else i
         while end > i and text[end - 1] in " \t,":
@@ -581,10 +611,12 @@ def _keyed(text: str, low: str, stems: Sequence[int], client_ids: bool = False) 
             i = end
             continue
         before = text[start - 1 : start]
-        value_start, end = _value_span(text, m.end(), name, kind, m.group(2), _at_line_start(text, start),
-                                       before in ("?", "&", ";"))  # fmt: skip
+        line_start = _at_line_start(text, start) or (before in ("'", '"') and not m.group(1))
+        value_start, end = _value_span(text, m.end(), name, kind, m.group(2), line_start, before in ("?", "&", ";"))
         value_start = _skip_scheme(low, value_start, end)
         i = max(i, end)
+        if text[end : end + 1] in ("(", "[") and text[value_start - 1 : value_start] not in ("'", '"'):
+            continue  # code: `api_key = get_api_key()`, `token = config["token"]`
         if end > value_start and not _harmless(name, text[value_start:end], kind):
             spans.append((value_start, end, REDACTED))
     return spans
@@ -596,7 +628,9 @@ def _skip_scheme(low: str, start: int, end: int) -> int:
 
 
 def _flagged(text: str, low: str, stems: Sequence[int]) -> List[Span]:
-    """`--hf-token abc`: a secret-named flag and the word after it (`--token` is a credential on a command line)."""
+    """`--hf-token abc`: a secret-named flag and the word after it (`--token` is a credential on a command line);
+    and a secret name with its value after a space: quoted (`invalid api_key 'x'`) or random-looking (`login
+    failed for token abc987xyz`)."""
     spans: List[Span] = []
     done = 0
     for stem in stems:
@@ -605,10 +639,11 @@ def _flagged(text: str, low: str, stems: Sequence[int]) -> List[Span]:
             continue
         done = m.end()
         start = _name_start(low, m.start())
-        if start < 0 or text[start : start + 1] != "-" or (start and text[start - 1] not in " \t\n\"'[(,="):
+        if start < 0 or (start and text[start - 1] not in " \t\n\"'[(,="):
             continue
+        flag = text[start : start + 1] == "-"
         name = text[start : m.end()].strip().lstrip("-")
-        kind = _flag_kind(name)
+        kind = _flag_kind(name) if flag else _kind(name)
         if not kind:
             continue
         span = _quoted(text, m.end())
@@ -617,6 +652,8 @@ def _flagged(text: str, low: str, stems: Sequence[int]) -> List[Span]:
             if v is None:
                 continue
             span = (v.start(), v.end())
+            if not flag and not _looks_random(v.group()):
+                continue  # `token budget exhausted`, `password reset required`: prose, not a value
         if not _harmless(name, text[span[0] : span[1]], kind):
             spans.append((span[0], span[1], REDACTED))
     return spans
@@ -656,7 +693,7 @@ def _pairs(text: str, low: str, stems: Sequence[int]) -> List[Span]:
 
 # Kubernetes and ECS environment entries on one line: `{"name": "WANDB_API_KEY", "value": "…"}`
 _NAME_VALUE = re.compile(
-    r"name\\?[\"']?[ \t]*[:=][ \t]*\\?[\"']?([a-z_][a-z0-9_.\-]{0,63})\\?[\"']?[ \t]*,[ \t]*\\?[\"']?value\\?[\"']?"
+    r"name\\?[\"']?[ \t]*[:=][ \t]*\\?[\"']?([a-z_][a-z0-9_.\-]{0,63})\\?[\"']?[ \t]*(?:,|\\[nr]|\r?\n)[ \t]*\\?[\"']?value\\?[\"']?"
     r"[ \t]*[:=][ \t]*"
 )  # fmt: skip
 
@@ -750,7 +787,8 @@ _NETRC_LINE = re.compile(
     r"(?:(?:machine[ \t]+\S+|default)(?:[ \t]+(?:login|port|protocol)[ \t]+\S+)*|login[ \t]+\S+)"
     r"[ \t]+(?:password|account)[ \t]+(\S+)"
 )  # fmt: skip
-_PGPASS = re.compile(r"(?m)^([^:\s#]+):([0-9]{1,5}|\*):([^:\s]*[A-Za-z*][^:\s]*):([^:\s]*[A-Za-z*][^:\s]*):(\S+?)[ \t]*\r?$")
+_PGPASS = re.compile(r"(?m)(?:^|(?<=[\"']))([^:\s#\"']+):([0-9]{1,5}|\*):([^:\s\"']*[A-Za-z*][^:\s\"']*):"
+                     r"([^:\s\"']*[A-Za-z*][^:\s\"']*):([^\s\"']+?)[ \t]*(?=[\"']|\r?$)")
 
 
 def _netrc_lines(text: str) -> List[Span]:
@@ -1228,7 +1266,8 @@ def _value(value: Any, depth: int, inside: bool = False) -> Any:
                 secret = isinstance(v, str) and not _harmless(key, v, WEAK)
             else:
                 secret = kind >= SECRET and not (scalar and _harmless(key, str(v), kind))
-            out[redact_text(key) if isinstance(k, str) else k] = REDACTED if secret else _value(v, depth + 1, inside)
+            nested = inside and isinstance(v, (dict, list, tuple))
+            out[redact_text(key) if isinstance(k, str) else k] = REDACTED if secret else _value(v, depth + 1, nested)
         return out
     if isinstance(value, (list, tuple)):
         if value and all(isinstance(v, str) for v in value) and any(v.startswith("-") for v in value):
@@ -1279,7 +1318,7 @@ def _argv(argv: List[str]) -> List[str]:
             out.append(arg[: secret[i]] + REDACTED)
             flag = ""
             continue
-        if flag and not arg.startswith("-"):
+        if flag and (not arg.startswith("-") or (flag not in _USER_FLAGS and _looks_random(arg))):
             if flag in _USER_FLAGS:
                 out.append(arg.split(":", 1)[0] + ":" + REDACTED if ":" in arg else redact_text(arg))
             else:
