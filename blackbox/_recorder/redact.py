@@ -1056,9 +1056,9 @@ def _nested_secret(name: str, value: str) -> bool:
     """A field inside a secret table (`credentials:`, `auth:`): its value goes unless the field only names or
     describes (`name`, `type`, `user`, `region`, `key_id` of a secret reference) or the value is harmless."""
     kind = _kind(name)
-    if kind:
+    if kind >= SECRET:
         return not _harmless(name, value, kind)
-    if _words(name)[-1:] and _words(name)[-1] in _DESCRIBES:
+    if not kind and _words(name)[-1:] and _words(name)[-1] in _DESCRIBES:
         return False
     return not _harmless("password", value, PHRASE)
 
@@ -1260,7 +1260,7 @@ def _value(value: Any, depth: int, inside: bool = False) -> Any:
             if kind >= SECRET and isinstance(v, (dict, list, tuple)):
                 out[redact_text(key) if isinstance(k, str) else k] = _value(v, depth + 1, inside=True)
                 continue
-            if inside and kind == NONE and isinstance(v, str):
+            if inside and kind <= WEAK and isinstance(v, str):
                 secret = _nested_secret(key, v)
             elif kind == WEAK:
                 secret = isinstance(v, str) and not _harmless(key, v, WEAK)
