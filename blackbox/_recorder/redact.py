@@ -35,15 +35,16 @@ _DESCRIBES = {"id", "ids", "name", "names", "dir", "dirs", "path", "paths", "fil
               "store", "stores", "rate", "steps", "step", "padding", "embedding", "embeddings", "layer",
               "layers", "weight", "weights", "bias", "ref", "refs", "reference", "selector", "source", "mount",
               "volume", "template", "url", "uri", "issuer", "audience", "subject", "error", "errors", "exception",
-              "exceptions", "warning", "warnings", "expiration"}  # fmt: skip
+              "exceptions", "warning", "warnings", "expiration", "scale", "factor", "ratio", "threshold", "prob",
+              "probability"}  # fmt: skip
 _ANYWHERE = ("password", "passwd", "passphrase", "secret", "credential", "webhook")  # inside any word
 _PHRASE_WORDS = ("password", "passwd", "passphrase")
 _LAST = {"pass": PHRASE, "pwd": PHRASE, "pw": PHRASE, "auth": SECRET, "authorization": SECRET, "cookie": SECRET,
-         "cookies": SECRET, "sig": SECRET, "dsn": SECRET, "bearer": SECRET, "jwt": SECRET, "creds": SECRET,
+         "cookies": SECRET, "sig": WEAK, "dsn": SECRET, "bearer": SECRET, "jwt": SECRET, "creds": SECRET,
          "apikey": SECRET, "accesskey": SECRET, "secretkey": SECRET, "privatekey": SECRET, "accountkey": SECRET,
          "authkey": SECRET, "authtoken": SECRET, "accesstoken": SECRET, "refreshtoken": SECRET, "apitoken": SECRET,
          "sessiontoken": SECRET, "idtoken": SECRET, "storepass": PHRASE, "keypass": PHRASE, "session": WEAK,
-         "sessionid": WEAK, "signature": WEAK, "pat": WEAK, "token": WEAK, "key": WEAK, "keys": WEAK}  # fmt: skip
+         "sessionid": WEAK, "signature": WEAK, "pat": WEAK, "token": WEAK, "key": WEAK}  # fmt: skip
 # a word before `token` / `key` that makes it a credential (`hf_token`, `KAGGLE_KEY`, `B2_APPLICATION_KEY`)
 _QUALIFIERS = {"api", "access", "auth", "bearer", "bot", "github", "gh", "gitlab", "hf", "hub", "huggingface", "refresh",
                "slack", "wandb", "oauth", "personal", "service", "secret", "security", "app", "application", "client",
@@ -101,6 +102,10 @@ def _kind(name: str) -> int:
             if part in word:
                 return PHRASE if part in _PHRASE_WORDS else SECRET
     kind = _LAST.get(last, NONE)
+    if kind == NONE and "." in name and len(words) > 2:  # fs.azure.account.key.<host>, spark.….secret.key.<x>
+        parts = name.split(".")
+        if any(_kind(".".join(parts[:n])) >= SECRET for n in range(2, min(len(parts), 8))):
+            return SECRET
     if last in ("token", "key", "keys", "pat") and len(words) > 1:
         if words[-2] in _ML_TOKENS:
             return NONE
@@ -117,10 +122,12 @@ def is_secret_name(name: str) -> bool:
 _HARMLESS = {"", "true", "false", "none", "null", "nil", "yes", "no", "on", "off", "0", "1", "-", "***",
              "required", "optional", "unset", "n/a", "na", REDACTED.lower()}  # fmt: skip
 _SPECIAL_TOKEN = re.compile(r"<\|?[^<>|\s]{1,40}\|?>|</?[A-Za-z]{1,12}>|\[[A-Za-z_]{1,20}\]")
-_REFERENCE = re.compile(r"\$[A-Za-z_][A-Za-z0-9_]*|\$\{[^}]{1,128}\}|\{\{[^}]{1,128}\}\}|%\([A-Za-z_]+\)s|"
+_REFERENCE = re.compile(r"\$[A-Za-z_][A-Za-z0-9_]*|\$\{[^}]{1,128}\}|\$\([^)]{1,256}\)|`[^`]{1,256}`|\{\{[^}]{1,128}\}\}|%\([A-Za-z_]+\)s|"
                         r"\{[A-Za-z_][A-Za-z0-9_.\[\]'\"()]{0,64}\}")  # shell, templates, f-string fields
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_FLOAT = re.compile(r"[+\-]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][+\-]?[0-9]+)?|[+\-]?[0-9]+[eE][+\-]?[0-9]+")
+_HEX_LITERAL = re.compile(r"0x[0-9a-fA-F]+")
 _CALL = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\(.*\)")
 _PATH = re.compile(r"(?:~|\.{1,2})?/[A-Za-z0-9_.\-@+~%/]*|[A-Za-z]:\\[A-Za-z0-9_.\-\\ ]*")
 _NUMBER = re.compile(r"[+\-]?[0-9][0-9_.,:eE+\-/]*[a-zA-Z%]{0,3}")
@@ -136,11 +143,16 @@ def _random_part(part: str) -> bool:
         return False
     if digits >= 2 or (digits and not part.isupper() and not part.islower()):
         return True
-    switches = sum(1 for a, b in zip(part, part[1:]) if a.isupper() != b.isupper() and a.isalpha() and b.isalpha())
-    return len(part) >= 12 and switches >= 4
+    if digits or letters != len(part) or _WORDISH.fullmatch(part):
+        return False  # `ResNetBackbone`, `tokenizer`, `ALLCAPS`: words
+    mixed = not part.isupper() and not part.islower()
+    run = max(len(r) for r in _CONSONANTS.findall(part.lower()) or [""])
+    return (mixed and len(part) >= 10) or (len(part) >= 12 and run >= 5)
 
 
 _PARTS = re.compile(r"[-_./:+=~%]")
+_WORDISH = re.compile(r"(?:[A-Z]?[a-z]+)+|[A-Z]+(?:[A-Z][a-z]+)*[a-z]*")  # camelCase, PascalCase, lower, UPPER
+_CONSONANTS = re.compile(r"[bcdfghjklmnpqrstvwxz]+")
 
 
 def _looks_random(value: str) -> bool:
@@ -152,6 +164,18 @@ def _looks_random(value: str) -> bool:
     if _is_path(v):
         return False
     return any(_random_part(p) for p in _PARTS.split(v))
+
+
+def _credential_like(value: str) -> bool:
+    """What a password looks like after a password's name: random, or at least three kinds of character
+    (`V8Wz-pRp0%i#RCyd`), never a word, a number or a path."""
+    v = value.strip().strip("\"'")
+    if _looks_random(v):
+        return True
+    if len(v) < 8 or any(c.isspace() for c in v) or _is_path(v) or _NUMBER.fullmatch(v):
+        return False
+    return sum((any(c.islower() for c in v), any(c.isupper() for c in v), any(c.isdigit() for c in v),
+                any(not c.isalnum() for c in v))) >= 3  # fmt: skip
 
 
 def _is_path(v: str) -> bool:
@@ -171,6 +195,8 @@ def _harmless(name: str, value: str, kind: Optional[int] = None) -> bool:
     if _REFERENCE.fullmatch(v) or (len(set(v)) == 1 and len(v) > 2) or v == REDACTED:
         return True
     if not any(c.isalnum() for c in v):  # punctuation left of a quoted prompt (`"Password: ")`)
+        return True
+    if _FLOAT.fullmatch(v) or _HEX_LITERAL.fullmatch(v):  # `secret_scale: 0.5`, an address `0x7f3a9c1b2e40`
         return True
     if _DOTTED.fullmatch(v) and _kind(v.rsplit(".", 1)[1]):  # code: `password = args.password`
         return True
@@ -475,7 +501,8 @@ _STEM_WORDS = ("pass", "pwd", "pw", "secret", "token", "key", "auth", "cred", "s
 _STEMS = "(?:" + "|".join(_STEM_WORDS) + ")"
 _KEYED = re.compile(_STEMS + r"[a-z0-9_.\-]{0,40}(\\?[\"'])?[ \t]*(=>|:=|=|:(?![:/]))[ \t]*")
 _CLIENT_ID = re.compile(r"client[_\-.]?id(\\?[\"'])?[ \t]*(=|:(?![:/]))[ \t]*")
-_FLAGGED = re.compile(_STEMS + r"[a-z0-9_\-]{0,40}[ \t]+(?=[^\s\-])")
+_FLAGGED = re.compile("(" + _STEMS + r"[a-z0-9_\-]{0,40})[ \t]+(?:(?:is|was)[ \t]+)?(?=\S)")
+_PROSE_VALUE = 20  # a value after a name and a space, in prose, is a secret only when long and random
 _PAIR = re.compile(_STEMS + r"[a-z0-9_.\-]{0,40}(\\?[\"'])[ \t]*(?:,|\][ \t]*=|\)[ \t]*=)[ \t]*(?=\\?[\"'])")
 _MAX_NAME = 64
 _DQ = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
@@ -642,17 +669,18 @@ def _flagged(text: str, low: str, stems: Sequence[int]) -> List[Span]:
         if start < 0 or (start and text[start - 1] not in " \t\n\"'[(,="):
             continue
         flag = text[start : start + 1] == "-"
-        name = text[start : m.end()].strip().lstrip("-")
+        name = text[start : m.end(1)].lstrip("-")
         kind = _flag_kind(name) if flag else _kind(name)
         if not kind:
             continue
         span = _quoted(text, m.end())
         if span is None:
             v = _WORD_VALUE.match(text, m.end())
-            if v is None:
-                continue
+            if v is None or (v.group().startswith("-") and not _credential_like(v.group())):
+                continue  # no value, or the next flag
             span = (v.start(), v.end())
-            if not flag and not _looks_random(v.group()):
+            if not flag and not (_looks_random(v.group()) and len(v.group()) >= _PROSE_VALUE if kind == WEAK
+                                 else _credential_like(v.group())):  # fmt: skip
                 continue  # `token budget exhausted`, `password reset required`: prose, not a value
         if not _harmless(name, text[span[0] : span[1]], kind):
             spans.append((span[0], span[1], REDACTED))
@@ -693,7 +721,8 @@ def _pairs(text: str, low: str, stems: Sequence[int]) -> List[Span]:
 
 # Kubernetes and ECS environment entries on one line: `{"name": "WANDB_API_KEY", "value": "…"}`
 _NAME_VALUE = re.compile(
-    r"name\\?[\"']?[ \t]*[:=][ \t]*\\?[\"']?([a-z_][a-z0-9_.\-]{0,63})\\?[\"']?[ \t]*(?:,|\\[nr]|\r?\n)[ \t]*\\?[\"']?value\\?[\"']?"
+    r"(?:name|key)\\?[\"']?[ \t]*[:=][ \t]*\\?[\"']?([a-z_][a-z0-9_.\-]{0,63})\\?[\"']?[ \t]*(?:,|\\[nr]|\r?\n|[ \t])"
+    r"[ \t]*\\?[\"']?value\\?[\"']?"
     r"[ \t]*[:=][ \t]*"
 )  # fmt: skip
 
@@ -709,6 +738,20 @@ def _name_values(text: str, low: str) -> List[Span]:
             span = (v.start(), v.end()) if v else None
         if kind and span is not None and not _harmless(name, text[span[0] : span[1]], kind):
             spans.append((span[0], span[1], REDACTED))
+    return spans
+
+
+# `<password>x</password>` in XML (a Maven or NuGet settings file, a SOAP log)
+_XML_ELEMENT = re.compile(r"<([a-z0-9_.\-:]{1,64})>([^<>\n]{1,512})</\1>")
+
+
+def _xml_elements(text: str, low: str) -> List[Span]:
+    spans: List[Span] = []
+    for m in _XML_ELEMENT.finditer(low):
+        name = text[m.start(1) : m.end(1)].rsplit(":", 1)[-1]
+        kind = _kind(name)
+        if kind and not _harmless(name, text[m.start(2) : m.end(2)], kind):
+            spans.append((m.start(2), m.end(2), REDACTED))
     return spans
 
 
@@ -903,7 +946,8 @@ def tool_secrets(words: Sequence[str]) -> Dict[int, int]:
             i += 1
         else:
             for flag in attached:
-                if word.startswith(flag) and len(word) > len(flag) and word[len(flag)] != "-":
+                if word.startswith(flag) and len(word) > len(flag) and (
+                        word[len(flag)] != "-" or _credential_like(word[len(flag) :])):  # fmt: skip
                     found[i] = len(flag)
                     break
         i += 1
@@ -912,8 +956,8 @@ def tool_secrets(words: Sequence[str]) -> Dict[int, int]:
 
 def _tool_value_keep(value: str, how: str) -> Optional[int]:
     """How much of a password flag's value to keep (None: the value is no password — a number, another flag)."""
-    if not value or value.startswith("-") or value.isdigit():
-        return None
+    if not value or (value.startswith("-") and not _credential_like(value)) or value.isdigit():
+        return None  # a number (a port), another flag
     if how == "pass:":  # openssl: pass:X is the password, env:/file:/fd:/stdin name where it is
         return len("pass:") if value.startswith("pass:") else None
     if how == "%":  # smbclient -U user%password
@@ -1149,8 +1193,10 @@ def _rules(text: str, low: str, found: Set[str], stems: List[int]) -> str:
         spans += _pgpass_lines(text)
     if "auth" in found or "login" in found:
         spans += _auth_calls(text, low)
-    if "name" in found and "key" in found or "pass" in found or "token" in found or "secret" in found:
+    if "value" in low and ("name" in found or "key" in found):
         spans += _name_values(text, low)
+    if "</" in low and stems:
+        spans += _xml_elements(text, low)
     if stems:
         spans += _pairs(text, low, stems)
         spans += _keyed(text, low, stems)
@@ -1318,7 +1364,7 @@ def _argv(argv: List[str]) -> List[str]:
             out.append(arg[: secret[i]] + REDACTED)
             flag = ""
             continue
-        if flag and (not arg.startswith("-") or (flag not in _USER_FLAGS and _looks_random(arg))):
+        if flag and (not arg.startswith("-") or (flag not in _USER_FLAGS and _credential_like(arg))):
             if flag in _USER_FLAGS:
                 out.append(arg.split(":", 1)[0] + ":" + REDACTED if ":" in arg else redact_text(arg))
             else:

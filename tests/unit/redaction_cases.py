@@ -90,7 +90,7 @@ def pw(n: int = 16) -> str:
     return rand(n, string.ascii_letters + string.digits + "-_!#%")
 
 
-PWS = [pw() for _ in range(60)]
+PWS = [pw() for _ in range(200)]
 P = iter(PWS)
 
 
@@ -260,6 +260,38 @@ SECRET_TEXT = [
     (f"MINIO_ROOT_PASSWORD={(v := nxt())}", (v,), "MINIO_ROOT_PASSWORD"),
     (f"CLEARML_API_SECRET_KEY={(v := rand(40))}", (v,), "CLEARML_API_SECRET_KEY"),
     (f"PRIVATE-TOKEN: {GLPAT}", (GLPAT,), "GitLab PRIVATE-TOKEN header"),
+    (f"export COHERE_API_KEY={(v := rand(40))}", (v,), "COHERE_API_KEY"),
+    (f"os.environ['MISTRAL_API_KEY']='{(v := rand(32))}'", (v,), "os.environ[...]='...'"),
+    (f"together.api_key = '{(v := rand(64, HEX))}'", (v,), "module.api_key ="),
+    (f"[2024-05-01 12:00:00] INFO Using HF token {HF}", (HF,), "HF token in a log line"),
+    (f"wandb: WARNING API key {WANDB} is invalid", (WANDB,), "API key in a W&B warning"),
+    (f"trainer = Trainer(args, hub_token='{(v := rand(34))}')", (v,), "hub_token= keyword"),
+    (f"--hub_token {HF}", (HF,), "--hub_token"),
+    (f"mysql+pymysql://root:{(v := nxt())}@10.0.0.5:3306/exp", (v,), "SQLAlchemy URL"),
+    (f"amqp://guest:{(v := nxt())}@rabbit:5672//", (v,), "AMQP URL"),
+    (f"s3cmd --access_key={AKIA} --secret_key={AWS_SECRET}", (AKIA, AWS_SECRET), "s3cmd keys"),
+    (f"AWS credentials: ('{AKIA}', '{AWS_SECRET}')", (AKIA, AWS_SECRET), "AWS credentials tuple"),
+    (f"Bearer {(v := '4f3a9c1b-7e8d-4f6a-9b0c-' + rand(12, HEX))}", (v,), "bare Bearer UUID"),
+    (f"x-api-key: {(v := rand(20))}", (v,), "x-api-key header"),
+    (f"GH_TOKEN=github_pat_11{(v := rand(80, string.ascii_letters + string.digits + '_'))}", (v,), "fine-grained PAT"),
+    (f"  - --set=secrets.wandbKey={WANDB}", (WANDB,), "helm --set secrets.wandbKey"),
+    (f"helm install x --set auth.password={(v := nxt())}", (v,), "helm --set auth.password"),
+    (f"spark.hadoop.fs.s3a.secret.key={AWS_SECRET}", (AWS_SECRET,), "Spark s3a secret.key"),
+    (f"fs.azure.account.key.mldata.blob.core.windows.net={AZURE_KEY}", (AZURE_KEY,), "Hadoop Azure account key"),
+    (f"ENV WANDB_API_KEY {WANDB}", (WANDB,), "Dockerfile ENV"),
+    (f"password        {(v := rand(12))}", (v,), "password, spaces, value"),
+    (f"login: trainer / password: {(v := nxt())}", (v,), "login / password on one line"),
+    (f"'api-key': '{(v := rand(20))}'", (v,), "'api-key': in a dict"),
+    (f"<password>{(v := nxt())}</password>", (v,), "XML element"),
+    (f'<add key="ApiKey" value="{(v := rand(20))}" />', (v,), ".NET appSettings"),
+    (f'token := "{(v := rand(20))}"', (v,), "Go assignment"),
+    (f'$env:OPENAI_API_KEY = "{OPENAI}"', (OPENAI,), "PowerShell env"),
+    (f"NGC_CLI_API_KEY=nvapi-{(v := rand(40))}", (v,), "NGC key"),
+    (f"ngc config set: apikey = {(v := rand(36))}", (v,), "apikey ="),
+    (f"Using secret: {(v := rand(20))}", (v,), "secret: in prose"),
+    (f"the token is {(v := rand(20))}", (v,), "token is VALUE"),
+    (f"bot = telegram.Bot(token='123456789:{(v := rand(35))}')", (v,), "Telegram bot token"),
+    (f"Webhook: https://discord.com/api/webhooks/123456789012345678/{(v := rand(40))}", (v,), "Discord webhook"),
 ]
 
 SECRET_ENV = [
@@ -504,6 +536,21 @@ LOOKALIKE_TEXT = [
     "[rank0]: Traceback (most recent call last):", "[rank1]:[W501 12:00:00.000000 ProcessGroupGloo.cpp:727] Warning",
     "OPENAI_API_BASE=https://api.openai.com/v1", "Credentials expire at 2030-01-01T00:00:00Z",
     "key=value pairs are ignored", "--push_to_hub --hub_model_id team/llama-ft",
+    "Using token embedding dim 4096", "secret_scale: 0.5", "--key-value-heads 8", "Key: layer.3.weight Value: tensor(...)",
+    "password reset link sent", "Password: ******", "auth=None", "auth = HTTPBasicAuth(user, pw)", "api_key=None",
+    "API key not found. Set WANDB_API_KEY.", "Tokens: 1024 | Time: 3.2s", "KEY_VALUE_SEP=:",
+    "self.token_emb = nn.Embedding(V, D)", "--seq-len 2048 --sample-key text", "hf_transfer enabled",
+    "os.environ['WANDB_API_KEY'] = args.wandb_key", "export HF_TOKEN=$(cat ~/.cache/huggingface/token)",
+    "HF_TOKEN=${HF_TOKEN:-}", "key = f'{prefix}.{name}'", "token = next(it)",
+    "credentials = service_account.Credentials.from_service_account_file(path)", "auth_token=os.getenv('HF_TOKEN')",
+    "ssh-keygen -t ed25519 -f ~/.ssh/id_ed25519", "gpg --recv-keys 0x3F2A9C1B7E8D4F6A",
+    "Signature verified with key 3F2A9C1B7E8D4F6A", "layer 3: key 0.12 query 0.34 value 0.56",
+    "loss=1.23 tokens=204800 tok/s=51234", "2024-05-01T12:00:00Z session=4 epoch=2", "cuda:0 key_cache 1.2GiB",
+    "checksum: 3f2a9c1b7e8d4f6a9b0c1d2e3f4a5b6c", "--token-dropout 0.1", "sig: SIGTERM", "signal: SIGUSR1 sig=10",
+    "Pass 2/3 complete", "passphrase protected: no", "secret santa", "KeyboardInterrupt",
+    "monkeypatch.setenv('HF_TOKEN', token)", "HF_TOKEN: unset", "token: null", "api_key: ''",
+    "the Authorization header is missing", "Cookie jar loaded from cookies.txt",
+    "[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered", "pwd: /workspace/llama",
 ]
 
 LOOKALIKE_ENV = [
