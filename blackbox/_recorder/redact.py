@@ -36,7 +36,7 @@ _DESCRIBES = {"id", "ids", "name", "names", "dir", "dirs", "path", "paths", "fil
               "layers", "weight", "weights", "bias", "ref", "refs", "reference", "selector", "source", "mount",
               "volume", "template", "url", "uri", "issuer", "audience", "subject", "error", "errors", "exception",
               "exceptions", "warning", "warnings", "expiration", "scale", "factor", "ratio", "threshold", "prob",
-              "probability"}  # fmt: skip
+              "probability", "days", "hours", "minutes", "seconds", "weeks", "age", "rotation"}  # fmt: skip
 _ANYWHERE = ("password", "passwd", "passphrase", "secret", "credential", "webhook")  # inside any word
 _PHRASE_WORDS = ("password", "passwd", "passphrase")
 _LAST = {"pass": PHRASE, "pwd": PHRASE, "pw": PHRASE, "auth": SECRET, "authorization": SECRET, "cookie": SECRET,
@@ -151,6 +151,8 @@ def _random_part(part: str) -> bool:
 
 
 _PARTS = re.compile(r"[-_./:+=~%]")
+_MESSAGE_WORDS = re.compile(r"\b(?:token|tokens|password|passwords|authentication|updated|successfully|unchanged|"
+                            r"changed|required|incorrect|invalid|expired|failed|denied|not)\b")
 _WORDISH = re.compile(r"(?:[A-Z]?[a-z]+)+|[A-Z]+(?:[A-Z][a-z]+)*[a-z]*")  # camelCase, PascalCase, lower, UPPER
 _CONSONANTS = re.compile(r"[bcdfghjklmnpqrstvwxz]+")
 
@@ -196,6 +198,8 @@ def _harmless(name: str, value: str, kind: Optional[int] = None) -> bool:
         return True
     if not any(c.isalnum() for c in v):  # punctuation left of a quoted prompt (`"Password: ")`)
         return True
+    if _YAML_TAG.fullmatch(v):  # `key: !!binary |`: the block under it is the value
+        return True
     if _FLOAT.fullmatch(v) or _HEX_LITERAL.fullmatch(v):  # `secret_scale: 0.5`, an address `0x7f3a9c1b2e40`
         return True
     if _DOTTED.fullmatch(v) and _kind(v.rsplit(".", 1)[1]):  # code: `password = args.password`
@@ -217,6 +221,8 @@ def _harmless(name: str, value: str, kind: Optional[int] = None) -> bool:
         return True
     if kind == WEAK:
         return not _looks_random(v)
+    if kind == PHRASE and v.count(" ") >= 2 and _MESSAGE_WORDS.search(v.lower()):
+        return True  # `passwd: all authentication tokens updated successfully.`: the tool's message
     return False
 
 
@@ -502,6 +508,7 @@ _STEMS = "(?:" + "|".join(_STEM_WORDS) + ")"
 _KEYED = re.compile(_STEMS + r"[a-z0-9_.\-]{0,40}(\\?[\"'])?[ \t]*(=>|:=|=|:(?![:/]))[ \t]*")
 _CLIENT_ID = re.compile(r"client[_\-.]?id(\\?[\"'])?[ \t]*(=|:(?![:/]))[ \t]*")
 _FLAGGED = re.compile("(" + _STEMS + r"[a-z0-9_\-]{0,40})[ \t]+(?:(?:is|was)[ \t]+)?(?=\S)")
+_PW_LIKE = re.compile(r"[A-Za-z][^\s]*[0-9]|[0-9][^\s]*[A-Za-z]")  # letters and digits: `hunter2`
 _PROSE_VALUE = 20  # a value after a name and a space, in prose, is a secret only when long and random
 _PAIR = re.compile(_STEMS + r"[a-z0-9_.\-]{0,40}(\\?[\"'])[ \t]*(?:,|\][ \t]*=|\)[ \t]*=)[ \t]*(?=\\?[\"'])")
 _MAX_NAME = 64
@@ -674,6 +681,10 @@ def _flagged(text: str, low: str, stems: Sequence[int]) -> List[Span]:
         if not kind:
             continue
         span = _quoted(text, m.end())
+        if span is not None and not flag:
+            quoted = text[span[0] : span[1]]
+            if not (_credential_like(quoted) or (len(quoted) >= 6 and _PW_LIKE.search(quoted))):
+                continue  # `secret "wandb" not found`: a name in prose, not a value
         if span is None:
             v = _WORD_VALUE.match(text, m.end())
             if v is None or (v.group().startswith("-") and not _credential_like(v.group())):
@@ -897,8 +908,9 @@ for _tool in ("smbclient", "rpcclient", "smbmap"):
     _TOOLS[_tool] = ("", ("-U",), (), "%")
 _TOOLS["wandb"] = ("login", (), (), "positional")
 _TOOLS["aws"] = ("configure", (), (), "set")
+_TOOLS["mc"] = ("alias", (), (), "mc")  # MinIO: mc alias set NAME URL ACCESS_KEY SECRET_KEY
 _TOOL_NEEDLES = ("mysql", "mariadb", "sshpass", "mongo", "login", "7z", "rar", "zip", "redis-cli", "ldap", "sqlcmd",
-                 "bcp", "openssl", "smb", "rpcclient", "wandb", "aws")  # fmt: skip
+                 "bcp", "openssl", "smb", "rpcclient", "wandb", "aws", "alias")  # fmt: skip
 _TOOL_WORD = re.compile("|".join(re.escape(t) for t in sorted(_TOOLS, key=len, reverse=True)) + r"(?![a-z0-9_.\-])")
 _WANDB_FLAGS_WITH_VALUE = {"--host", "--key", "--entity", "--project"}
 _SEGMENT_END = re.compile(r"[|;&\n]")
@@ -935,6 +947,10 @@ def tool_secrets(words: Sequence[str]) -> Dict[int, int]:
             if not positional_done and len(word) >= 20:
                 found[i] = 0
             positional_done = True
+        elif how == "mc":  # mc alias set NAME URL ACCESS_KEY SECRET_KEY
+            if word == "set" and i + 4 < len(words):
+                found.update({j: 0 for j in (i + 3, i + 4) if not words[j].startswith("-")})
+                i += 4
         elif how == "set":  # aws configure set NAME VALUE
             if word == "set" and i + 2 < len(words) and _kind(words[i + 1]) >= SECRET:
                 found[i + 2] = 0
@@ -1025,7 +1041,8 @@ class _State:
 
 
 _BLOCK_START = re.compile(
-    r"(?m)^([ \t]*)(?:-[ \t]+)?([\"']?)([A-Za-z0-9_.\-]{1,64})\2[ \t]*:[ \t]*([|>][-+0-9]{0,3})?[ \t]*\r?$"
+    r"(?m)^([ \t]*)(?:-[ \t]+)?([\"']?)([A-Za-z0-9_.\-]{1,64})\2[ \t]*:[ \t]*(?:!!?[A-Za-z0-9]{1,16}[ \t]+)?"
+    r"([|>][-+0-9]{0,3})?[ \t]*\r?$"
 )
 _NETRC_START = re.compile(r"(?m)^[ \t]*(?:machine[ \t]+\S+|default)(?:[ \t]|\r?$)")
 _ENV_NAME = re.compile(r"(?m)^[ \t]*(?:-[ \t]+)?name:[ \t]*([\"']?)([A-Za-z_][A-Za-z0-9_.\-]{0,63})\1[ \t]*\r?$")
@@ -1490,6 +1507,7 @@ def _depth(data: Any) -> int:
 # one `key: value` / `key = value` / `"key": value` line of YAML, TOML, INI, .env or JSON
 _CONFIG_LINE = re.compile(r"^(\s*(?:export\s+)?[\"']?)([A-Za-z0-9_.\-]+)([\"']?\s*[:=]\s*)(.*?)(\s*,?\s*)$")
 _LIST_ITEM = re.compile(r"^(\s*-\s+)(\S.*)$")
+_YAML_TAG = re.compile(r"^!!?[A-Za-z0-9]{1,16}(?:[ \t]+|$)")
 _TOML_MULTILINE = ('"""', "'''")
 
 
@@ -1565,6 +1583,7 @@ def _config(text: str, found: Optional[List[str]]) -> str:
                 out.append(lines[i][lines[i].index(closing) :])
                 i += 1
             continue
+        value = _YAML_TAG.sub("", value)  # `key: !!binary |`
         if value in ("", "|", ">") or (value[:1] in ("|", ">") and len(value) <= 3):  # a YAML block under the key
             out.append(line)
             own = _indent(body)
