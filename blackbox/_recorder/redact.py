@@ -1507,6 +1507,7 @@ def _depth(data: Any) -> int:
 # one `key: value` / `key = value` / `"key": value` line of YAML, TOML, INI, .env or JSON
 _CONFIG_LINE = re.compile(r"^(\s*(?:export\s+)?[\"']?)([A-Za-z0-9_.\-]+)([\"']?\s*[:=]\s*)(.*?)(\s*,?\s*)$")
 _LIST_ITEM = re.compile(r"^(\s*-\s+)(\S.*)$")
+_COMMENT = re.compile(r"[ \t]+[#;]")  # an inline comment after a config value
 _YAML_TAG = re.compile(r"^!!?[A-Za-z0-9]{1,16}(?:[ \t]+|$)")
 _TOML_MULTILINE = ('"""', "'''")
 
@@ -1598,7 +1599,7 @@ def _config(text: str, found: Optional[List[str]]) -> str:
                     out.append(_redact_nested(nested, found) if not value else nested)
                 i += 1
             continue
-        if _harmless(name, value, kind) or value[:1] in ("{", "["):
+        if _harmless(name, _COMMENT.split(value, 1)[0], kind) or value[:1] in ("{", "["):
             out.append(line)  # a flag, or a table / list on one line: the free-text pass redacts those whole
             continue
         _found(found, value)

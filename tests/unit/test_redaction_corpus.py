@@ -137,9 +137,10 @@ def test_docs_state_the_measured_numbers_and_the_known_limits() -> None:
         assert text in limits, f"{text!r} is a look-alike still changed: list it in docs/limits.md"
 
 
-@pytest.mark.parametrize("case", [c for c in SECRETS if c.path == "text"], ids=lambda c: c.shape)
+@pytest.mark.parametrize("case", [c for c in SECRETS if c.path == "text" and "\n" not in c.given.rstrip("\n")],
+                         ids=lambda c: c.shape)  # fmt: skip
 def test_secret_text_is_gone_also_when_json_encoded(case: Case) -> None:
-    # GIVEN the same text inside a JSON record's string (how a console line reaches events.jsonl and the tail)
+    # GIVEN a one-line secret inside a JSON string (a structured log line the job printed, a record read as text)
     encoded = json.dumps({"line": case.given})
     out = redact_text(encoded)
     # THEN no secret remains in its JSON-escaped form either
