@@ -192,6 +192,8 @@ def _harmless(name: str, value: str, kind: Optional[int] = None) -> bool:
     already redacted value, a reference to a variable or template, a path; for tokens a tokenizer's special token
     or a token id; and for WEAK names anything that does not look random."""
     v = value.strip().strip("\"'").strip()
+    if len(v) > 256:  # no flag, reference, path or number is this long
+        return (kind if kind is not None else _kind(name)) == WEAK and not _looks_random(v)
     if v.lower() in _HARMLESS or v.startswith(("os.environ", "env:", "file:", "environ[")):
         return True
     if _REFERENCE.fullmatch(v) or (len(set(v)) == 1 and len(v) > 2) or v == REDACTED:
@@ -517,7 +519,7 @@ _SQ = re.compile(r"'((?:[^'\\\n]|\\.)*)'")
 _EDQ = re.compile(r'\\"((?:[^"\\\n]|\\[^"\n])*)\\"')  # a JSON-escaped quoted string: \"…\"
 _WORD_VALUE = re.compile(r"[^\s\"'`,;(){}\[\]<>\\]+")
 _WORD_VALUE_URL = re.compile(r"[^\s\"'`,;(){}\[\]<>&#\\]+")
-_REST_OF_LINE = re.compile(r"(?:[^\r\n\"'`\\]|\\(?![nr\"']))*")
+_REST_OF_LINE = re.compile(r"[^\r\n\"'`\\]*(?:\\(?![nr\"'])[^\r\n\"'`\\]*)*")  # to a quote or a newline
 _SCHEME = re.compile(r"(?:bearer|basic|token|digest|bot|negotiate|ntlm|aws4-hmac-sha256|hmac-sha256)[ \t]+")
 _WHOLE_LINE_NAMES = {"authorization", "proxy_authorization", "cookie", "set_cookie", "cookies"}
 _LINE_START_BACK = 64  # how far back to look for the start of a YAML-like `password: several words` line
@@ -909,9 +911,11 @@ for _tool in ("smbclient", "rpcclient", "smbmap"):
 _TOOLS["wandb"] = ("login", (), (), "positional")
 _TOOLS["aws"] = ("configure", (), (), "set")
 _TOOLS["mc"] = ("alias", (), (), "mc")  # MinIO: mc alias set NAME URL ACCESS_KEY SECRET_KEY
-_TOOL_NEEDLES = ("mysql", "mariadb", "sshpass", "mongo", "login", "7z", "rar", "zip", "redis-cli", "ldap", "sqlcmd",
-                 "bcp", "openssl", "smb", "rpcclient", "wandb", "aws", "alias")  # fmt: skip
-_TOOL_WORD = re.compile("|".join(re.escape(t) for t in sorted(_TOOLS, key=len, reverse=True)) + r"(?![a-z0-9_.\-])")
+# each tool is found from the needle its name starts with: a literal search, then the whole word looked up
+_TOOL_NEEDLES = ("mysql", "mariadb", "sshpass", "mongo", "docker", "podman", "nerdctl", "buildah", "skopeo", "helm",
+                 "oras", "crane", "regctl", "7z", "rar", "unrar", "zip", "unzip", "redis-cli", "ldap", "sqlcmd", "bcp",
+                 "openssl", "smb", "rpcclient", "wandb", "aws", "mc")  # fmt: skip
+_TOOL_WORDS = {n: re.compile(re.escape(n) + r"[a-z0-9\-]*") for n in _TOOL_NEEDLES}
 _WANDB_FLAGS_WITH_VALUE = {"--host", "--key", "--entity", "--project"}
 _SEGMENT_END = re.compile(r"[|;&\n]")
 _SHELL_WORD = re.compile(r"[^\s|;&]+")
@@ -981,16 +985,21 @@ def _tool_value_keep(value: str, how: str) -> Optional[int]:
     return 0
 
 
-def _tools(text: str, low: str) -> List[Span]:
+def _tools(text: str, low: str, found: Set[str]) -> List[Span]:
+    starts: List[int] = []
+    for needle in found.intersection(_TOOL_NEEDLES):
+        starts.extend(m.start() for m in _TOOL_WORDS[needle].finditer(low)
+                      if m.group() in _TOOLS and (not m.start() or low[m.start() - 1] not in _WORD_CHARS)
+                      and low[m.end() : m.end() + 1] not in _WORD_CHARS)  # fmt: skip
     spans: List[Span] = []
     scanned = 0
-    for m in _TOOL_WORD.finditer(low):
-        if m.start() < scanned or (m.start() and low[m.start() - 1] in _WORD_CHARS):
+    for start in sorted(starts):
+        if start < scanned:
             continue
-        end = _SEGMENT_END.search(text, m.end())
-        seg_end = min(end.start() if end else len(text), m.start() + 4096)
+        end = _SEGMENT_END.search(text, start)
+        seg_end = min(end.start() if end else len(text), start + 4096)
         scanned = seg_end
-        words = [(w.start(), w.end()) for w in _SHELL_WORD.finditer(text, m.start(), seg_end)]
+        words = [(w.start(), w.end()) for w in _SHELL_WORD.finditer(text, start, seg_end)]
         for index, keep in tool_secrets([text[s:e].strip("\"'") for s, e in words]).items():
             s, e = words[index]
             raw = text[s:e]
@@ -1178,9 +1187,10 @@ def _blocks(text: str) -> Tuple[str, Optional[_State]]:
 # What the rules need in the text, lower-case: one trie of these finds which are there in one pass, and text with
 # none of them is left as it is. None starts with `-` or `x`: a row of dashes or of x's passes at full speed.
 _STEM_SET = frozenset(_STEM_WORDS)
-_NEEDLES = sorted({*_STEM_WORDS, "basic", "//", "begin", "machine", "user", "curl", "account", "name", "set",
+_NEEDLES = sorted({*_STEM_WORDS, "basic", "//", "begin", "machine", "login", "user", "curl", "account", "name", "set",
                    *(n for f in _FORMATS for n in f[0]), *_TOOL_NEEDLES})  # fmt: skip
 _GATE = re.compile(_trie(_NEEDLES))
+_STEM_RE = re.compile(_trie(sorted(_STEM_WORDS)))
 _PIECE = 64 * 1024  # longer texts are redacted in pieces of whole lines: only pieces with a candidate pay
 _ASCII_LOWER = {c: c + 32 for c in range(65, 91)}
 
@@ -1203,7 +1213,7 @@ def _rules(text: str, low: str, found: Set[str], stems: List[int]) -> str:
     if "user" in found or "curl" in found:
         spans += _user_flags(text)
     if found.intersection(_TOOL_NEEDLES):
-        spans += _tools(text, low)
+        spans += _tools(text, low, found)
     if "pass" in found or "account" in found:
         spans += _netrc_lines(text)
     if text.count(":") >= 4:
@@ -1215,7 +1225,8 @@ def _rules(text: str, low: str, found: Set[str], stems: List[int]) -> str:
     if "</" in low and stems:
         spans += _xml_elements(text, low)
     if stems:
-        spans += _pairs(text, low, stems)
+        if '"' in text or "'" in text:
+            spans += _pairs(text, low, stems)
         spans += _keyed(text, low, stems)
         spans += _flagged(text, low, stems)
         if "set" in found:
@@ -1235,15 +1246,13 @@ def _piece(text: str, state: Optional[_State]) -> Tuple[str, Optional[_State]]:
             return "".join(head), state
         text = text[pos:]
     low = _lower(text)
-    hits = [(m.start(), m.group()) for m in _GATE.finditer(low)]
-    if not hits and low.count(":") < 4:
+    found = set(_GATE.findall(low))
+    if not found and low.count(":") < 4:
         return "".join(head) + text, None
-    found = {needle for _, needle in hits}
     if "begin" in found and "-----BEGIN" in text:
         text, state = _pem(text)
         low = _lower(text)
-        hits = [(m.start(), m.group()) for m in _GATE.finditer(low)]
-    stems = [at for at, needle in hits if needle in _STEM_SET]
+    stems = [m.start() for m in _STEM_RE.finditer(low)] if found & _STEM_SET else []
     text = _rules(text, low, found, stems)
     if stems or "machine" in found or "name" in found:
         text, block = _blocks(text)
@@ -1508,7 +1517,7 @@ def _depth(data: Any) -> int:
 _CONFIG_LINE = re.compile(r"^(\s*(?:export\s+)?[\"']?)([A-Za-z0-9_.\-]+)([\"']?\s*[:=]\s*)(.*?)(\s*,?\s*)$")
 _LIST_ITEM = re.compile(r"^(\s*-\s+)(\S.*)$")
 _COMMENT = re.compile(r"[ \t]+[#;]")  # an inline comment after a config value
-_YAML_TAG = re.compile(r"^!!?[A-Za-z0-9]{1,16}(?:[ \t]+|$)")
+_YAML_TAG = re.compile(r"^(?:!![a-z]{1,16}|![A-Z][A-Za-z]{1,15})(?:[ \t]+|$)")  # `!!binary`, `!Ref` (not `!x8Kq…`)
 _TOML_MULTILINE = ('"""', "'''")
 
 
