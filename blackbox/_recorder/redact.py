@@ -474,8 +474,9 @@ _PEM = re.compile(
     "(" + _PEM_SEP + _PEM_END + ")?"
 )  # fmt: skip
 _PEM_END_RE = re.compile(_PEM_END)
-_PEM_BODY_LINE = re.compile(r"(?:\[[A-Za-z0-9_,.\- ]{1,32}\]:?)?[ \t]*(?:[A-Za-z0-9+/=]{1,128}|"
-                            r"(?:Proc-Type|DEK-Info|Comment|Version|Hash|Charset):.*)?[ \t]*\r?")
+_PEM_BODY_LINE = re.compile(r"(?:\[[A-Za-z0-9_,.\- ]{1,32}\]:?)?[ \t]*(?:[A-Za-z0-9+/]{16,128}={0,2}|"
+                            r"[A-Za-z0-9+/]{1,15}={1,2}|(?:Proc-Type|DEK-Info|Comment|Version|Hash|Charset):.*)?"
+                            r"[ \t]*\r?")  # a line of base64 (a short one ends with padding), or a header
 MAX_KEY_LINES = 256  # a private key printed line by line: beyond this, what follows is output again
 
 

@@ -273,8 +273,9 @@ def test_a_key_printed_line_by_line_keeps_its_markers_and_loses_its_body() -> No
 
 def test_an_unterminated_begin_never_swallows_what_follows() -> None:
     stream = StreamRedactor()
-    writes = ["ValueError: bad key file, it starts with -----BEGIN PRIVATE KEY-----\n", "Traceback (most recent call last):\n",
-              '  File "train.py", line 3, in <module>\n', "RuntimeError: NCCL error\n"]  # fmt: skip
+    writes = ["ValueError: bad key file, it starts with -----BEGIN PRIVATE KEY-----\n", "Killed\n", "Done\n",
+              "Traceback (most recent call last):\n", '  File "train.py", line 3, in <module>\n',
+              "RuntimeError: NCCL error\n"]  # fmt: skip
     assert "".join(stream(w) for w in writes) == "".join(writes)
     # AND a key cut short loses its body, not the crash after it
     stream = StreamRedactor()
