@@ -21,7 +21,7 @@ REDACTED = "<redacted>"
 # What a secret-sounding name holds decides how sure we are:
 NONE, WEAK, SECRET, PHRASE = 0, 1, 2, 3
 # WEAK: a word ML text uses for other things too (`token: 'Paris'`, `session: 3/5`, `signature: forward(...)`,
-# `text_key: input`): its value goes only when it looks random (a key, not a word, a number or a path).
+# `key: input_ids`): its value goes only when it looks random (a key, not a word, a number or a path).
 # SECRET: one word of any shape (`hf_token`, `api_key`, `AccountKey`). PHRASE: may be several words (a password).
 _WORDS = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 _DESCRIBES = {"id", "ids", "name", "names", "dir", "dirs", "path", "paths", "file", "files", "type", "types",
@@ -36,7 +36,7 @@ _DESCRIBES = {"id", "ids", "name", "names", "dir", "dirs", "path", "paths", "fil
               "layers", "weight", "weights", "bias", "ref", "refs", "reference", "selector", "source", "mount",
               "volume", "template", "url", "uri", "issuer", "audience", "subject", "error", "errors", "exception",
               "exceptions", "warning", "warnings", "expiration", "scale", "factor", "ratio", "threshold", "prob",
-              "probability", "days", "hours", "minutes", "seconds", "weeks", "age", "rotation"}  # fmt: skip
+              "probability", "days", "hours", "minutes", "weeks", "age", "rotation"}  # fmt: skip
 _ANYWHERE = ("password", "passwd", "passphrase", "secret", "credential", "webhook")  # inside any word
 _PHRASE_WORDS = ("password", "passwd", "passphrase")
 _LAST = {"pass": PHRASE, "pwd": PHRASE, "pw": PHRASE, "auth": SECRET, "authorization": SECRET, "cookie": SECRET,
@@ -65,10 +65,10 @@ _ML_TOKENS = {"pad", "eos", "bos", "unk", "sep", "cls", "mask", "start", "end", 
               "eoi", "tool", "next", "prev", "first", "last", "total", "max", "min", "per", "num", "input", "output",
               "target", "predicted", "pred", "prompt", "query", "answer", "label", "generated", "decoder",
               "encoder", "eot", "eom", "middle", "control", "reserved", "unused", "word", "sentence", "doc",
-              "assistant", "sot", "cls", "bpe", "top", "sampled", "current", "stop", "sample", "text", "random",
+              "assistant", "sot", "bpe", "top", "sampled", "current", "stop", "sample", "text", "random",
               "rng", "prng", "seed", "sort", "primary", "partition", "dict", "batch", "loss", "metric", "monitor",
               "cache", "hash", "lookup", "group", "hot", "hotkey", "foreign", "unique", "composite", "column",
-              "row", "field", "label", "image", "caption", "data", "dataset", "feature", "features", "model"}  # fmt: skip
+              "row", "field", "caption", "data", "dataset", "feature", "features", "model"}  # fmt: skip
 _NOT_SECRET_NAMES = {"PWD", "OLDPWD"}  # the shell's working directories
 _KEY_ID_QUALIFIERS = {"access", "api", "secret", "private", "application", "app", "signing", "account", "service"}
 
@@ -387,7 +387,7 @@ _FORMATS: List[Tuple[Tuple[str, ...], "re.Pattern[str]"]] = [
         (("sk_", "rk_", "whsec_"), r"(?:(?:sk|rk)_(?:live|test|prod)_[A-Za-z0-9]{10,}|whsec_[A-Za-z0-9+/=]{20,})" + _E),
         (("aiza",), r"AIza[0-9A-Za-z_\-]{35}" + _E),  # Google API key
         (("ya29.",), r"ya29\.[0-9A-Za-z_\-.]{20,}" + _E),  # Google OAuth access token
-        (("1//0",), r"1//0[0-9A-Za-z_\-]{30,}" + _E),  # Google OAuth refresh token
+        (("//",), r"1//0[0-9A-Za-z_\-]{30,}" + _E),  # Google OAuth refresh token
         (("gocspx-",), r"GOCSPX-[A-Za-z0-9_\-]{20,}" + _E),  # Google OAuth client secret
         (("eyj",), r"eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*" + _E),  # JWT
         (("eyj",), r"eyJhcGlfYWRkcmVzcyI6[A-Za-z0-9+/=]{20,}"),  # Neptune API token (base64 JSON)
@@ -517,7 +517,6 @@ _PAIR = re.compile(_STEMS + r"[a-z0-9_.\-]{0,40}(\\?[\"'])[ \t]*(?:,|\][ \t]*=|\
 _MAX_NAME = 64
 _DQ = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
 _SQ = re.compile(r"'((?:[^'\\\n]|\\.)*)'")
-_EDQ = re.compile(r'\\"((?:[^"\\\n]|\\[^"\n])*)\\"')  # a JSON-escaped quoted string: \"…\"
 _WORD_VALUE = re.compile(r"[^\s\"'`,;(){}\[\]<>\\]+")
 _WORD_VALUE_URL = re.compile(r"[^\s\"'`,;(){}\[\]<>&#\\]+")
 _REST_OF_LINE = re.compile(r"[^\r\n\"'`\\]*(?:\\(?![nr\"'])[^\r\n\"'`\\]*)*")  # to a quote or a newline
@@ -1186,11 +1185,14 @@ def _blocks(text: str) -> Tuple[str, Optional[_State]]:
 
 # --- the pipeline ------------------------------------------------------------------------------------------------
 # What the rules need in the text, lower-case: one trie of these finds which are there in one pass, and text with
-# none of them is left as it is. None starts with `-` or `x`: a row of dashes or of x's passes at full speed.
+# none of them is left as it is. None starts with `-`, `x` or a digit (a row of dashes, of x's, the numbers of a
+# training log pass at full speed: the scan only stops where a needle could start); the one that would (`7z`) is
+# looked for on its own.
 _STEM_SET = frozenset(_STEM_WORDS)
 _NEEDLES = sorted({*_STEM_WORDS, "basic", "//", "begin", "machine", "login", "user", "curl", "account", "name", "set",
                    *(n for f in _FORMATS for n in f[0]), *_TOOL_NEEDLES})  # fmt: skip
-_GATE = re.compile(_trie(_NEEDLES))
+_GATE = re.compile(_trie([n for n in _NEEDLES if not n[0].isdigit()]))
+_DIGIT_NEEDLES = tuple(n for n in _NEEDLES if n[0].isdigit())
 _STEM_RE = re.compile(_trie(sorted(_STEM_WORDS)))
 _PIECE = 64 * 1024  # longer texts are redacted in pieces of whole lines: only pieces with a candidate pay
 _ASCII_LOWER = {c: c + 32 for c in range(65, 91)}
@@ -1248,6 +1250,7 @@ def _piece(text: str, state: Optional[_State]) -> Tuple[str, Optional[_State]]:
         text = text[pos:]
     low = _lower(text)
     found = set(_GATE.findall(low))
+    found.update(n for n in _DIGIT_NEEDLES if n in low)
     if not found and low.count(":") < 4:
         return "".join(head) + text, None
     if "begin" in found and "-----BEGIN" in text:
