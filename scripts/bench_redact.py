@@ -18,7 +18,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from blackbox.redact import StreamRedactor, add_known_secrets, redact_config, redact_text  # noqa: E402
+from blackbox.redact import StreamRedactor, add_known_secrets, redact_config, redact_text
 
 SIZE = 64 * 1024
 
@@ -70,9 +70,9 @@ def main() -> int:
         config, _ = timed(redact_config, text + "\n", args.repeats)
         big = shapes(4 * SIZE)[name] + "\n"
         ratio = timed(redact_text, big, max(3, args.repeats // 3))[0] / max(best, 1e-6)
-        print(f"| {name} | {best:.2f} | {median:.2f} | {stream:.2f} | {config:.2f} | {ratio:.1f}× |")
+        print(f"| {name} | {best:.2f} | {median:.2f} | {stream:.2f} | {config:.2f} | {ratio:.1f}x |")
     print(f"\nbest and median of {args.repeats} runs; 20 credentials known; the last column: a 256 KiB line of the "
-          "same shape against the 64 KiB one (linear: about 4×).")  # fmt: skip
+          "same shape against the 64 KiB one (linear: about 4x).")  # fmt: skip
     return 0
 
 

@@ -11,7 +11,7 @@ import glob
 import json
 import os
 import stat
-from typing import Iterator, List, Mapping, Optional, Sequence
+from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import redact
 
@@ -119,7 +119,7 @@ def _sqlite(path: str, owners: Sequence[int]) -> Iterator[str]:
     try:
         tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()]
         for table in tables[:8]:
-            cur = con.execute(f'SELECT * FROM "{table}" LIMIT 256')  # noqa: S608 - a table name of the file itself
+            cur = con.execute(f'SELECT * FROM "{table}" LIMIT 256')
             names = [d[0] for d in cur.description or ()]
             for row in cur.fetchall():
                 for name, value in zip(names, row):
@@ -140,7 +140,10 @@ def _home(env: Mapping[str, str]) -> Optional[str]:
     return home if home and os.path.isabs(home) else None
 
 
-def _stores(env: Mapping[str, str], home: str) -> Iterator[tuple]:
+Parser = Union[Callable[[str], Iterator[str]], str]  # a function of the file's text, or "sqlite"
+
+
+def _stores(env: Mapping[str, str], home: str) -> Iterator[Tuple[str, Parser]]:
     """(path, parser) for every place a tool keeps credentials, the tool's own variables first."""
 
     def under(*parts: str) -> str:
@@ -220,7 +223,7 @@ def stored_secrets(env: Mapping[str, str], argv: Sequence[str] = (), cwd: Option
             if paths_seen >= MAX_FILES or not path:
                 break
             paths_seen += 1
-            if parse == "sqlite":
+            if isinstance(parse, str):  # "sqlite"
                 values.extend(_sqlite(path, owners))
                 continue
             text = _read(path, owners)

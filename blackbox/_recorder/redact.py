@@ -9,7 +9,6 @@ import base64
 import binascii
 import functools
 import json
-import os
 import re
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
@@ -46,8 +45,9 @@ _LAST = {"pass": PHRASE, "pwd": PHRASE, "pw": PHRASE, "auth": SECRET, "authoriza
          "sessiontoken": SECRET, "idtoken": SECRET, "storepass": PHRASE, "keypass": PHRASE, "session": WEAK,
          "sessionid": WEAK, "signature": WEAK, "pat": WEAK, "token": WEAK, "key": WEAK}  # fmt: skip
 # a word before `token` / `key` that makes it a credential (`hf_token`, `KAGGLE_KEY`, `B2_APPLICATION_KEY`)
-_QUALIFIERS = {"api", "access", "auth", "bearer", "bot", "github", "gh", "gitlab", "hf", "hub", "huggingface", "refresh",
-               "slack", "wandb", "oauth", "personal", "service", "secret", "security", "app", "application", "client",
+_QUALIFIERS = {"api", "access", "auth", "bearer", "bot", "github", "gh", "gitlab", "hf", "hub", "huggingface",
+               "refresh", "slack", "wandb", "oauth", "personal", "service", "secret", "security", "app", "application",
+               "client",
                "deploy", "registry", "npm", "pypi", "vault", "discord", "telegram", "sentry", "databricks", "mlflow",
                "tracking", "kaggle", "comet", "neptune", "openai", "anthropic", "cohere", "groq", "mistral",
                "replicate", "together", "pinecone", "jwt", "csrf", "xsrf", "aws", "gcp", "google", "azure", "sas",
@@ -122,8 +122,10 @@ def is_secret_name(name: str) -> bool:
 _HARMLESS = {"", "true", "false", "none", "null", "nil", "yes", "no", "on", "off", "0", "1", "-", "***",
              "required", "optional", "unset", "n/a", "na", REDACTED.lower()}  # fmt: skip
 _SPECIAL_TOKEN = re.compile(r"<\|?[^<>|\s]{1,40}\|?>|</?[A-Za-z]{1,12}>|\[[A-Za-z_]{1,20}\]")
-_REFERENCE = re.compile(r"\$[A-Za-z_][A-Za-z0-9_]*|\$\{[^}]{1,128}\}|\$\([^)]{1,256}\)|`[^`]{1,256}`|\{\{[^}]{1,128}\}\}|%\([A-Za-z_]+\)s|"
-                        r"\{[A-Za-z_][A-Za-z0-9_.\[\]'\"()]{0,64}\}")  # shell, templates, f-string fields
+_REFERENCE = re.compile(
+    r"\$[A-Za-z_][A-Za-z0-9_]*|\$\{[^}]{1,128}\}|\$\([^)]{1,256}\)|`[^`]{1,256}`|\{\{[^}]{1,128}\}\}|%\([A-Za-z_]+\)s|"
+    r"\{[A-Za-z_][A-Za-z0-9_.\[\]'\"()]{0,64}\}"
+)  # shell, templates, f-string fields
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _FLOAT = re.compile(r"[+\-]?(?:[0-9]+\.[0-9]*|\.[0-9]+)(?:[eE][+\-]?[0-9]+)?|[+\-]?[0-9]+[eE][+\-]?[0-9]+")
@@ -151,8 +153,10 @@ def _random_part(part: str) -> bool:
 
 
 _PARTS = re.compile(r"[-_./:+=~%]")
-_MESSAGE_WORDS = re.compile(r"\b(?:token|tokens|password|passwords|authentication|updated|successfully|unchanged|"
-                            r"changed|required|incorrect|invalid|expired|failed|denied|not)\b")
+_MESSAGE_WORDS = re.compile(
+    r"\b(?:token|tokens|password|passwords|authentication|updated|successfully|unchanged|"
+    r"changed|required|incorrect|invalid|expired|failed|denied|not)\b"
+)
 _WORDISH = re.compile(r"(?:[A-Z]?[a-z]+)+|[A-Z]+(?:[A-Z][a-z]+)*[a-z]*")  # camelCase, PascalCase, lower, UPPER
 _CONSONANTS = re.compile(r"[bcdfghjklmnpqrstvwxz]+")
 
@@ -223,9 +227,8 @@ def _harmless(name: str, value: str, kind: Optional[int] = None) -> bool:
         return True
     if kind == WEAK:
         return not _looks_random(v)
-    if kind == PHRASE and v.count(" ") >= 2 and _MESSAGE_WORDS.search(v.lower()):
-        return True  # `passwd: all authentication tokens updated successfully.`: the tool's message
-    return False
+    # `passwd: all authentication tokens updated successfully.`: the tool's message, not a passphrase
+    return kind == PHRASE and v.count(" ") >= 2 and bool(_MESSAGE_WORDS.search(v.lower()))
 
 
 def _worth_knowing(value: str) -> bool:
@@ -248,7 +251,7 @@ def _worth_knowing(value: str) -> bool:
 # they show up, whatever their format — and in the forms they take on the way (JSON-escaped, URL-encoded,
 # base64 at any alignment inside a longer blob) — in one pass of one regular expression (a trie of the forms).
 _KNOWN: Set[str] = set()
-_known_re: Optional["re.Pattern[str]"] = None
+_known_re: Optional[re.Pattern[str]] = None
 _known_built = 0  # len(_KNOWN) when _known_re was built
 MIN_KNOWN_LEN = 6  # shorter values ("1", "true") would scrub ordinary words
 _MAX_KNOWN = 8192  # forms kept (a few hundred credentials)
@@ -284,6 +287,13 @@ def add_known_secret(value: str) -> None:
             _KNOWN.update(_forms(line))
 
 
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return a[:n]
+
+
 def _trie(words: List[str]) -> str:
     """One regular expression matching any of `words` (sorted, distinct, non-empty), longest first, that tries
     a few characters at each position of the text whatever the number of words."""
@@ -294,7 +304,7 @@ def _trie(words: List[str]) -> str:
         while j < len(words) and words[j][0] == words[i][0]:
             j += 1
         group = words[i:j]
-        prefix = os.path.commonprefix(group)
+        prefix = _common_prefix(group[0], group[-1])  # the words are sorted: the first and last differ most
         rests = [w[len(prefix) :] for w in group]
         tails = [r for r in rests if r]
         sub = _trie(tails) if tails else ""
@@ -305,7 +315,7 @@ def _trie(words: List[str]) -> str:
     return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
 
 
-def _known_pattern() -> Optional["re.Pattern[str]"]:
+def _known_pattern() -> Optional[re.Pattern[str]]:
     global _known_re, _known_built
     if _known_built != len(_KNOWN):
         words = sorted(_KNOWN)
@@ -323,7 +333,8 @@ def add_known_secrets(env: Mapping[str, str], argv: Sequence[str] = (), cwd: Opt
     ~/.netrc, ~/.aws, gcloud, Hugging Face, Kaggle, kubeconfig, Docker, ...; blackbox.\\_recorder.credentials),
     and the secret values of the config files named on `argv`. Returns how many forms are now known."""
     client_ids = _client_ids_with_secret(env)
-    for name, value in env.items():
+    for name, raw in env.items():
+        value: Any = raw  # an environment may hold anything when it was not the process's own
         if not isinstance(value, str):
             continue
         kind = _kind(name)
@@ -359,9 +370,9 @@ def _client_ids_with_secret(names: Iterable[str]) -> Set[str]:
     out = set()
     for n in names:
         low = n.lower().replace("-", "_")
-        if low.endswith("client_id") and low[: -len("id")] + "secret" in lowered:
-            out.add(n)
-        elif low.endswith("clientid") and low[: -len("id")] + "secret" in lowered:
+        if (low.endswith("client_id") and low[: -len("id")] + "secret" in lowered) or (
+            low.endswith("clientid") and low[: -len("id")] + "secret" in lowered
+        ):
             out.add(n)
     return out
 
@@ -371,7 +382,7 @@ def _client_ids_with_secret(names: Iterable[str]) -> Set[str]:
 # literal prefix (a fast search) and runs only when its needle is in the text; the word boundary before it is
 # checked in Python, never by scanning back.
 _E = r"(?![A-Za-z0-9_\-])"
-_FORMATS: List[Tuple[Tuple[str, ...], "re.Pattern[str]"]] = [
+_FORMATS: List[Tuple[Tuple[str, ...], re.Pattern[str]]] = [
     (needles, re.compile(pattern))
     for needles, pattern in (
         (("akia", "asia", "abia", "acca", "a3t"), r"(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[A-Z0-9]{16}(?![A-Z0-9])"),
@@ -417,7 +428,7 @@ _TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01
 Span = Tuple[int, int, str]  # (start, end, what replaces text[start:end])
 
 
-def _format_ok(text: str, m: "re.Match[str]") -> bool:
+def _format_ok(text: str, m: re.Match[str]) -> bool:
     token = m.group(0)
     if m.start() and text[m.start() - 1] in (_TOKEN_CHARS if token[:1] != "1" else _TOKEN_CHARS | {"/"}):
         return False  # inside a longer word
@@ -474,13 +485,15 @@ _PEM = re.compile(
     "(" + _PEM_SEP + _PEM_END + ")?"
 )  # fmt: skip
 _PEM_END_RE = re.compile(_PEM_END)
-_PEM_BODY_LINE = re.compile(r"(?:\[[A-Za-z0-9_,.\- ]{1,32}\]:?)?[ \t]*(?:[A-Za-z0-9+/]{16,128}={0,2}|"
-                            r"[A-Za-z0-9+/]{1,15}={1,2}|(?:Proc-Type|DEK-Info|Comment|Version|Hash|Charset):.*)?"
-                            r"[ \t]*\r?")  # a line of base64 (a short one ends with padding), or a header
+_PEM_BODY_LINE = re.compile(
+    r"(?:\[[A-Za-z0-9_,.\- ]{1,32}\]:?)?[ \t]*(?:[A-Za-z0-9+/]{16,128}={0,2}|"
+    r"[A-Za-z0-9+/]{1,15}={1,2}|(?:Proc-Type|DEK-Info|Comment|Version|Hash|Charset):.*)?"
+    r"[ \t]*\r?"
+)  # a line of base64 (a short one ends with padding), or a header
 MAX_KEY_LINES = 256  # a private key printed line by line: beyond this, what follows is output again
 
 
-def _pem(text: str) -> Tuple[str, "Optional[_State]"]:
+def _pem(text: str) -> Tuple[str, Optional[_State]]:
     out: List[str] = []
     pos = 0
     state: Optional[_State] = None
@@ -633,7 +646,7 @@ def _keyed(text: str, low: str, stems: Sequence[int], client_ids: bool = False) 
         start = _name_start(low, m.start())
         if start < 0:
             continue
-        name_end = m.start(1) if m.group(1) else m.start(2) if not client_ids else m.start(2)
+        name_end = m.start(1) if m.group(1) else m.start(2)
         name = text[start:name_end].rstrip(" \t").lstrip("-")
         if not name or (start and text[start - 1] == "\\" and not m.group(1)):
             continue
@@ -779,7 +792,7 @@ _AUTH_CALL = re.compile(
 def _auth_calls(text: str, low: str) -> List[Span]:
     spans: List[Span] = []
     for m in _AUTH_CALL.finditer(low):
-        if m.start() and low[m.start() - 1] in _TOKEN_CHARS and not low[m.start() - 1] == "_":
+        if m.start() and low[m.start() - 1] in _TOKEN_CHARS and low[m.start() - 1] != "_":
             continue
         span = _quoted(text, m.end())
         if span is not None and not _harmless("password", text[span[0] : span[1]], PHRASE):
@@ -843,8 +856,10 @@ _NETRC_LINE = re.compile(
     r"(?:(?:machine[ \t]+\S+|default)(?:[ \t]+(?:login|port|protocol)[ \t]+\S+)*|login[ \t]+\S+)"
     r"[ \t]+(?:password|account)[ \t]+(\S+)"
 )  # fmt: skip
-_PGPASS = re.compile(r"(?m)(?:^|(?<=[\"']))([^:\s#\"']+):([0-9]{1,5}|\*):([^:\s\"']*[A-Za-z*][^:\s\"']*):"
-                     r"([^:\s\"']*[A-Za-z*][^:\s\"']*):([^\s\"']+?)[ \t]*(?=[\"']|\r?$)")
+_PGPASS = re.compile(
+    r"(?m)(?:^|(?<=[\"']))([^:\s#\"']+):([0-9]{1,5}|\*):([^:\s\"']*[A-Za-z*][^:\s\"']*):"
+    r"([^:\s\"']*[A-Za-z*][^:\s\"']*):([^\s\"']+?)[ \t]*(?=[\"']|\r?$)"
+)
 
 
 def _netrc_lines(text: str) -> List[Span]:
@@ -1037,7 +1052,7 @@ def _apply(text: str, spans: List[Span]) -> str:
 # WANDB_API_KEY` then `value: …`), a .netrc entry over several lines, and a private key printed line by line: the
 # state is kept from line to line — and, in a stream, from one write to the next — and always bounded in lines.
 class _State:
-    __slots__ = ("kind", "indent", "left", "marked", "scalar", "name")
+    __slots__ = ("indent", "kind", "left", "marked", "name", "scalar")
 
     def __init__(self, kind: str, indent: int = -1, left: int = 0, marked: bool = False, scalar: bool = False,
                  name: str = "") -> None:  # fmt: skip
@@ -1289,10 +1304,9 @@ def redact_text(text: str) -> str:
     """Replace known secret values, token formats and the values of secret-named keys, flags and arguments in
     free text (logs, command lines, configs, exception messages). Linear in the text; never raises (a bug here
     leaves the text out, and says so, rather than write it unredacted)."""
-    if not isinstance(text, str):
-        text = str(text)
+    given: Any = text
     try:
-        return _scrub(text, None)[0]
+        return _scrub(given if isinstance(given, str) else str(given), None)[0]
     except Exception as exc:  # pragma: no cover - the corpus and the fuzz tests keep this unreached
         return _failed(exc)
 

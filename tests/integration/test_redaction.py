@@ -61,7 +61,8 @@ def test_a_hung_jobs_credentials_never_reach_disk_and_its_evidence_does(tmp_path
     env = {
         "HOME": str(home), "WANDB_API_KEY": rand(40, "0123456789abcdef"), "HF_TOKEN": "hf_" + rand(34),
         "AWS_ACCESS_KEY_ID": "AKIA" + rand(16, string.ascii_uppercase + "234567"),
-        "AWS_SECRET_ACCESS_KEY": rand(40, string.ascii_letters + string.digits + "/+"), "KAGGLE_KEY": rand(32, "0123456789abcdef"),
+        "AWS_SECRET_ACCESS_KEY": rand(40, string.ascii_letters + string.digits + "/+"),
+        "KAGGLE_KEY": rand(32, "0123456789abcdef"),
         "DB_PASSWORD": rand(14, string.ascii_letters + string.digits + "!#%&") + "é",
         "SERVICE_BEARER": rand(36), "SLURM_JWT": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJ0cmFpbmVyIn0." + rand(43),
         "SPLIT_SECRET": rand(18), "DESKTOP_SESSION": "ubuntu", "WANDB_SESSION": "2", "PASSWORD_STORE_CLIP_TIME": "45",
@@ -74,7 +75,8 @@ def test_a_hung_jobs_credentials_never_reach_disk_and_its_evidence_does(tmp_path
         "lr: 0.1\ntokenizer: gpt2\nmax_tokens: 4096\n"
         f"wandb:\n  project: llama-ft\n  key: {config_secrets['wandb_key']}\n"
         f"credentials:\n  username: trainer\n  password: {config_secrets['db']}\n  token: {config_secrets['token']}\n"
-        f"env:\n- name: MLFLOW_TRACKING_TOKEN\n  value: {config_secrets['k8s']}\n- name: WANDB_PROJECT\n  value: llama-ft\n"
+        f"env:\n- name: MLFLOW_TRACKING_TOKEN\n  value: {config_secrets['k8s']}\n"
+        "- name: WANDB_PROJECT\n  value: llama-ft\n"
     )  # fmt: skip
     key_body = [rand(64, string.ascii_letters + string.digits + "+/") for _ in range(4)]
     key = tmp_path / "key.pem"
@@ -109,7 +111,13 @@ def test_a_hung_jobs_credentials_never_reach_disk_and_its_evidence_does(tmp_path
         assert "  username: trainer" in text and "- name: WANDB_PROJECT\n  value: llama-ft" in text
     job_env = json.loads(files["node/env.json"])
     assert job_env["AWS_ACCESS_KEY_ID"] == "<redacted>" and job_env["DB_PASSWORD"] == "<redacted>"
-    for name in ("DESKTOP_SESSION", "WANDB_SESSION", "PASSWORD_STORE_CLIP_TIME", "GOOGLE_APPLICATION_CREDENTIALS", "HOME"):
+    for name in (
+        "DESKTOP_SESSION",
+        "WANDB_SESSION",
+        "PASSWORD_STORE_CLIP_TIME",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "HOME",
+    ):
         assert job_env[name] == env[name], name
     (config_copy,) = [data.decode() for name, data in files.items() if name.endswith("train.yaml")]
     assert "lr: 0.1\ntokenizer: gpt2\nmax_tokens: 4096\n" in config_copy and "project: llama-ft" in config_copy
@@ -144,7 +152,7 @@ def test_look_alikes_survive_and_secrets_in_every_form_do_not(tmp_path: Path, ru
     assert "gpt2" in json.dumps(annotations) and "<pad>" in json.dumps(annotations)
     for line in (run_dir / "ranks" / "0" / "exceptions.jsonl").read_text().splitlines():
         assert "login refused for password" in json.loads(line)["message"]
-    start = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()][0]
+    start = next(json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines())
     assert start["event"] == "start" and start["config"]["notify_url"] == "https://hooks.slack.com/<redacted>"
     assert start["command"][-2:] == ["-p", "2"]  # a `-p` that names no password is kept
 

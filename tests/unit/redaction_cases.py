@@ -180,7 +180,8 @@ SECRET_TEXT = [
         "Azure connection string",
     ),
     (
-        f"https://mldata.blob.core.windows.net/ckpt/model.pt?sv=2022-11-02&ss=b&srt=o&sp=r&se=2030-01-01&sig={AZURE_SIG}",
+        "https://mldata.blob.core.windows.net/ckpt/model.pt?sv=2022-11-02&ss=b&srt=o&sp=r&"
+        f"se=2030-01-01&sig={AZURE_SIG}",
         (AZURE_SIG,),
         "Azure SAS URL",
     ),
@@ -294,7 +295,8 @@ SECRET_TEXT = [
         "boto3.client(...) keys",
     ),
     (
-        f'fs = s3fs.S3FileSystem(key="{(w := rand(20, string.ascii_uppercase + string.digits))}", secret="{(v := rand(40))}")',
+        f'fs = s3fs.S3FileSystem(key="{(w := rand(20, string.ascii_uppercase + string.digits))}",'
+        f' secret="{(v := rand(40))}")',
         (w, v),
         "s3fs key=, secret=",
     ),
@@ -327,7 +329,8 @@ SECRET_TEXT = [
         "aws sts get-session-token output",
     ),
     (
-        f'api {{ credentials {{ "access_key" = "{(w := rand(20, string.ascii_uppercase + string.digits))}", "secret_key" = '
+        f'api {{ credentials {{ "access_key" = '
+        f'"{(w := rand(20, string.ascii_uppercase + string.digits))}", "secret_key" = '
         f'"{(v := rand(40))}" }} }}',
         (w, v),
         "clearml.conf credentials",
@@ -388,7 +391,8 @@ SECRET_TEXT = [
         "held-out round 2",
     ),
     (
-        "neptune.init_run(project='ws/proj', api_token='eyJhcGlfYWRkcmVzcyI6Imh0dHBzOi8vYXBwLm5lcHR1bmUuYWkiLCJhcGlfa2V5IjoiYWJjIn0=')",
+        "neptune.init_run(project='ws/proj', "
+        "api_token='eyJhcGlfYWRkcmVzcyI6Imh0dHBzOi8vYXBwLm5lcHR1bmUuYWkiLCJhcGlfa2V5IjoiYWJjIn0=')",
         ("eyJhcGlfYWRkcmVzcyI6Imh0dHBzOi8vYXBwLm5lcHR1bmUuYWkiLCJhcGlfa2V5IjoiYWJjIn0=",),
         "held-out round 2",
     ),
@@ -398,7 +402,9 @@ SECRET_TEXT = [
         "held-out round 2",
     ),
     (
-        "Authorization: AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/s3/aws4_request, SignedHeaders=host;range;x-amz-date, Signature=fe5f80f77d5fa3beca038a248ff027d0445342fe2855ddc963176630326f1024",
+        "Authorization: AWS4-HMAC-SHA256 Credential=AKIAIOSFODNN7EXAMPLE/20130524/us-east-1/"
+        "s3/aws4_request, SignedHeaders=host;range;x-amz-date, "
+        "Signature=fe5f80f77d5fa3beca038a248ff027d0445342fe2855ddc963176630326f1024",
         ("fe5f80f77d5fa3beca038a248ff027d0445342fe2855ddc963176630326f1024",),
         "held-out round 2",
     ),
@@ -408,12 +414,14 @@ SECRET_TEXT = [
         "held-out round 2",
     ),
     (
-        "kubectl create secret docker-registry regcred --docker-server=r.io --docker-username=u --docker-password=Qw3rTy9!x",
+        "kubectl create secret docker-registry regcred --docker-server=r.io --docker-username=u "
+        "--docker-password=Qw3rTy9!x",
         ("Qw3rTy9!x",),
         "held-out round 2",
     ),
     (
-        "gcloud auth activate-service-account --key-file=/tmp/sa.json && echo 'ya29.c.b0AXv0zTPabcdefghijklmnopqrstuvwxyz0123456789'",
+        "gcloud auth activate-service-account --key-file=/tmp/sa.json && "
+        "echo 'ya29.c.b0AXv0zTPabcdefghijklmnopqrstuvwxyz0123456789'",
         ("ya29.c.b0AXv0zTPabcdefghijklmnopqrstuvwxyz0123456789",),
         "held-out round 2",
     ),
@@ -438,7 +446,8 @@ SECRET_TEXT = [
         "held-out round 2",
     ),
     (
-        '2024-05-01 12:00:01,123 - DEBUG - urllib3: https://user:p4ssW0rd!@artifactory.example.com:443 "GET /api HTTP/1.1" 200',
+        "2024-05-01 12:00:01,123 - DEBUG - urllib3: https://user:p4ssW0rd!@artifactory.example.com:443 "
+        '"GET /api HTTP/1.1" 200',
         ("p4ssW0rd!",),
         "held-out round 2",
     ),
@@ -453,7 +462,8 @@ SECRET_TEXT = [
         "held-out round 2",
     ),
     (
-        '[remote "storage"]\n    url = s3://bucket/dvc\n    access_key_id = AKIAJ7Q2XYZ3ABCD4EFG\n    secret_access_key = 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\n',
+        '[remote "storage"]\n    url = s3://bucket/dvc\n    access_key_id = AKIAJ7Q2XYZ3ABCD4EFG\n '
+        "   secret_access_key = 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\n",
         ("wJalrXUtnFEMI/K7MDENG/bPxRfiCYzz9KEYabcd",),
         "held-out round 2",
     ),
@@ -568,10 +578,11 @@ SECRET_CONFIG = [
             indent=2,
         ),
         (v, *PEM_BODY),
-    ),  # fmt: skip
+    ),
     (
         f"apiVersion: v1\nkind: Config\nusers:\n- name: trainer\n  user:\n    client-certificate-data: LS0tLS1CRUdJTiBD"
-        f"RVJUSUZJQ0FURS0tLS0t\n    client-key-data: {CLIENT_KEY_DATA}\n- name: sa\n  user:\n    token: {K8S_SA_TOKEN}\n",
+        f"RVJUSUZJQ0FURS0tLS0t\n    client-key-data: {CLIENT_KEY_DATA}\n- name: sa\n  user:\n "
+        f"   token: {K8S_SA_TOKEN}\n",
         (CLIENT_KEY_DATA, K8S_SA_TOKEN),
     ),
     (json.dumps({"auths": {"registry.example.com": {"auth": BASIC}}, "credsStore": "desktop"}), (BASIC,)),
@@ -613,7 +624,7 @@ SECRET_CONFIG = [
             }
         ),
         (w, v, GOOG_REFRESH),
-    ),  # fmt: skip
+    ),
 ]
 
 SECRET_RECORDS = [
@@ -928,12 +939,17 @@ LOOKALIKE_TEXT = [
     "[rank0]: RuntimeError: CUDA error: an illegal memory access was encountered",
     "pwd: /workspace/llama",
     # the second held-out round, kept as written
-    "{'train_runtime': 1234.5, 'train_samples_per_second': 12.3, 'train_steps_per_second': 0.4, 'train_loss': 1.05, 'epoch': 3.0}",
+    "{'train_runtime': 1234.5, 'train_samples_per_second': 12.3, 'train_steps_per_second': "
+    "0.4, 'train_loss': 1.05, 'epoch': 3.0}",
     "Trainer.fit stopped: `max_epochs=3` reached.",
     "LOCAL_RANK: 0 - CUDA_VISIBLE_DEVICES: [0,1,2,3,4,5,6,7]",
-    "[2024-05-01 12:00:00,000] [INFO] [real_accelerator.py:191:get_accelerator] Setting ds_accelerator to cuda (auto detect)",
-    "[INFO] [stage3.py:1999:step] [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768",
-    "INFO 05-01 12:00:00 llm_engine.py:100] Initializing an LLM engine with config: model='meta-llama/Llama-3-8B', tokenizer='meta-llama/Llama-3-8B', skip_tokenizer_init=False, tokenizer_mode=auto, revision=None, trust_remote_code=False",
+    "[2024-05-01 12:00:00,000] [INFO] [real_accelerator.py:191:get_accelerator] Setting "
+    "ds_accelerator to cuda (auto detect)",
+    "[INFO] [stage3.py:1999:step] [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted "
+    "loss scale: 65536, reducing to 32768",
+    "INFO 05-01 12:00:00 llm_engine.py:100] Initializing an LLM engine with config: model='meta-llama/"
+    "Llama-3-8B', tokenizer='meta-llama/Llama-3-8B', skip_tokenizer_init=False, tokenizer_mode=auto,"
+    " revision=None, trust_remote_code=False",
     'INFO: 127.0.0.1:52100 - "POST /v1/completions HTTP/1.1" 200 OK',
     "Ray dashboard at http://127.0.0.1:8265",
     "2024-05-01 12:00:00,000 INFO worker.py:1724 -- Started a local Ray instance.",
@@ -958,15 +974,21 @@ LOOKALIKE_TEXT = [
     "exitcode  : -15 (pid: 4242)",
     "error_file: /tmp/torchelastic_abc/none_x/attempt_0/1/error.json",
     "AccessDeniedException: User: arn:aws:sts::123456789012:assumed-role/trainer/i-0abc is not authorized",
-    "botocore.exceptions.ClientError: An error occurred (ExpiredToken) when calling the PutObject operation: The provided token has expired.",
-    "google.auth.exceptions.RefreshError: ('invalid_grant: Token has been expired or revoked.', {'error': 'invalid_grant'})",
-    "huggingface_hub.utils._errors.GatedRepoError: 401 Client Error. Cannot access gated repo for url https://huggingface.co/meta-llama/Llama-3-8B/resolve/main/config.json.",
-    "Access to model meta-llama/Llama-3-8B is restricted. You must have access to it and be authenticated to access it. Please log in.",
+    "botocore.exceptions.ClientError: An error occurred (ExpiredToken) when calling the "
+    "PutObject operation: The provided token has expired.",
+    "google.auth.exceptions.RefreshError: ('invalid_grant: Token has been expired or "
+    "revoked.', {'error': 'invalid_grant'})",
+    "huggingface_hub.utils._errors.GatedRepoError: 401 Client Error. Cannot access gated "
+    "repo for url https://huggingface.co/meta-llama/Llama-3-8B/resolve/main/config.json.",
+    "Access to model meta-llama/Llama-3-8B is restricted. You must have access to it "
+    "and be authenticated to access it. Please log in.",
     "wandb: ERROR Error while calling W&B API: permission denied (<Response [403]>)",
     "wandb: Network error (ReadTimeout), entering retry loop.",
-    "mlflow.exceptions.MlflowException: API request to endpoint /api/2.0/mlflow/runs/create failed with error code 401 != 200. Response body: 'Unauthorized'",
+    "mlflow.exceptions.MlflowException: API request to endpoint /api/2.0/mlflow/runs/"
+    "create failed with error code 401 != 200. Response body: 'Unauthorized'",
     "kubectl logs trainer-0 -c trainer --since=1h",
-    'Events:  Warning  FailedMount  kubelet  MountVolume.SetUp failed for volume "secret-volume" : secret "wandb" not found',
+    'Events:  Warning  FailedMount  kubelet  MountVolume.SetUp failed for volume "secret-volume" '
+    ': secret "wandb" not found',
     "sacct -j 4242 --format=JobID,State,ExitCode,MaxRSS",
     "scontrol show job 4242 | grep -i reason",
     "export NCCL_SOCKET_IFNAME=eth0 NCCL_DEBUG=INFO",
@@ -1047,8 +1069,9 @@ LOOKALIKE_CONFIG = [
             "bf16": {"enabled": True},
         },
         indent=2,
-    ),  # fmt: skip
-    "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
+    ),
+    "compute_environment: LOCAL_MACHINE\ndistributed_type: FSDP\nfsdp_config:\n  fsdp_state_dict_type: "
+    "SHARDED_STATE_DICT\n"
     "num_processes: 8\n",
     "defaults:\n  - _self_\nlogger:\n  _target_: lightning.pytorch.loggers.WandbLogger\n  project: llama-ft\n",
     '[tool.trainer]\ntokenizer = "gpt2"\nmax_new_tokens = 256\nsession = 2\n',

@@ -19,7 +19,6 @@ from blackbox._recorder import redact as R
 from blackbox.redact import (
     REDACTED,
     StreamRedactor,
-    add_known_secret,
     add_known_secrets,
     is_secret_name,
     redact_argv,
@@ -86,7 +85,8 @@ def test_names_read_what_a_name_names() -> None:
     plain = ["tokenizer", "max_tokens", "eos_token_id", "token_type_ids", "tokens_per_sec", "key_dim", "session_dir",
              "TOKENIZER_NAME", "KEY_DIR", "MAX_TOKENS", "AuthenticationError", "PWD", "OLDPWD", "SSH_AUTH_SOCK",
              "num_key_value_heads", "pad_token", "eos_token", "passes", "bypass", "PASSWORD_STORE_CLIP_TIME",
-             "secretKeyRef", "NoCredentialsError", "HF_TOKEN_PATH", "WANDB_IDENTITY_TOKEN_FILE", "secretary"]  # fmt: skip
+             "secretKeyRef", "NoCredentialsError", "HF_TOKEN_PATH", "WANDB_IDENTITY_TOKEN_FILE",
+             "secretary"]  # fmt: skip
     weak = ["token", "key", "session", "DESKTOP_SESSION", "signature", "bucket_key", "MY_TOKEN"]
     assert [n for n in secret if not is_secret_name(n)] == []
     assert [n for n in plain if R._kind(n)] == []
@@ -193,7 +193,8 @@ def _home(tmp_path: Path) -> tuple[dict[str, str], dict[str, str]]:
         "netrc", "netrc2", "aws", "aws_session", "gcloud", "hf", "kaggle", "kube", "kubedata", "docker", "pgpass",
         "git", "databricks", "config", "gcloud_db")}  # fmt: skip
     files = {
-        ".netrc": f"machine api.wandb.ai login user password {s['netrc']}\nmachine h\n  login u\n  password {s['netrc2']}\n",
+        ".netrc": f"machine api.wandb.ai login user password {s['netrc']}\n"
+                  f"machine h\n  login u\n  password {s['netrc2']}\n",
         ".aws/credentials": f"[default]\naws_access_key_id = AKIAIOSFODNN7EXAMPLE\naws_secret_access_key = {s['aws']}\n"
                             f"aws_session_token = {s['aws_session']}\nregion = us-east-1\n",
         ".config/gcloud/application_default_credentials.json": json.dumps(
@@ -214,7 +215,9 @@ def _home(tmp_path: Path) -> tuple[dict[str, str], dict[str, str]]:
         path.write_text(content)
     db = sqlite3.connect(home / ".config/gcloud/credentials.db")
     db.execute("CREATE TABLE credentials (account_id TEXT PRIMARY KEY, value BLOB)")
-    db.execute("INSERT INTO credentials VALUES (?, ?)", ("me@example.com", json.dumps({"refresh_token": s["gcloud_db"]})))
+    db.execute(
+        "INSERT INTO credentials VALUES (?, ?)", ("me@example.com", json.dumps({"refresh_token": s["gcloud_db"]}))
+    )
     db.commit()
     db.close()
     (tmp_path / "train.yaml").write_text(f"lr: 0.1\nwandb:\n  api_key: {s['config']}\n")
@@ -249,7 +252,12 @@ def test_a_store_that_is_not_a_regular_file_of_the_user_is_never_read(tmp_path: 
 # --- streams ---------------------------------------------------------------------------------------------------
 def test_a_secret_split_across_writes_is_caught() -> None:
     stream = StreamRedactor()
-    writes = ["step 1\npassword=hun", "ter2-", "xyz\nAuthorization: Bearer eyJhbGciOiJIUzI1Ni", "J9.eyJzdWIiOiIx.c2ln\n"]
+    writes = [
+        "step 1\npassword=hun",
+        "ter2-",
+        "xyz\nAuthorization: Bearer eyJhbGciOiJIUzI1Ni",
+        "J9.eyJzdWIiOiIx.c2ln\n",
+    ]
     out = "".join(stream.feed(w) for w in writes) + stream.flush()
     assert out == f"step 1\npassword={REDACTED}\nAuthorization: Bearer {REDACTED}\n"
 
@@ -279,8 +287,15 @@ def test_an_unterminated_begin_never_swallows_what_follows() -> None:
     assert "".join(stream(w) for w in writes) == "".join(writes)
     # AND a key cut short loses its body, not the crash after it
     stream = StreamRedactor()
-    writes = ["-----BEGIN PRIVATE KEY-----\n", "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n", "Traceback (most recent call last):\n"]
-    assert "".join(stream(w) for w in writes) == f"-----BEGIN PRIVATE KEY-----\n{REDACTED}\nTraceback (most recent call last):\n"
+    writes = [
+        "-----BEGIN PRIVATE KEY-----\n",
+        "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n",
+        "Traceback (most recent call last):\n",
+    ]
+    assert (
+        "".join(stream(w) for w in writes)
+        == f"-----BEGIN PRIVATE KEY-----\n{REDACTED}\nTraceback (most recent call last):\n"
+    )
 
 
 def test_a_key_state_is_bounded() -> None:

@@ -101,8 +101,9 @@ def summary(result: dict[str, Any]) -> str:
     leaked = sum(r["leaked"] for r in result["rows"].values())
     looks = sum(r["lookalikes"] for r in result["rows"].values())
     changed = sum(r["changed"] for r in result["rows"].values())
-    return (f"recall {100.0 * (secrets - leaked) / secrets:.1f} % ({secrets - leaked} of {secrets} secrets caught), "
-            f"false-positive rate {100.0 * changed / looks:.1f} % ({changed} of {looks} look-alikes changed)")  # fmt: skip
+    recall, fpr = 100.0 * (secrets - leaked) / secrets, 100.0 * changed / looks
+    return (f"recall {recall:.1f} % ({secrets - leaked} of {secrets} secrets caught), "
+            f"false-positive rate {fpr:.1f} % ({changed} of {looks} look-alikes changed)")  # fmt: skip
 
 
 RESULT = measure()
