@@ -143,12 +143,14 @@ def _random_part(part: str) -> bool:
     letters = sum(c.isalpha() for c in part)
     if letters < 2:
         return False
-    if digits >= 2 or (digits and not part.isupper() and not part.islower()):
+    if digits >= 2 or (digits and (len(part) >= 16 or (not part.isupper() and not part.islower()))):
         return True
-    if digits or letters != len(part) or _WORDISH.fullmatch(part):
-        return False  # `ResNetBackbone`, `tokenizer`, `ALLCAPS`: words
-    mixed = not part.isupper() and not part.islower()
+    if digits or letters != len(part):
+        return False
     run = max(len(r) for r in _CONSONANTS.findall(part.lower()) or [""])
+    if _WORDISH.fullmatch(part):  # `ResNetBackbone`, `tokenizer`, `ALLCAPS`: words, unless unpronounceable
+        return len(part) >= 10 and run >= 5
+    mixed = not part.isupper() and not part.islower()
     return (mixed and len(part) >= 10) or (len(part) >= 12 and run >= 5)
 
 
