@@ -26,6 +26,7 @@ from tests.conftest import (
     TORCHRUN,
     bundles,
     job_env,
+    run_blackbox,
     send,
     start_blackbox,
     wait_for,
@@ -189,6 +190,49 @@ def test_fatal_console_line_collects_at_once(tmp_path: Path, run_dir: Path) -> N
     assert b"fatal output: the job printed" in err
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert [e["kind"] for e in events if e["event"] == "fatal_line"] == ["comm_timeout"]
+
+
+def test_ten_secrets_never_reach_the_bundle(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN ten secrets: in the job's environment, in the config file named on its command line, in its output
+    secrets = {
+        "HF_TOKEN": "hf_" + "aB3dE5gH7jK9mN1pQ3sT5vX7zA9cE1gI2k",
+        "AWS_SECRET_ACCESS_KEY": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+        "WANDB_API_KEY": "0f1e2d3c4b5a69788796a5b4c3d2e1f0aa55bb66",
+        "DB_PASSWORD": "Tr0ub4dor-and-3-horses",
+        "SERVICE_AUTH_BEARER": "b3arer-t0ken-value-0123456789",
+        "SEED_OPENAI": "sk-proj-" + "Z" * 40,
+        "PLAIN_NAMED": "ghp_" + "R" * 36,  # a GitHub token in an innocently named variable
+    }
+    in_config = {
+        "api_token": "cfg-api-token-5f4e3d2c1b",
+        "password": "cfg-passw0rd-9a8b7c",
+        "private_key": "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQC7",
+    }
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        "lr: 0.1\n"
+        f"api_token: {in_config['api_token']}\n"
+        f'password = "{in_config["password"]}"\n'
+        f"-----BEGIN PRIVATE KEY-----\n{in_config['private_key']}\n-----END PRIVATE KEY-----\n"
+    )
+    values = [*secrets.values(), *in_config.values()]
+    assert len(values) == 10
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--", sys.executable, str(PROGRAMS / "secrets_job.py"),
+                        "--config", str(config)], tmp_path, **secrets)  # fmt: skip
+    assert res.returncode == 1 and secrets["DB_PASSWORD"].encode() in res.stdout  # the job's output is its own
+    # THEN the bundle holds the config file and the environment, and none of the ten values, anywhere
+    (bundle,) = bundles(run_dir)
+    files = members(bundle)
+    assert any(name.startswith("node/config/") and name.endswith("train.yaml") for name in files)
+    assert "node/env.json" in files and "console-tail.log" in files and "ranks/0/exceptions.jsonl" in files
+    for name, data in files.items():
+        for value in values:
+            assert value.encode() not in data, f"a secret reached {name}"
+    # AND nothing else blackbox wrote to disk holds them either
+    for path in run_dir.rglob("*"):
+        if path.is_file() and path.name != "heartbeat":
+            data = path.read_bytes()
+            assert not any(v.encode() in data for v in values), f"a secret reached {path}"
 
 
 LOOP = "import time\nfor i in range(100000):\n    print('step', i, flush=True)\n    time.sleep(0.2)\n"

@@ -18,7 +18,7 @@ from urllib.parse import quote, quote_plus
 from blackbox.bundle.reader import read_bundle
 from tests.conftest import PROGRAMS, TORCHRUN, bundles, run_blackbox
 
-SECRETS_JOB = str(PROGRAMS / "secrets_job.py")
+SECRETS_JOB = str(PROGRAMS / "secrets_hang_job.py")
 _RNG = random.Random(2025)
 
 
@@ -101,11 +101,11 @@ def test_a_hung_jobs_credentials_never_reach_disk_and_its_evidence_does(tmp_path
     assert_absent(written, secrets)
     # AND the evidence around them is kept: every look-alike, the crash context, the config's other values
     sys.path.insert(0, str(PROGRAMS))
-    import secrets_job
+    import secrets_hang_job
 
     files = read_bundle(str(bundle)).files
     for text in (files["console-tail.log"].decode(), (run_dir / "console.log").read_text()):
-        for line in secrets_job.LOOKALIKES:
+        for line in secrets_hang_job.LOOKALIKES:
             assert line in text, line
         assert "-----BEGIN PRIVATE KEY-----\n<redacted>\n-----END PRIVATE KEY-----\nafter the key" in text
         assert "  username: trainer" in text and "- name: WANDB_PROJECT\n  value: llama-ft" in text
