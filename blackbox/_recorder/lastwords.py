@@ -46,7 +46,7 @@ def _redacted(data: Any) -> Any:
     if _redactor is None:
         from . import redact
 
-        redact.add_known_secrets(os.environ)
+        redact.add_known_secrets(os.environ, sys.argv)  # and the credential stores, the config files named
         _redactor = redact.redact_value
     return _redactor(data)
 

@@ -87,7 +87,7 @@ def collect(pid: int, out: Optional[str], native: bool, with_locals: bool, dump_
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     job = discover(pid)
-    add_known_secrets(job.env)  # the job's credentials, scrubbed from everything in the bundle
+    add_known_secrets(job.env, job.argv, job.cwd)  # the job's credentials (env, stores, config files): scrubbed
     out_dir, out_name = _out_target(out, job.run_dir)
     try:
         os.makedirs(out_dir, mode=0o700, exist_ok=True)

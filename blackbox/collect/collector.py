@@ -23,7 +23,7 @@ from ..detections import Detection, Trigger
 from ..events import EventLog
 from ..frames import where
 from ..heartbeat_reader import HeartbeatState
-from ..redact import redact_argv, redact_config, redact_env, redact_json_text, redact_text
+from ..redact import config_files, redact_argv, redact_config, redact_env, redact_json_text, redact_text
 from ..safeopen import RunDir, UnsafeFile, read_file
 from .job import Job, RankTarget
 
@@ -31,12 +31,10 @@ CONSOLE_TAIL_BYTES = 256 * 1024
 RANK_FILE_CAP = 1024 * 1024
 BINARY_FILE_CAP = 64 * 1024 * 1024  # memory snapshots and flight-recorder pickles
 CONFIG_FILE_CAP = 256 * 1024
-MAX_CONFIG_FILES = 16
 MAX_HELPERS_PER_RANK = 16  # DataLoader workers and other child processes of one rank given py-spy and /proc
 # What the rank recorder leaves in ranks/<rank>/ (its heartbeat is decoded separately).
 RANK_PATTERNS = tuple(L.glob(name) for name in L.RANK_FILES)
 EVENTS_CAP = 16 * 1024 * 1024  # the run's events.jsonl: its newest part
-CONFIG_SUFFIXES = (".yaml", ".yml", ".json", ".toml", ".ini", ".cfg", ".conf", ".env")
 
 Progress = Callable[[str], None]
 
@@ -139,19 +137,6 @@ def heartbeat_record(t: RankTarget, now: float) -> dict[str, Any]:
     return record
 
 
-def config_files(argv: list[str], cwd: str) -> list[str]:
-    """Config files named on a command line (`--config x.yaml`, `--cfg=x.toml`, `x.json`), existing ones only."""
-    out: list[str] = []
-    for arg in argv[1:]:
-        value = arg.partition("=")[2] if arg.startswith("-") and "=" in arg else arg
-        if not value.lower().endswith(CONFIG_SUFFIXES):
-            continue
-        path = os.path.normpath(os.path.join(cwd, value))
-        if os.path.isfile(path) and path not in out:
-            out.append(path)
-    return out[:MAX_CONFIG_FILES]
-
-
 def _helpers(t: RankTarget) -> list[int]:
     """A rank's Python child processes (DataLoader workers, compile workers), nearest first, bounded."""
     if not t.alive:
@@ -207,15 +192,14 @@ def _is_python(pid: int) -> bool:
 
 
 def _redact_locals(threads: list[dict[str, Any]]) -> None:
-    """py-spy --locals: a value whose name looks like a credential is dropped; the others are redacted."""
-    from ..redact import REDACTED, is_secret_name
+    """py-spy --locals: a value whose name holds a credential is dropped; the others are redacted."""
+    from ..redact import redact_named
 
     for thread in threads:
         for frame in thread.get("frames") or []:
             for local in frame.get("locals") or []:
                 if isinstance(local, dict) and isinstance(local.get("repr"), str):
-                    name = str(local.get("name", ""))
-                    local["repr"] = REDACTED if is_secret_name(name) else redact_text(local["repr"])
+                    local["repr"] = redact_named(str(local.get("name", "")), local["repr"])
 
 
 class Collector:

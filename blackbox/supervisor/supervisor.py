@@ -99,7 +99,7 @@ class Supervisor:
     def _prepare(self) -> None:
         """The run directory and its logs, the heartbeat table, console.log's header and the start event."""
         ctx = self.ctx
-        add_known_secrets(ctx.env)  # the job's credentials, scrubbed from everything blackbox writes
+        add_known_secrets(ctx.env, ctx.argv, os.getcwd())  # the job's credentials: env, stores, config files
         if ctx.cfg.notify_url:  # a webhook URL is a credential too: only its host is ever written
             add_known_secret(ctx.cfg.notify_url)
         if ctx.cfg.upload:  # a storage URL's password and query (an Azure SAS token) too
