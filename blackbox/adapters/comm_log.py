@@ -174,7 +174,7 @@ def parse_console(text: str) -> ConsoleFacts:
 
 def _timeout(out: ConsoleFacts, prefixed: Optional[int], body: str) -> None:
     who = _RANK_IN.search(body)
-    pg, _, desc, in_group = (who.groups() if who else (None, None, None, None))
+    pg, _, desc, in_group = who.groups() if who else (None, None, None, None)
     # the "[rankN]:" prefix is the global rank; "[... Rank N]" is the rank in its group (the same in the default one)
     rank = prefixed if prefixed is not None else int(in_group) if in_group is not None and pg in (None, "0") else None
     if rank is None:

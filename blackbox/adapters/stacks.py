@@ -36,7 +36,8 @@ class Frame:
         known = _LIBRARY_FILES.get(self.file)
         if known is None:  # files repeat across threads and ranks: each is looked at once
             known = _LIBRARY_FILES[self.file] = any(m in self.file for m in LIBRARY_MARKERS) or (
-                not self.file.startswith("/") and self.file.split("/", 1)[0] in LIBRARY_ROOTS)
+                not self.file.startswith("/") and self.file.split("/", 1)[0] in LIBRARY_ROOTS
+            )
             if len(_LIBRARY_FILES) > 100_000:
                 _LIBRARY_FILES.clear()
         return known

@@ -150,10 +150,12 @@ def _io(at: _At, facts: Facts) -> list[str]:
 
 def _network(at: _At, facts: Facts) -> list[str]:
     said = f" The console says: `{facts.network_lines[0][:160]}`." if facts.network_lines else ""
-    addrs = (f" The address{'es' if len(facts.remote_addresses) > 1 else ''} the ranks tried: "
-             f"{', '.join(f'`{a}`' for a in facts.remote_addresses)}" + (
-                 " — loopback: a peer advertised its own host as 127.0.0.1." if any(
-                     a.startswith("127.") for a in facts.remote_addresses) else ".")) if facts.remote_addresses else ""
+    tried = facts.remote_addresses
+    loopback = any(a.startswith("127.") for a in tried)
+    addrs = ""
+    if tried:
+        addrs = (f" The address{'es' if len(tried) > 1 else ''} the ranks tried: {', '.join(f'`{a}`' for a in tried)}"
+                 + (" — loopback: a peer advertised its own host as 127.0.0.1." if loopback else "."))  # fmt: skip
     return [f"R{at.where[1:]} could not connect to its peers while creating the process group.{said}{addrs}",
             "Each rank advertises the address its hostname resolves to (gloo) or the interface NCCL picks: on every "
             "node run `getent hosts $(hostname)` and `ip -br addr`; if the hostname resolves to 127.0.x.x or to an "

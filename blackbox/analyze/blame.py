@@ -201,11 +201,12 @@ def _followed(states: list[RankState], ctx: Context) -> Optional[Blame]:
     lead = _pick(present)[0] if len(present) > 1 else present[0]
     head = describe(lead, [s for s in states if s not in present]) if len(present) == 1 else (
         f"{plural_ranks(w.roots)} are in {'/'.join(sorted({s.where for s in present}))}")  # fmt: skip
-    if lead.kind == "unknown":
-        head = f"{plural_ranks(w.roots)} {missing_txt}; where {'it is' if len(w.roots) == 1 else 'they are'} no " \
-               f"source says ({lead.detail})"  # fmt: skip
     summary = (f"{head}, while {plural_ranks(w_ids)} {'waits' if len(w_ids) == 1 else 'wait'} for "
                f"{'it' if len(w.roots) == 1 else 'them'} in {w.via or 'a collective'}")  # fmt: skip
+    if lead.kind == "unknown":
+        summary = (f"{plural_ranks(w.roots)} {missing_txt}, which {plural_ranks(w_ids)} "
+                   f"{'waits' if len(w_ids) == 1 else 'wait'} in; no source says where {plural_ranks(w.roots)} "
+                   f"{'is' if len(w.roots) == 1 else 'are'} ({lead.detail})")  # fmt: skip
     confidence = _confidence(present, [s for s in states if s not in present])
     if lead.kind == "unknown":
         confidence = "medium"  # the recorder's status alone says it never arrived
@@ -233,7 +234,8 @@ def _on_request(states: list[RankState], ctx: Context) -> Optional[Blame]:
         ids = sorted(s.rank for s in slow)
         be, them = ("is", "it") if len(ids) == 1 else ("are", "them")
         summary = "the job is progressing" + (
-            f"; {plural_ranks(ids)} {be} the slowest: the others wait for {them} in a collective" if ids else "")
+            f"; {plural_ranks(ids)} {be} the slowest: the others wait for {them} in a collective" if ids else ""
+        )
         inferred = [f"{plural_ranks(ids)} {be} the slowest: the ones the others wait for in a collective while the "
                     "job progresses"] if ids else []  # fmt: skip
         return Blame(ids, "ok", slow[0].phase if slow else None, "low", summary, inferred)

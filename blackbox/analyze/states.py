@@ -68,8 +68,8 @@ class RankState:
 
     def agreeing(self) -> int:
         """How many independent sources agree with the classification."""
-        return len({f.source.split("#")[0] for f in self.facts if f.says == self.where or (
-            self.kind == "waiting" and f.says == "waiting") or (self.kind == "elsewhere" and f.says == "behind")})
+        agree = {self.where, "waiting" if self.kind == "waiting" else "behind" if self.kind == "elsewhere" else ""}
+        return len({f.source.split("#")[0] for f in self.facts if f.says in agree})
 
 
 @dataclass
@@ -110,6 +110,10 @@ def job_evidence(bundle: Bundle, dumps: dict[int, dict[str, Any]], world: Option
         if group == "0" and world and group not in members:
             members[group] = list(range(world))
     ev.stuck = fr.stuck(statuses + ev.console_statuses, members)
+    for st in ev.stuck:  # the stuck collective's op, from a waiting rank's own entry
+        e = next((fr.entry(dumps[r], st.group, st.seq) for r in st.waiting if r in dumps), None)
+        if e is not None:
+            ev.ops[(st.group, st.seq)] = fr.op_name(e)
     return ev
 
 
@@ -463,5 +467,5 @@ def classify(rank: int, node: str, pid: Optional[int], facts: list[Fact], phase:
         return make("waiting", "collective", hb["waiting"], "collective")
     if "behind" in firsts and stack is not None:  # in backward or a CUDA sync with nothing pending: computing
         return make("elsewhere", "compute", firsts["behind"], "compute")
-    decided = stack or first("behind") or first("unanswered") or Fact("", "unknown", "no source says where it is")
+    decided = stack or first("unanswered") or first("behind") or Fact("", "unknown", "no source says where it is")
     return RankState(rank, node, pid, "unknown", "unknown", decided.text, phase, step, facts=facts)

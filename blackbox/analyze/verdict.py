@@ -455,8 +455,8 @@ def _state_findings(states: list[RankState], suspects: list[int]) -> list[Findin
     out = []
     for s in states:
         if s.rank in suspects:
-            sources = sorted({f.source for f in s.facts if f.says in (s.where, "waiting" if s.kind == "waiting"
-                                                                      else s.where)})  # fmt: skip
+            sources = sorted({f.source for f in s.facts if f.says == s.where or (s.kind == "waiting" and f.says == (
+                "waiting")) or (s.kind == "elsewhere" and f.says == "behind")})  # fmt: skip
             out.append(Finding("observed", f"rank {s.rank}'s state: {s.kind} ({s.where}) — {s.detail}"
                                + (f"; {len(sources)} source(s) agree" if sources else ""),
                                ", ".join(sources) or None))  # fmt: skip
@@ -546,10 +546,13 @@ def _action_facts(facts: Facts, unjoined: list[fr.Unjoined], mismatched: list[fr
         facts.missing_collective = f"{u.op} #{u.seq} (group {u.group_name})"
     if mismatched:
         mm = mismatched[0]
-        facts.mismatch = "; ".join(
-            f"{plural_ranks(r)} called {call.split(' ')[0]}" + (f" at {mm.where[call]}" if call in mm.where else "")
-            for call, r in sorted(mm.calls.items(), key=lambda kv: (len(kv[1]), kv[0]))
-        ) + f" (collective #{mm.seq}, group {mm.group_name})"
+        facts.mismatch = (
+            "; ".join(
+                f"{plural_ranks(r)} called {call.split(' ')[0]}" + (f" at {mm.where[call]}" if call in mm.where else "")
+                for call, r in sorted(mm.calls.items(), key=lambda kv: (len(kv[1]), kv[0]))
+            )
+            + f" (collective #{mm.seq}, group {mm.group_name})"
+        )
     if first is not None:
         tb = first.get("traceback") if isinstance(first.get("traceback"), list) else []
         at = f" at {tb[-1].get('file', '?').rsplit('/', 1)[-1]}:{tb[-1].get('line')}" if tb and isinstance(
@@ -593,10 +596,19 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         odd = sorted(x for r in mm.calls.values() if len(r) == smallest for x in r)
     network = ev.console.network + ev.console.hostname_fallback + (
         [reason] if comm_log.error_kind(reason) == "network_setup" else [])  # fmt: skip
-    ctx = Context(rule=rule, console=_console_category(bundle, reason), stuck=ev.stuck, mismatch_odd=odd,
-                  oom_ranks=oom_ranks, kernel_oom=facts.kernel_oom, absent=absent, network=network,
-                  progressing=_progressing(rows) if rule == "manual" else None,
-                  cuda_lines=ev.console.cuda_errors, ops={**ev.ops, **{(u.group, u.seq): u.op for u in unjoined}})
+    ctx = Context(
+        rule=rule,
+        console=_console_category(bundle, reason),
+        stuck=ev.stuck,
+        mismatch_odd=odd,
+        oom_ranks=oom_ranks,
+        kernel_oom=facts.kernel_oom,
+        absent=absent,
+        network=network,
+        progressing=_progressing(rows) if rule == "manual" else None,
+        cuda_lines=ev.console.cuda_errors,
+        ops={**ev.ops, **{(u.group, u.seq): u.op for u in unjoined}},
+    )
     b = blame(states, ctx)
     suspects = b.suspects
     summary = _summary(b, rule, Trigger(bundle.trigger.rule, bundle.trigger.kind).name, reason)

@@ -194,7 +194,8 @@ def test_on_request_a_hung_job_gets_a_hang_and_a_quiet_one_ok() -> None:
 
 def test_comm_timeout_blames_the_rank_that_never_arrived() -> None:
     victim = state(0, fact("waiting", "raised DistBackendError out of a collective", "ranks/0/exceptions.jsonl"))
-    victim.exception = {"rank": 0, "time": 5.0, "type": "DistBackendError", "message": "[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete"}
+    victim.exception = {"rank": 0, "time": 5.0, "type": "DistBackendError", "message": "[unbound_buffer.cc:78] Timed "
+                        "out waiting 5000ms for recv operation to complete"}  # fmt: skip
     b = blame([victim, state(1, fact("compute", "main thread in <module> (train.py:9)", STACK))],
               Context("exception"))  # fmt: skip
     assert (b.suspects, b.category, b.phase) == ([1], "crash.comm_timeout", "compute")
