@@ -67,6 +67,7 @@ NATIVE_GENERIC = re.compile(r"^(?:0x[0-9a-f]+|\?\?|_?_?GI_|__libc|__pthread|pthr
                             r"std::|__gthread|_Py|Py[A-Z]|method_vectorcall|cfunction|call_function|"
                             r"do_futex|__lll|clock_nanosleep|__nanosleep|epoll_wait|poll|__poll|select|"
                             r"__GI|start_thread|clone|_start|main$|__libc_start|sem_|__new_sem)")  # fmt: skip
+INTERPRETER = re.compile(r"(?:^|/)(?:lib)?python[\d.]*(?:\.so[\d.]*|[dmu]*)$|libpython")  # the interpreter's own
 NATIVE_FILE = re.compile(r"\.so(?:\.[\d.]+)?$|^\?\?|^0x|\.(?:cpp|cc|cxx|cu|c|h|hpp|cuh)$")
 # Python frames of autograd's backward: a C call where DDP's gradient all_reduce may wait.
 AMBIGUOUS_FUNCS = frozenset({"_engine_run_backward", "run_backward"})
@@ -121,7 +122,7 @@ def _native(f: Frame) -> Optional[Where]:
         return Where("ambiguous", f"{name}: a host sync with the GPU", native=True, sync=True)
     if NATIVE_AUTOGRAD_WAIT.search(name):
         return Where("ambiguous", f"{name}: autograd's engine waits for its device threads", native=True)
-    if NATIVE_GENERIC.search(name) or "libpython" in (f.module or f.file) or "libc.so" in (f.module or f.file):
+    if NATIVE_GENERIC.search(name) or INTERPRETER.search(f.module or f.file) or "libc.so" in (f.module or f.file):
         return None
     return Where("compute", name, native=True)
 

@@ -282,14 +282,17 @@ class Collector:
     def native_where_ambiguous(self, procs: list[_Proc], taken: dict[int, Any], w: BundleWriter,
                                deadline: float) -> None:  # fmt: skip
         """A rank whose main thread ends in a C call that may be a collective wait (autograd's backward under
-        DDP, no Python frame at all) gets native frames too (`py-spy dump --native`, ~1 s, in parallel, within
-        the budget): c10d's or gloo's frames there say it waits in a collective, the engine's say it computes."""
+        DDP, a CUDA sync, no Python frame at all) — or in a user frame that explains nothing (on a GPU the host
+        parks at `loss.item()` while an NCCL collective waits) — gets native frames too (`py-spy dump --native`,
+        ~1 s, in parallel, within the budget): c10d's, gloo's or a CUDA sync's frames there say it waits, the
+        engine's or a kernel's say it computes."""
         if self.options.native:
             return  # every stack already has them
         ambiguous = []
         for p in procs:
             main = stacks.main_thread(pyspy.threads(taken.get(p.pid)))
-            if p.own and main is not None and where(main).kind == "ambiguous":
+            at = where(main) if p.own and main is not None else None
+            if at is not None and (at.kind == "ambiguous" or at.fallback):
                 ambiguous.append(p)
         if not ambiguous or time.monotonic() >= deadline:
             return
@@ -310,7 +313,8 @@ class Collector:
             "partial" if failed else "ok",
             t,
             f"rank(s) {[p.rank for p in ambiguous]} (their "
-            "Python stack ends in a C call that may be a collective wait)" + "".join("; " + f for f in failed),
+            "Python stack ends in a C call that may be a collective wait, or in a user frame that explains nothing)"
+            + "".join("; " + f for f in failed),
         )
 
     def proc_state(self, procs: list[_Proc], w: BundleWriter) -> None:
