@@ -24,7 +24,8 @@ NETWORK_SETUP = re.compile(
     r"connectFullMesh|Gloo connectFullMesh failed|DistNetworkError|client socket has (?:failed|timed out)[^.]*"
     r"(?:connect|while trying)|Unable to resolve hostname|unable to find (?:an )?(?:address|interface)|"
     r"Bootstrap ?: no socket interface found|NET/Socket ?: .*(?:no usable|unable|not found)|socketStartConnect|"
-    r"NET/IB ?: .*(?:No device|failed|Got completion)|ibv_\w+ failed|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|"
+    r"WARN NET/IB ?: .*(?:No device|failed|Got completion)|ibv_\w+ failed|NCCL_SOCKET_IFNAME|GLOO_SOCKET_IFNAME|"
+    r"pair\.cc:\d+\] connect \[|Duplicate GPU detected|"
     r"RendezvousConnectionError|RendezvousTimeoutError|EADDRINUSE|address already in use|"
     r"ncclCommInitRank failed|ncclSystemError.*(?:init|bootstrap)|unhandled system error.*(?:init|Comm)|"
     r"getaddrinfo|Name or service not known|No route to host|Network is unreachable",
@@ -82,23 +83,44 @@ def error_kind(text: str, in_setup: bool = False) -> Optional[str]:
 
 
 # --- the console, per rank ------------------------------------------------------------------------------------
-_PREFIX = re.compile(r"^\[(?:default)?rank(\d+)\]:", re.IGNORECASE)  # torchrun's / c10's per-rank prefix
-_RANK_IN = re.compile(r"\[(?:PG ID (\S+) PG GUID (\S+?)(?:\(([^)]*)\))? )?Rank (\d+)\]")
+_PREFIX = re.compile(r"^(?:\S+: )?\[(?:default)?rank(\d+)\]:", re.IGNORECASE)  # torchrun's / c10's per-rank prefix
+# "[Rank 3]", "[PG 0 Rank 2]", "[PG 0 (default_pg) Rank 12]", "[PG ID 0 PG GUID 0(default_pg) Rank 2]", "[PG ID 2 PG
+# GUID 9 Rank 4]": the process group's id and name where printed, and the rank in that group
+_RANK_IN = re.compile(r"\[(?:PG (?:ID )?(\d+)(?: PG GUID \S+?)?\s*(?:\(([^)]*)\))? )?Rank (\d+)\]")
 _WORK = re.compile(r"WorkNCCL\(SeqNum=(\d+), OpType=(\w+)(?:, NumelIn=(\d+))?")
-_COUNTERS = re.compile(r"Timeout at NCCL work: (-?\d+), last enqueued NCCL work: (-?\d+), last completed NCCL "
-                       r"work: (-?\d+)")  # fmt: skip
+_COUNTERS = re.compile(r"(?:Timeout at NCCL work|detected by watchdog at work|at work sequence id):? (-?\d+),? "
+                       r"(?:PG status: )?last enqueued (?:NCCL )?work: (-?\d+), last completed (?:NCCL )?work: "
+                       r"(-?\d+)")  # fmt: skip
+_DUMP_SIGNAL = re.compile(r"Received a dump signal due to a collective timeout from\s+rank (\d+).*?Last enqueued NCCL "
+                          r"work: (-?\d+), last completed NCCL work: (-?\d+)", re.IGNORECASE)  # fmt: skip
+_MISMATCH = re.compile(
+    r"Rank (\d+) is running collective: CollectiveFingerPrint\(SequenceNumber=(\d+), OpType=(\w+)"
+    r"(?:, TensorShape=(\[[^\]]*\]))?.*?but Rank (\d+) is running collective: "
+    r"CollectiveFingerPrint\(SequenceNumber=(\d+), OpType=(\w+)(?:, TensorShape=(\[[^\]]*\]))?"
+)
+_STORE_BARRIER = re.compile(r"Waiting in store based barrier to initialize process group for rank: (\d+), key: (\S+) "
+                            r"\(world_size=(\d+), (?:worker_count|num_workers_joined)=(\d+)")  # fmt: skip
+_DUPLICATE_GPU = re.compile(r"Duplicate GPU detected : rank (\d+) and rank (\d+) both on CUDA device (\w+)")
 _EXC_LINE = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Z][\w]*(?:Error|Exception|Interrupt|Exit|Failure|Timeout)): (.*)$")
 _TB_FILE = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
 _GLOO_FALLBACK = re.compile(r"Unable to resolve hostname to a \(local\) address|Using the loopback address as "
                             r"fallback", re.IGNORECASE)  # fmt: skip
-_REMOTE = re.compile(r"remote=\[?([\w.:\-]+?)\]?:(\d+)|connect \[?([\w.:\-]+?)\]?:(\d+)|\[([\d.]+)\]:(\d+)")
+_REMOTE = re.compile(r"remote=\[?([\w.:\-]+?)\]?:(\d+)|connect \[([\w.:\-]+?)\]:(\d+)|peer ([\d.]+)<(\d+)>|"
+                     r"Connect to ([\d.]+)<(\d+)>")  # fmt: skip
 _CLOSED_BY = re.compile(r"Connection closed by localRank (\d+)")
 _HOST_RANK = re.compile(r"^(\S+?):(\d+):\d+ \[(\d+)\] NCCL")  # NCCL's "host:pid:tid [localrank] NCCL ..." lines
+# NCCL's and gloo's lines that say a connection could not be set up (INFO lines that merely list what NCCL tried,
+# "NET/IB : No device found", are not failures: only WARN lines and errors count)
+_SETUP_LINE = re.compile(r"NCCL WARN .*(?:NET/|Bootstrap|socket|Connect|ibv_|IB)|pair\.cc:\d+\] connect \[|"
+                         r"connectFullMesh|Duplicate GPU detected|Unable to resolve hostname|"
+                         r"client socket has (?:failed|timed out)|DistNetworkError|No socket interface found",
+                         re.IGNORECASE)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class WatchdogTimeout:
-    """One rank's NCCL watchdog line: the collective that timed out and, where printed, its group's counters."""
+    """One rank's word on a collective that timed out (the NCCL watchdog's lines): which, in which group, and where
+    printed, the group's counters (the flight recorder's `pg_status`, in words)."""
 
     rank: int
     group: str  # the process group's id as the line names it ("0"), or "" when the line does not say
@@ -108,6 +130,7 @@ class WatchdogTimeout:
     last_enqueued: Optional[int] = None
     last_completed: Optional[int] = None
     line: str = ""
+    numel: Optional[int] = None  # NumelIn: two ranks with different sizes at one number are not in the same call
 
 
 @dataclass(frozen=True)
@@ -127,7 +150,11 @@ class ConsoleFacts:
     network: list[str] = field(default_factory=list)  # set-up failures: the lines (connectFullMesh, NCCL WARN NET)
     remote_addresses: list[str] = field(default_factory=list)  # the addresses those lines name ("127.0.0.1:29500")
     closed_by: dict[int, str] = field(default_factory=dict)  # NCCL "Connection closed by localRank N": the host
-    cuda_errors: list[tuple[Optional[int], str]] = field(default_factory=list)  # (rank if prefixed, the line)
+    cuda_errors: list[tuple[Optional[int], str]] = field(default_factory=list)  # (rank if known, the line)
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL's fingerprints: (seq, {rank: "BROADCAST [1]"}) per mismatch it reported
+    mismatches: list[tuple[int, dict[int, str]]] = field(default_factory=list)
+    setup_waits: dict[int, str] = field(default_factory=dict)  # rank -> the set-up barrier it waits in (the line)
+    duplicate_gpu: list[int] = field(default_factory=list)  # ranks NCCL found on one GPU
 
 
 def _rank_of(line: str) -> tuple[Optional[int], str]:
@@ -135,29 +162,34 @@ def _rank_of(line: str) -> tuple[Optional[int], str]:
     return (int(m.group(1)), line[m.end() :]) if m else (None, line)
 
 
+def _who(prefixed: Optional[int], body: str) -> tuple[Optional[int], str, str]:
+    """(global rank, group id, group name) a line speaks for: the "[rankN]:" prefix is the global rank; "[PG g Rank
+    N]" is the rank in group g — the same in the default group."""
+    who = _RANK_IN.search(body)
+    pg, desc, in_group = who.groups() if who else (None, None, None)
+    rank = prefixed if prefixed is not None else int(in_group) if in_group is not None and pg in (None, "0") else None
+    return rank, pg or "", desc or ""
+
+
 def parse_console(text: str) -> ConsoleFacts:
-    """Per-rank facts from the job's output (untrusted text; bounded by the caller)."""
+    """Per-rank facts from the job's output (untrusted text; bounded by the caller). Lines from several ranks may be
+    interleaved, even spliced into one another: each fact is read from what one line holds."""
     out = ConsoleFacts()
     tracebacks: dict[Optional[int], list[tuple[str, int, str]]] = {}
-    for order, raw in enumerate(text.splitlines()):
+    lines = text.splitlines()
+    for order, raw in enumerate(lines):
         prefixed, line = _rank_of(raw.rstrip())
         body = line.strip()
-        if "Watchdog caught collective operation timeout" in body or _COUNTERS.search(body):
-            _timeout(out, prefixed, body)
-        if _GLOO_FALLBACK.search(body):
-            out.hostname_fallback.append(body[:300])
-        if NETWORK_SETUP.search(body) and not body.startswith("File "):
-            out.network.append(body[:300])
-            for m in _REMOTE.finditer(body):
-                host, port = next((g for g in m.groups()[0::2] if g), ""), next((g for g in m.groups()[1::2] if g), "")
-                if host and f"{host}:{port}" not in out.remote_addresses:
-                    out.remote_addresses.append(f"{host}:{port}")
-        closed = _CLOSED_BY.search(body)
-        host = _HOST_RANK.match(body)
+        if "Watchdog caught collective operation timeout" in body and "WorkNCCL" not in body and order + 1 < len(
+                lines):  # the work on the next line, as some logs wrap it  # fmt: skip
+            body += " " + _rank_of(lines[order + 1].strip())[1].strip()
+        _work_facts(out, prefixed, body)
+        _setup_facts(out, prefixed, body)
+        if CUDA_ERROR.search(body) and "NCCL INFO" not in body and not body.startswith(("File ", "frame #")):
+            out.cuda_errors.append((_who(prefixed, body)[0], body[:300]))
+        closed, host = _CLOSED_BY.search(body), _HOST_RANK.match(body)
         if closed and host:
             out.closed_by.setdefault(int(closed.group(1)), host.group(1))
-        if CUDA_ERROR.search(body) and "NCCL INFO" not in body:
-            out.cuda_errors.append((prefixed, body[:300]))
         f = _TB_FILE.match(line)
         if f:
             tracebacks.setdefault(prefixed, []).append((f.group(1), int(f.group(2)), f.group(3).strip()))
@@ -172,26 +204,69 @@ def parse_console(text: str) -> ConsoleFacts:
     return out
 
 
-def _timeout(out: ConsoleFacts, prefixed: Optional[int], body: str) -> None:
-    who = _RANK_IN.search(body)
-    pg, _, desc, in_group = who.groups() if who else (None, None, None, None)
-    # the "[rankN]:" prefix is the global rank; "[... Rank N]" is the rank in its group (the same in the default one)
-    rank = prefixed if prefixed is not None else int(in_group) if in_group is not None and pg in (None, "0") else None
+def _work_facts(out: ConsoleFacts, prefixed: Optional[int], body: str) -> None:
+    """The NCCL watchdog's lines: a work that timed out, its group's counters, a peer's dump signal; and DETAIL's
+    mismatched fingerprints."""
+    m = _MISMATCH.search(body)
+    if m:
+        seq = int(m.group(2))
+        calls = {int(m.group(1)): f"{m.group(3)} {m.group(4) or ''}".strip(),
+                 int(m.group(5)): f"{m.group(7)} {m.group(8) or ''}".strip()}  # fmt: skip
+        if not any(s == seq and c == calls for s, c in out.mismatches):
+            out.mismatches.append((seq, calls))
+        return
+    work, counters, signal = _WORK.search(body), _COUNTERS.search(body), _DUMP_SIGNAL.search(body)
+    if not (work or counters or signal) or "Exception raised from" in body:
+        return
+    rank, group, desc = _who(prefixed, body)
     if rank is None:
         return
-    work, counters = _WORK.search(body), _COUNTERS.search(body)
-    group = pg or ""
-    for i, t in enumerate(out.timeouts):  # the counters line completes the watchdog line of the same rank and group
-        if t.rank == rank and t.group == group and (counters is not None) != (t.last_enqueued is not None):
-            seq = t.seq if work is None else int(work.group(1))
-            out.timeouts[i] = WatchdogTimeout(rank, group, t.group_name or desc or "", seq, t.op if work is None else
-                                              work.group(2), int(counters.group(2)) if counters else t.last_enqueued,
-                                              int(counters.group(3)) if counters else t.last_completed,
-                                              t.line)  # fmt: skip
-            return
-    if work is None and counters is None:
+    if signal:  # the rank whose watchdog fired first is a waiter too: it timed out on the same collective
+        _add(out, WatchdogTimeout(int(signal.group(1)), group, desc, int(signal.group(2)), "collective",
+                                  line=body[:400]))  # fmt: skip
+        _add(out, WatchdogTimeout(rank, group, desc, int(signal.group(2)), "collective", int(signal.group(2)),
+                                  int(signal.group(3)), body[:400]))  # fmt: skip
         return
     seq = int(work.group(1)) if work else int(counters.group(1))  # type: ignore[union-attr]
-    out.timeouts.append(WatchdogTimeout(rank, group, desc or "", seq, work.group(2) if work else "collective",
-                                        int(counters.group(2)) if counters else None,
-                                        int(counters.group(3)) if counters else None, body[:400]))  # fmt: skip
+    enqueued = int(counters.group(2)) if counters else None
+    completed = int(counters.group(3)) if counters else None
+    numel = int(work.group(3)) if work and work.group(3) else None
+    _add(out, WatchdogTimeout(rank, group, desc, seq, work.group(2) if work else "collective", enqueued, completed,
+                              body[:400], numel))  # fmt: skip
+
+
+def _add(out: ConsoleFacts, t: WatchdogTimeout) -> None:
+    """One rank's facts, merged with what its other lines said about the same group (a line that names no group
+    speaks for the one another line names)."""
+    for i, old in enumerate(out.timeouts):
+        if old.rank == t.rank and (old.group == t.group or "" in (old.group, t.group)):
+            out.timeouts[i] = WatchdogTimeout(
+                t.rank, old.group or t.group, old.group_name or t.group_name, min(old.seq, t.seq),
+                old.op if old.op != "collective" else t.op,
+                old.last_enqueued if old.last_enqueued is not None else t.last_enqueued,
+                old.last_completed if old.last_completed is not None else t.last_completed,
+                old.line or t.line, old.numel if old.numel is not None else t.numel,
+            )  # fmt: skip
+            return
+    out.timeouts.append(t)
+
+
+def _setup_facts(out: ConsoleFacts, prefixed: Optional[int], body: str) -> None:
+    """Lines that say the job's communication could not be set up, the addresses they name, gloo's loopback
+    fallback, ranks waiting in a set-up barrier, and ranks NCCL found on one GPU."""
+    if _GLOO_FALLBACK.search(body):
+        out.hostname_fallback.append(body[:300])
+    barrier = _STORE_BARRIER.search(body)
+    if barrier:
+        out.setup_waits.setdefault(int(barrier.group(1)), body[:300])
+    dup = _DUPLICATE_GPU.search(body)
+    if dup:
+        out.duplicate_gpu = sorted(set(out.duplicate_gpu) | {int(dup.group(1)), int(dup.group(2))})
+    if _SETUP_LINE.search(body) and not body.startswith("File "):
+        if body[:300] not in out.network:
+            out.network.append(body[:300])
+        for m in _REMOTE.finditer(body):
+            host = next((g for g in m.groups()[0::2] if g), "")
+            port = next((g for g in m.groups()[1::2] if g), "")
+            if host and f"{host}:{port}" not in out.remote_addresses:
+                out.remote_addresses.append(f"{host}:{port}")

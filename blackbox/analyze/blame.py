@@ -9,6 +9,7 @@ alerts and index. Pure; imports the stdlib, the shared words, the flight-recorde
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from signal import SIGTERM
 from typing import Any, Optional
@@ -38,13 +39,17 @@ class Context:
     rule: str  # stall | frozen | gpu_idle | exception | rank_death | console | exit | manual
     console: Optional[str] = None  # the console trigger's category: crash.oom, crash.cuda_error, ...
     stuck: list[fr.Stuck] = field(default_factory=list)  # per group, the collective it is stuck at
-    mismatch_odd: list[int] = field(default_factory=list)  # the minority of a collective mismatch (FR)
+    # a collective the ranks did not agree on (flight recorder, DETAIL's fingerprints, the watchdog's sizes): each
+    # rank's call ("ALLREDUCE [25]"), and where (the group and the sequence number)
+    mismatch: dict[int, str] = field(default_factory=dict)
+    mismatch_at: str = ""
     oom_ranks: list[int] = field(default_factory=list)
     kernel_oom: bool = False
     progressing: Optional[bool] = None  # on request: whether heartbeats show the job stepping
     absent: list[int] = field(default_factory=list)  # ranks of the world in no bundle given
     network: list[str] = field(default_factory=list)  # lines that say the network could not be set up
     cuda_lines: list[tuple[Optional[int], str]] = field(default_factory=list)  # the console's CUDA errors
+    duplicate_gpu: list[int] = field(default_factory=list)  # ranks NCCL found on one GPU
     ops: dict[tuple[str, int], str] = field(default_factory=dict)  # (group, seq) -> the stuck collective's op
 
 
@@ -240,9 +245,44 @@ def _on_request(states: list[RankState], ctx: Context) -> Optional[Blame]:
                     "job progresses"] if ids else []  # fmt: skip
         return Blame(ids, "ok", slow[0].phase if slow else None, "low", summary, inferred)
     stuck = any(s.where in _STUCK for s in others) or bool(waiting and others) or waits(ctx) is not None
-    if not stuck and not _odd_ops(waiting) and not ctx.mismatch_odd:
+    if not stuck and not _odd_ops(waiting) and not ctx.mismatch:
         return Blame([], "ok", None, "low", "no rank stands out: none waits for another, none is stopped or gone")
     return None
+
+
+# Functions of the paths that run collectives on some ranks only: saving, evaluating, logging, the main process's.
+OFF_PATH = re.compile(r"checkpoint|save|eval|valid|^log$|^log_|_log_|metric|sync_dist|rank_zero|main_process|report",
+                      re.IGNORECASE)  # fmt: skip
+
+
+def odd_ones(calls: dict[int, str], states: list[RankState]) -> list[int]:
+    """The ranks that called the odd collective: the smallest groups of one call. When every call has as many ranks
+    (two ranks: each is the other's odd one), the ranks whose call came from a checkpoint, eval or logging path —
+    a collective run on some ranks only — rather than the training step's own."""
+    groups: dict[str, list[int]] = {}
+    for rank, call in calls.items():
+        groups.setdefault(call, []).append(rank)
+    smallest = min(len(g) for g in groups.values())
+    odd = sorted(r for g in groups.values() if len(g) == smallest for r in g)
+    if len(groups) < 2 or any(len(g) != smallest for g in groups.values()):
+        return odd
+    by_rank = {s.rank: s for s in states}
+    off = [r for r in odd if r in by_rank and _off_path(by_rank[r])]
+    return sorted(off) if off and len(off) < len(odd) else odd
+
+
+def _off_path(s: RankState) -> bool:
+    """Whether a rank's collective came from a checkpoint, eval or logging path (its exception's or stack's frames)."""
+    functions = [str(f.get("function")) for f in (s.exception or {}).get("traceback") or [] if isinstance(f, dict)]
+    functions += [f.text.removeprefix("main thread in ").split(" (")[0] for f in s.facts if f.stack]
+    return any(OFF_PATH.search(fn) for fn in functions)
+
+
+def _calls(calls: dict[int, str]) -> str:
+    groups: dict[str, list[int]] = {}
+    for rank, call in sorted(calls.items()):
+        groups.setdefault(call, []).append(rank)
+    return "; ".join(f"{plural_ranks(r)} in {c}" for c, r in sorted(groups.items(), key=lambda kv: kv[1]))
 
 
 def _odd_ops(waiting: list[RankState]) -> list[int]:
@@ -270,11 +310,12 @@ def _hang(states: list[RankState], ctx: Context) -> Blame:
     followed = _followed(states, ctx)
     if followed is not None:
         return followed
-    if ctx.mismatch_odd and not elsewhere:
-        odd = sorted(ctx.mismatch_odd)
-        why = ["the flight recorder's entries differ at the same sequence number"]
+    if ctx.mismatch and not elsewhere:
+        odd = odd_ones(ctx.mismatch, states)
+        why = [f"the ranks' calls differ at {ctx.mismatch_at or 'the same sequence number'}"]
         return Blame(odd, "hang.collective", "collective", "medium", f"the ranks are in different collectives (a "
-                     f"collective mismatch); {plural_ranks(odd)} called the odd one", why)  # fmt: skip
+                     f"collective mismatch: {_calls(ctx.mismatch)}); {plural_ranks(odd)} called the odd one",
+                     why)  # fmt: skip
     if waiting and (elsewhere or unknown):
         chosen = _pick(elsewhere) if elsewhere else unknown
         ids, w_ids = sorted(s.rank for s in chosen), sorted(s.rank for s in waiting)
@@ -332,6 +373,8 @@ def _network(states: list[RankState], ctx: Context, exceptions: list[dict[str, A
     """The job could not set up its communication (rendezvous, gloo's full mesh, NCCL's bootstrap): the ranks that
     failed or wait in set-up, and the addresses the evidence names."""
     failed = sorted({int(str(e.get("rank"))) for e in exceptions if error_kind(e) == "network_setup"})
+    if ctx.duplicate_gpu:  # NCCL found two ranks on one GPU: those ranks, whoever reported it
+        failed = sorted(ctx.duplicate_gpu)
     in_setup = sorted(s.rank for s in states if s.setup and s.kind == "waiting")
     ids = failed or in_setup or sorted(s.rank for s in states)
     line = next((e for e in exceptions if error_kind(e) == "network_setup"), None)
@@ -362,6 +405,15 @@ def _crash(states: list[RankState], ctx: Context, exceptions: list[dict[str, Any
     cuda = _cuda(states, ctx, exceptions)
     if cuda is not None:
         return cuda
+    if ctx.mismatch and (ctx.console == "crash.comm_timeout" or any(
+            "mismatch between collectives" in str(e.get("message")) or error_kind(e) == "comm_timeout"
+            for e in exceptions)):  # fmt: skip
+        odd = odd_ones(ctx.mismatch, states)
+        return Blame(odd, "crash.collective_mismatch", "collective", "medium" if len(odd) < len(ctx.mismatch) else
+                     "low", f"The ranks called different collectives at {ctx.mismatch_at or 'one sequence number'} "
+                     f"({_calls(ctx.mismatch)}); {plural_ranks(odd)} called the odd one", [
+                         "a collective mismatch: every rank waits in a call no peer matches (a rank-dependent branch, "
+                         "a collective on some ranks only)"], first)  # fmt: skip
     causes = [e for e in exceptions if not is_victim(e) and by_rank.get(int(str(e.get("rank")))) is not None]
     own = bool(causes) and error_kind(causes[0]) == "oom"  # an OOM is the rank's own failure, whatever timed out
     if not own and (ctx.console == "crash.comm_timeout" or (first is not None and error_kind(first) == "comm_timeout")):
@@ -381,9 +433,11 @@ def _cuda(states: list[RankState], ctx: Context, exceptions: list[dict[str, Any]
                      f"Rank {r} raised {exception_line(faulted[0])} first: a CUDA fault"
                      + (f" ({plural_ranks(others)} reported CUDA errors after it)" if others else "") + ".",
                      [], faulted[0])  # fmt: skip
-    if ctx.console == "crash.cuda_error":
-        ranks = [r for r, _ in ctx.cuda_lines if r is not None]
-        line = ctx.cuda_lines[0][1] if ctx.cuda_lines else ""
+    ranks = [r for r, _ in ctx.cuda_lines if r is not None]
+    if ctx.console == "crash.cuda_error" or (ranks and not exceptions):
+        line = next(
+            (text for r, text in ctx.cuda_lines if r is not None), ctx.cuda_lines[0][1] if ctx.cuda_lines else ""
+        )
         ids = [ranks[0]] if ranks else []
         return Blame(ids, "crash.cuda_error", None, "medium" if ids else "low", "A CUDA or NCCL error" + (
             f" on rank {ids[0]}" if ids else "") + (f": {line[:200]}" if line else "") + ".", [],

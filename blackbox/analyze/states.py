@@ -81,6 +81,9 @@ class JobEvidence:
     ops: dict[tuple[str, int], str] = field(default_factory=dict)  # (group, seq) -> op, where known
     status_source: dict[int, str] = field(default_factory=dict)  # rank -> where its group statuses came from
     console_statuses: list[fr.GroupStatus] = field(default_factory=list)  # the watchdog's, for ranks without a dump
+    # collectives the ranks did not agree on: (group, seq, {rank: "ALLREDUCE [25]"}) — DETAIL's fingerprints, or the
+    # watchdog's lines of one number with different ops or sizes
+    mismatches: list[tuple[str, int, dict[int, str]]] = field(default_factory=list)
     console: comm_log.ConsoleFacts = field(default_factory=comm_log.ConsoleFacts)
     exits: dict[int, int] = field(default_factory=dict)  # pid -> exit code (torchrun's lines)
     rank_exits: dict[int, int] = field(default_factory=dict)  # rank -> exit code (torchrun's failure summary)
@@ -110,11 +113,23 @@ def job_evidence(bundle: Bundle, dumps: dict[int, dict[str, Any]], world: Option
         if group == "0" and world and group not in members:
             members[group] = list(range(world))
     ev.stuck = fr.stuck(statuses + ev.console_statuses, members)
+    ev.mismatches = [("0", seq, calls) for seq, calls in ev.console.mismatches] + _watchdog_mismatches(ev.console)
     for st in ev.stuck:  # the stuck collective's op, from a waiting rank's own entry
         e = next((fr.entry(dumps[r], st.group, st.seq) for r in st.waiting if r in dumps), None)
         if e is not None:
             ev.ops[(st.group, st.seq)] = fr.op_name(e)
     return ev
+
+
+def _watchdog_mismatches(console: comm_log.ConsoleFacts) -> list[tuple[str, int, dict[int, str]]]:
+    """Ranks whose watchdogs timed out on the same collective number of one group with different ops or sizes: they
+    were not in the same call."""
+    by_work: dict[tuple[str, int], dict[int, str]] = {}
+    for t in console.timeouts:
+        if t.numel is not None or t.op != "collective":
+            by_work.setdefault((t.group or "0", t.seq), {})[t.rank] = f"{t.op}" + (
+                f" NumelIn={t.numel}" if t.numel is not None else "")  # fmt: skip
+    return [(g, seq, calls) for (g, seq), calls in sorted(by_work.items()) if len(set(calls.values())) > 1]
 
 
 def native_stack(bundle: Bundle, rank: int, rs: Optional[RankStack]) -> Optional[stacks.ThreadStack]:
@@ -368,6 +383,12 @@ def read_state(bundle: Bundle, rank: int, node: str, rs: Optional[RankStack], ev
     known = bool(proc_facts or hb or bundle.json(L.process_member(rank, L.PROC)))
     facts += _stack_facts(bundle, rank, rs, alive, known)
     facts += _fr_facts(rank, ev)
+    if rank in ev.console.setup_waits:  # "Waiting in store based barrier to initialize process group for rank: N"
+        line = ev.console.setup_waits[rank]
+        key = re.search(r"key: (\S+)", line)
+        facts.append(Fact(f"{L.CONSOLE_TAIL} (its set-up barrier line)", "waiting", "waits in process-group set-up: "
+                          + line[-160:], key.group(1) if key else "set-up", None, "store_based_barrier"))  # fmt: skip
+        facts.append(Fact(f"{L.CONSOLE_TAIL} (its set-up barrier line)", "setup", "process-group set-up"))
     facts += _heartbeat_facts(rank, hb, alive, peer_liveness)
     step = integer(hb.get("step"))
     st = classify(rank, str(hb.get("node") or node), pid, facts, str(hb.get("phase") or "unknown"), step)

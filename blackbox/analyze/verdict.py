@@ -590,25 +590,14 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         st = state_of.get(row.rank) if row.step is None else None
         if st is not None:
             row.phase = st.phase if st.phase not in ("unknown", "ambiguous") else st.where
-    odd: list[int] = []
-    for mm in mismatched[:1]:
-        smallest = min(len(r) for r in mm.calls.values())
-        odd = sorted(x for r in mm.calls.values() if len(r) == smallest for x in r)
+    calls, at = _mismatch(mismatched, ev)
     network = ev.console.network + ev.console.hostname_fallback + (
         [reason] if comm_log.error_kind(reason) == "network_setup" else [])  # fmt: skip
-    ctx = Context(
-        rule=rule,
-        console=_console_category(bundle, reason),
-        stuck=ev.stuck,
-        mismatch_odd=odd,
-        oom_ranks=oom_ranks,
-        kernel_oom=facts.kernel_oom,
-        absent=absent,
-        network=network,
-        progressing=_progressing(rows) if rule == "manual" else None,
-        cuda_lines=ev.console.cuda_errors,
-        ops={**ev.ops, **{(u.group, u.seq): u.op for u in unjoined}},
-    )
+    ctx = Context(rule=rule, console=_console_category(bundle, reason), stuck=ev.stuck, mismatch=calls, mismatch_at=at,
+                  oom_ranks=oom_ranks, kernel_oom=facts.kernel_oom, absent=absent, network=network,
+                  progressing=_progressing(rows) if rule == "manual" else None, cuda_lines=ev.console.cuda_errors,
+                  ops={**ev.ops, **{(u.group, u.seq): u.op for u in unjoined}},
+                  duplicate_gpu=ev.console.duplicate_gpu)  # fmt: skip
     b = blame(states, ctx)
     suspects = b.suspects
     summary = _summary(b, rule, Trigger(bundle.trigger.rule, bundle.trigger.kind).name, reason)
@@ -639,6 +628,16 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
                        "odd": g.odd, "sources": g.sources, "describe": g.describe(),
                        "workers": _workers(g.ranks, rank_stacks)} for g in groups],
     )  # fmt: skip
+
+
+def _mismatch(mismatched: list[fr.Mismatch], ev: JobEvidence) -> tuple[dict[int, str], str]:
+    """Each rank's call at the first collective the ranks did not agree on (the flight recorder's entries, else
+    DETAIL's fingerprints or the watchdog's sizes in the console), and where."""
+    for mm in mismatched[:1]:
+        return {r: call for call, ranks in mm.calls.items() for r in ranks}, f"#{mm.seq} of group {mm.group_name}"
+    for group_id, seq, said in ev.mismatches[:1]:
+        return said, f"#{seq} of group {group_id}"
+    return {}, ""
 
 
 def _rank_hosts(bundle: Bundle) -> dict[int, str]:
