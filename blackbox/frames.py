@@ -67,7 +67,9 @@ NATIVE_GENERIC = re.compile(r"^(?:0x[0-9a-f]+|\?\?|_?_?GI_|__libc|__pthread|pthr
                             r"std::|__gthread|_Py|Py[A-Z]|method_vectorcall|cfunction|call_function|"
                             r"do_futex|__lll|clock_nanosleep|__nanosleep|epoll_wait|poll|__poll|select|"
                             r"__GI|start_thread|clone|_start|main$|__libc_start|sem_|__new_sem)")  # fmt: skip
-INTERPRETER = re.compile(r"(?:^|/)(?:lib)?python[\d.]*(?:\.so[\d.]*|[dmu]*)$|libpython")  # the interpreter's own
+# The interpreter's own native code and the standard library's extension modules (`lib-dynload/_socket…so`): they
+# carry a call out (a read, a sleep), they say nothing of where the job is.
+INTERPRETER = re.compile(r"(?:^|/)(?:lib)?python[\d.]*(?:\.so[\d.]*|[dmu]*)$|libpython|/lib-dynload/")
 NATIVE_FILE = re.compile(r"\.so(?:\.[\d.]+)?$|^\?\?|^0x|\.(?:cpp|cc|cxx|cu|c|h|hpp|cuh)$")
 # Python frames of autograd's backward: a C call where DDP's gradient all_reduce may wait.
 AMBIGUOUS_FUNCS = frozenset({"_engine_run_backward", "run_backward"})

@@ -342,3 +342,14 @@ def test_the_nccl_watchdogs_lines_are_the_flight_recorder_in_words() -> None:
     report = analyze(bundle("console-comm-timeout", console=lines, rule="console",
                             reason="the job printed `Watchdog caught collective operation timeout`"))  # fmt: skip
     assert verdict(report)[:2] == ("crash.comm_timeout", [2])
+
+
+def test_the_standard_librarys_native_frames_say_nothing_of_where_the_job_is() -> None:
+    # GIVEN py-spy --native of a rank blocked in socket.recv under user code (as taken here, with debug info)
+    dynload = "/usr/lib/python3.11/lib-dynload/_socket.cpython-311-x86_64-linux-gnu.so"
+    frames = (Frame("/job/train.py", 9, "current"), Frame("Modules/socketmodule.c", 0, "sock_recv", dynload),
+              Frame("Modules/socketmodule.c", 0, "sock_call_ex", dynload),
+              Frame("/usr/lib/x86_64-linux-gnu/libc.so.6", 0, "recv", "/usr/lib/x86_64-linux-gnu/libc.so.6"))  # fmt: skip
+    w = where(ThreadStack("1", "MainThread", False, frames))
+    # THEN it is a fallback, for the kernel's word (blocked in recvfrom on a socket) to settle
+    assert (w.kind, w.fallback) == ("compute", True)
