@@ -23,8 +23,7 @@ COLLECTIVE_FUNCS = frozenset({
     "gather_object", "scatter_object_list", "wait_tensor", "_wait_tensor", "wait_for_unshard", "foreach_all_gather",
     "foreach_all_gather_copy_out", "foreach_reduce", "_sync_buffers", "_sync_module_buffers",
     "_distributed_broadcast_coalesced", "_sync_params_and_buffers", "_default_broadcast_coalesced",
-    # DDP's constructor checks every rank's parameter shapes and broadcasts rank 0's state
-    "_verify_param_shape_across_processes", "_sync_module_states", "_broadcast_coalesced",
+    "_broadcast_coalesced",
     # torch.distributed.pipelining's p2p
     "_wait_batch_p2p", "_batch_p2p", "_sorted_batch_p2p",
 })  # fmt: skip
@@ -34,6 +33,9 @@ SETUP_FUNCS = frozenset({
     "new_subgroups_by_enumeration", "rendezvous", "_create_c10d_store", "_env_rendezvous_handler",
     "_tcp_rendezvous_handler", "init_device_mesh", "_init_process_groups", "_get_or_create_default_group",
     "_init_backend", "split_group",
+    # DDP's constructor checks every rank's parameter shapes and broadcasts rank 0's state: the first collective of
+    # a job, where NCCL sets its communicator up (a rank that never starts, a network it cannot use, waits here)
+    "_verify_param_shape_across_processes", "_sync_module_states",
 })  # fmt: skip
 # Files whose frames are collective plumbing whatever the function: FSDP2's collectives, functional collectives,
 # DeepSpeed's and Megatron's communication layers.
@@ -46,6 +48,9 @@ COMM_CONTEXT = ("torch/distributed/", "torch/nn/parallel/distributed.py", "megat
                 "deepspeed/runtime/zero/partitioned_param_coordinator", "deepspeed/runtime/zero/partition_parameters",
                 *COMM_ALWAYS)  # fmt: skip
 COMM_WAIT_FUNCS = re.compile(r"^_?wait|synchroni[sz]e|^fetch_sub_module$|^_?all_gather|^__all_gather")
+# DeepSpeed's functions that run its collectives, wherever they live (ZeRO-3's stage3.py before the coordinator)
+DEEPSPEED_COMM = re.compile(r"fetch_sub_module|_synchronize_communication|all_?gather|all_?reduce|reduce_scatter|"
+                            r"partition_grads|gradient_partition|reduce_ipg|average_tensor|_communicat")  # fmt: skip
 # Python frames of a host sync with the GPU: where an NCCL waiter's host thread parks (a collective returns at once
 # on NCCL; the wait shows at the next sync), and where a long kernel's does.
 SYNC_FUNCS = frozenset({"synchronize", "wait", "current_stream_synchronize"})
@@ -162,7 +167,8 @@ def _python(thread: ThreadStack, frames: tuple[Frame, ...], i: int) -> Optional[
             any(p in path for p in COMM_CONTEXT[2:]) and COMM_WAIT_FUNCS.search(fn)):  # fmt: skip
         return Where("collective", f.describe())
     if fn in SYNC_FUNCS and path.endswith(SYNC_FILES):
-        comm = _outer(frames, i, lambda g: any(p in _path(g) for p in COMM_CONTEXT))
+        comm = _outer(frames, i, lambda g: any(p in _path(g) for p in COMM_CONTEXT) or (
+            "deepspeed/" in _path(g) and bool(DEEPSPEED_COMM.search(g.function))))  # fmt: skip
         if comm is not None:  # FSDP1's rate limiter, Megatron's _communicate, DeepSpeed's fetch_sub_module
             return Where("collective", f"{comm.describe()} → {f.describe()}: a CUDA sync on a collective")
         return Where("ambiguous", f"{f.describe()}: a host sync with the GPU (where a rank waiting on NCCL parks)",

@@ -399,8 +399,9 @@ def _crash(states: list[RankState], ctx: Context, exceptions: list[dict[str, Any
     if ctx.console == "crash.oom" and ctx.oom_ranks:
         ids = sorted(ctx.oom_ranks)
         return Blame(ids, "crash.oom", None, "high", f"{plural_ranks(ids)} ran out of memory", [], first)
-    if ctx.console == "crash.network_setup" or "network_setup" in kinds or (ctx.network and any(
-            s.setup for s in states)):  # fmt: skip
+    # a rank's own failure (an OOM, a CUDA fault, its own error) outranks what the console says of the network
+    own = [k for k in kinds if k not in ("comm_timeout", "peer_loss", "network_setup")]
+    if ctx.console == "crash.network_setup" or "network_setup" in kinds or (ctx.network and not own):
         return _network(states, ctx, exceptions)
     cuda = _cuda(states, ctx, exceptions)
     if cuda is not None:
@@ -415,8 +416,8 @@ def _crash(states: list[RankState], ctx: Context, exceptions: list[dict[str, Any
                          "a collective mismatch: every rank waits in a call no peer matches (a rank-dependent branch, "
                          "a collective on some ranks only)"], first)  # fmt: skip
     causes = [e for e in exceptions if not is_victim(e) and by_rank.get(int(str(e.get("rank")))) is not None]
-    own = bool(causes) and error_kind(causes[0]) == "oom"  # an OOM is the rank's own failure, whatever timed out
-    if not own and (ctx.console == "crash.comm_timeout" or (first is not None and error_kind(first) == "comm_timeout")):
+    oom = bool(causes) and error_kind(causes[0]) == "oom"  # an OOM is the rank's own failure, whatever timed out
+    if not oom and (ctx.console == "crash.comm_timeout" or (first is not None and error_kind(first) == "comm_timeout")):
         return _timeout(states, ctx, exceptions)
     return _first_failure(states, ctx, exceptions, causes)
 

@@ -591,8 +591,8 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         if st is not None:
             row.phase = st.phase if st.phase not in ("unknown", "ambiguous") else st.where
     calls, at = _mismatch(mismatched, ev)
-    network = ev.console.network + ev.console.hostname_fallback + (
-        [reason] if comm_log.error_kind(reason) == "network_setup" else [])  # fmt: skip
+    # lines that say the set-up failed (gloo's loopback fallback alone is no failure: single-host jobs print it too)
+    network = ev.console.network + ([reason] if comm_log.error_kind(reason) == "network_setup" else [])
     ctx = Context(rule=rule, console=_console_category(bundle, reason), stuck=ev.stuck, mismatch=calls, mismatch_at=at,
                   oom_ranks=oom_ranks, kernel_oom=facts.kernel_oom, absent=absent, network=network,
                   progressing=_progressing(rows) if rule == "manual" else None, cuda_lines=ev.console.cuda_errors,
