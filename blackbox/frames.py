@@ -82,6 +82,9 @@ CHECKPOINT_PATHS = ("torch/distributed/checkpoint", "/safetensors/", "safetensor
                     "megatron/core/dist_checkpointing")  # fmt: skip
 DATA_PATHS = ("torch/utils/data", "datasets/", "webdataset/", "torchdata/", "nvidia/dali", "ffcv/", "megatron/energon",
               "streaming/base/")  # fmt: skip
+# A library's data package (`fairseq/data/iterators.py`, `megatron/core/datasets/`): not a user's absolute path, where
+# `/data/` is often only where the code lives.
+DATA_DIR = re.compile(r"(?:^|/)(?:data|datasets|dataloaders?)/")
 # Python frames of I/O outside the DataLoader: sockets, HTTP and object-store clients, memory-mapped files.
 IO_PATHS = ("socket.py", "ssl.py", "http/client.py", "urllib3/", "requests/", "botocore/", "boto3/", "s3transfer/",
             "fsspec/", "s3fs/", "gcsfs/", "adlfs/", "numpy/core/memmap.py", "numpy/_core/memmap.py", "h5py/",
@@ -157,7 +160,7 @@ def _python(thread: ThreadStack, frames: tuple[Frame, ...], i: int) -> Optional[
     path, fn = _path(f), f.function
     if any(p in path for p in CHECKPOINT_PATHS) or path.endswith("torch/serialization.py"):
         return Where("checkpoint", _near_user(thread, f))
-    if any(p in path for p in DATA_PATHS):
+    if any(p in path for p in DATA_PATHS) or (DATA_DIR.search(path) and (f.is_library or not path.startswith("/"))):
         return Where("data", _near_user(thread, f))
     if "torch/distributed" in path and fn in SETUP_FUNCS:
         return Where("collective", f"{f.describe()}: process-group set-up waits for every rank", setup=True)

@@ -156,6 +156,13 @@ def _network(at: _At, facts: Facts) -> list[str]:
     if tried:
         addrs = (f" The address{'es' if len(tried) > 1 else ''} the ranks tried: {', '.join(f'`{a}`' for a in tried)}"
                  + (" — loopback: a peer advertised its own host as 127.0.0.1." if loopback else "."))  # fmt: skip
+    if any("Duplicate GPU detected" in line for line in facts.network_lines):
+        return [
+            f"R{at.where[1:]} share one GPU (NCCL: `Duplicate GPU detected`).{said} Each rank must select its own "
+            "device before the process group is used: `torch.cuda.set_device(int(os.environ['LOCAL_RANK']))`; "
+            "check `CUDA_VISIBLE_DEVICES` per task (a launcher or scheduler that hides all but one GPU from every "
+            "task, or gives every task the same list) and `--nproc-per-node` against the GPUs of the node."
+        ]
     return [f"R{at.where[1:]} could not connect to its peers while creating the process group.{said}{addrs}",
             "Each rank advertises the address its hostname resolves to (gloo) or the interface NCCL picks: on every "
             "node run `getent hosts $(hostname)` and `ip -br addr`; if the hostname resolves to 127.0.x.x or to an "

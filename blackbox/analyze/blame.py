@@ -406,9 +406,7 @@ def _crash(states: list[RankState], ctx: Context, exceptions: list[dict[str, Any
     cuda = _cuda(states, ctx, exceptions)
     if cuda is not None:
         return cuda
-    if ctx.mismatch and (ctx.console == "crash.comm_timeout" or any(
-            "mismatch between collectives" in str(e.get("message")) or error_kind(e) == "comm_timeout"
-            for e in exceptions)):  # fmt: skip
+    if ctx.mismatch and not any(error_kind(e) == "oom" for e in exceptions):  # the job died of it
         odd = odd_ones(ctx.mismatch, states)
         return Blame(odd, "crash.collective_mismatch", "collective", "medium" if len(odd) < len(ctx.mismatch) else
                      "low", f"The ranks called different collectives at {ctx.mismatch_at or 'one sequence number'} "

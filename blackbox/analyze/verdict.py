@@ -423,7 +423,10 @@ def _rank_states(bundle: Bundle, rank_stacks: dict[int, RankStack], rows: list[R
             entries.setdefault(entry["rank"], entry)
     ordered = sorted(ages.values())
     out = []
-    for rank in sorted(set(nodes) | set(bundle.ranks())):
+    world = bundle.section("job").get("world_size")
+    said = {e.rank for e in ev.console.exceptions} | {t.rank for t in ev.console.timeouts} | set(ev.console.setup_waits)
+    said = {r for r in said if isinstance(world, int) and 0 <= r < world}  # ranks only the console speaks of
+    for rank in sorted(set(nodes) | set(bundle.ranks()) | said):
         out.append(read_state(bundle, rank, nodes.get(rank, node), rank_stacks.get(rank), ev,
                               _peer_median(ordered, ages.get(rank)), entries.get(rank, {})))  # fmt: skip
     return out
@@ -594,7 +597,8 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     # lines that say the set-up failed (gloo's loopback fallback alone is no failure: single-host jobs print it too)
     network = ev.console.network + ([reason] if comm_log.error_kind(reason) == "network_setup" else [])
     ctx = Context(rule=rule, console=_console_category(bundle, reason), stuck=ev.stuck, mismatch=calls, mismatch_at=at,
-                  oom_ranks=oom_ranks, kernel_oom=facts.kernel_oom, absent=absent, network=network,
+                  oom_ranks=oom_ranks, kernel_oom=facts.kernel_oom, network=network,
+                  absent=absent or _unseen(bundle, state_of),
                   progressing=_progressing(rows) if rule == "manual" else None, cuda_lines=ev.console.cuda_errors,
                   ops={**ev.ops, **{(u.group, u.seq): u.op for u in unjoined}},
                   duplicate_gpu=ev.console.duplicate_gpu)  # fmt: skip
@@ -628,6 +632,15 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
                        "odd": g.odd, "sources": g.sources, "describe": g.describe(),
                        "workers": _workers(g.ranks, rank_stacks)} for g in groups],
     )  # fmt: skip
+
+
+def _unseen(bundle: Bundle, state_of: dict[int, RankState]) -> list[int]:
+    """Ranks of the world no evidence in the bundle speaks of (a bundle of console output alone: the ranks whose
+    lines it does not hold)."""
+    world = bundle.section("job").get("world_size")
+    if not isinstance(world, int) or not state_of or not len(state_of) < world <= len(state_of) + 100_000:
+        return []
+    return [r for r in range(world) if r not in state_of]
 
 
 def _mismatch(mismatched: list[fr.Mismatch], ev: JobEvidence) -> tuple[dict[int, str], str]:
