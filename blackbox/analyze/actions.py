@@ -31,6 +31,8 @@ class Facts:
     blocked_io: dict[int, str] = field(default_factory=dict)  # rank -> what its main thread is blocked reading
     network_lines: list[str] = field(default_factory=list)  # what the console said about the network's set-up
     remote_addresses: list[str] = field(default_factory=list)  # the addresses those lines name
+    # this node's side of a network set-up: what its hostname resolves to, its interfaces, the *_SOCKET_IFNAME set
+    hostname_note: Optional[str] = None
 
 
 @dataclass
@@ -163,7 +165,8 @@ def _network(at: _At, facts: Facts) -> list[str]:
             "check `CUDA_VISIBLE_DEVICES` per task (a launcher or scheduler that hides all but one GPU from every "
             "task, or gives every task the same list) and `--nproc-per-node` against the GPUs of the node."
         ]
-    return [f"R{at.where[1:]} could not connect to its peers while creating the process group.{said}{addrs}",
+    host = f" {facts.hostname_note}." if facts.hostname_note else ""
+    return [f"R{at.where[1:]} could not connect to its peers while creating the process group.{said}{addrs}{host}",
             "Each rank advertises the address its hostname resolves to (gloo) or the interface NCCL picks: on every "
             "node run `getent hosts $(hostname)` and `ip -br addr`; if the hostname resolves to 127.0.x.x or to an "
             "address the other nodes cannot reach, set `GLOO_SOCKET_IFNAME=<iface>` (gloo) and "

@@ -527,6 +527,7 @@ def _evidence(bundle: Bundle, rows: list[RankRow], rank_stacks: dict[int, RankSt
                                     r"oom-kill|Out of memory|Killed process", line))[:300],
                                 L.KERNEL_MESSAGES))  # fmt: skip
     node_facts = bundle.json(L.NODE)
+    facts.hostname_note = _hostname_note(node_facts, bundle.json(L.NODE_ENV))
     disk = node_facts.get("run_dir_disk") if isinstance(node_facts, dict) else None
     if isinstance(disk, dict) and isinstance(disk.get("free"), int):
         facts.disk_free = f"{human(disk['free'])} free at {disk.get('path')}"
@@ -632,6 +633,31 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
                        "odd": g.odd, "sources": g.sources, "describe": g.describe(),
                        "workers": _workers(g.ranks, rank_stacks)} for g in groups],
     )  # fmt: skip
+
+
+def _hostname_note(node: Any, env: Any) -> Optional[str]:
+    """This node's side of a network set-up, in words: what its hostname resolves to (gloo advertises that
+    address), its interfaces, and whether GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME are set."""
+    if not isinstance(node, dict):
+        return None
+    parts = []
+    res = node.get("hostname_resolves")
+    if isinstance(res, dict):
+        name, addrs = res.get("name"), res.get("addresses")
+        if res.get("error"):
+            parts.append(f"on {name}, the hostname `{name}` does not resolve ({str(res['error'])[:80]})")
+        elif isinstance(addrs, list):
+            loop = " — loopback only: gloo advertises it to the other nodes" if res.get("loopback_only") else ""
+            parts.append(f"on {name}, the hostname `{name}` resolves to {', '.join(map(str, addrs[:4]))}{loop}")
+    ifaces = node.get("interfaces")
+    if isinstance(ifaces, dict):
+        usable = [f"{i} {a[0]}" for i, a in sorted(ifaces.items()) if i != "lo" and isinstance(a, list) and a]
+        if usable:
+            parts.append(f"its interfaces: {', '.join(usable[:6])}")
+    env = env if isinstance(env, dict) else {}
+    parts.append(", ".join(f"{k}={env[k]}" if env.get(k) else f"{k} is not set"
+                           for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")))  # fmt: skip
+    return "; ".join(parts)
 
 
 def _unseen(bundle: Bundle, state_of: dict[int, RankState]) -> list[int]:

@@ -429,6 +429,8 @@ class Collector:
             "packages": lambda: host.interpreter_packages(job.python, job.env, 2 * self.options.dump_timeout)
             if job.python else (None, "the job's interpreter is unknown"),
             "ips": host.ip_addresses,
+            "interfaces": host.interfaces,
+            "resolves": lambda: host.resolve(job.node),  # in its thread: a resolver that hangs costs the budget only
         }  # fmt: skip
         return {name: pool.submit(fn) for name, fn in probes.items()}
 
@@ -448,7 +450,8 @@ class Collector:
         git, diffstat = got.get("git", (None, None))
         packages, packages_how = got.get("packages", (None, "package probe not done"))
         w.add_json(L.NODE, {
-            "hostname": job.node, "ips": got.get("ips"), "collector_pid": os.getpid(), "cwd": job.cwd,
+            "hostname": job.node, "ips": got.get("ips"), "interfaces": got.get("interfaces"),
+            "hostname_resolves": got.get("resolves"), "collector_pid": os.getpid(), "cwd": job.cwd,
             "command": redact_argv(job.argv), "python": job.python, **(got.get("system") or {}),
             "run_dir_disk": got.get("disk"), "gpus": [g.to_json() for g in gpus], "gpu_source": gpu_how,
             "rank_gpus": {str(r): g for r, g in job.rank_gpus[0].items()}, "rank_gpus_method": job.rank_gpus[1],
