@@ -112,7 +112,7 @@ _HOST_RANK = re.compile(r"^(\S+?):(\d+):\d+ \[(\d+)\] NCCL")  # NCCL's "host:pid
 # NCCL's and gloo's lines that say a connection could not be set up (INFO lines that merely list what NCCL tried,
 # "NET/IB : No device found", are not failures: only WARN lines and errors count)
 _SETUP_LINE = re.compile(r"NCCL WARN .*(?:NET/|Bootstrap|socket|Connect|ibv_|IB)|pair\.cc:\d+\] connect \[|"
-                         r"connectFullMesh|Duplicate GPU detected|Unable to resolve hostname|"
+                         r"connectFullMesh|Duplicate GPU detected|"
                          r"client socket has (?:failed|timed out)|DistNetworkError|No socket interface found",
                          re.IGNORECASE)  # fmt: skip
 

@@ -595,8 +595,10 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         if st is not None:
             row.phase = st.phase if st.phase not in ("unknown", "ambiguous") else st.where
     calls, at = _mismatch(mismatched, ev)
-    # lines that say the set-up failed (gloo's loopback fallback alone is no failure: single-host jobs print it too)
-    network = ev.console.network + ([reason] if comm_log.error_kind(reason) == "network_setup" else [])
+    # lines that say the set-up failed; gloo's loopback fallback too, where the job spans several hosts (on one host
+    # loopback works, and single-host jobs print it all the time)
+    network = ev.console.network + ([reason] if comm_log.error_kind(reason) == "network_setup" else []) + (
+        ev.console.hostname_fallback[:1] if _hosts(bundle) > 1 else [])  # fmt: skip
     ctx = Context(rule=rule, console=_console_category(bundle, reason), stuck=ev.stuck, mismatch=calls, mismatch_at=at,
                   oom_ranks=oom_ranks, kernel_oom=facts.kernel_oom, network=network,
                   absent=absent or _unseen(bundle, state_of),
@@ -658,6 +660,12 @@ def _hostname_note(node: Any, env: Any) -> Optional[str]:
     parts.append(", ".join(f"{k}={env[k]}" if env.get(k) else f"{k} is not set"
                            for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")))  # fmt: skip
     return "; ".join(parts)
+
+
+def _hosts(bundle: Bundle) -> int:
+    """How many hosts the job spans, as far as the bundle knows (its multi-node section, else 1)."""
+    nnodes = bundle.section("multinode").get("nnodes")
+    return nnodes if isinstance(nnodes, int) and not isinstance(nnodes, bool) else 1
 
 
 def _unseen(bundle: Bundle, state_of: dict[int, RankState]) -> list[int]:
