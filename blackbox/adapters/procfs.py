@@ -282,6 +282,12 @@ def thread_syscall(pid: int, tid: int) -> tuple[Optional[str], list[int]]:
     return SYSCALLS.get(platform.machine(), {}).get(nr, f"syscall {nr}"), args
 
 
+def _int32(value: int) -> int:
+    """A file descriptor argument as the C int it is (the kernel prints it sign-extended to 64 bits, or not)."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
 def _mounts(pid: int) -> list[tuple[int, str, str, str]]:
     """(mount id, mount point, filesystem type, source) of the process's mount namespace."""
     out = []
@@ -379,14 +385,14 @@ def blocked(pid: int, tid: Optional[int] = None) -> dict[str, object]:
     target: Optional[str] = None
     mnt_id: Optional[int] = None
     if call in FD_CALLS:
-        fd = args[0] if args[0] < 1 << 31 else args[0] - (1 << 64)
+        fd = _int32(args[0])
         out["fd"] = fd
         target = fd_target(pid, fd)
         info = _fields(_read(f"/proc/{pid}/fdinfo/{fd}"))
         mnt_id = int(info["mnt_id"]) if info.get("mnt_id", "").isdigit() else None
     elif call in PATH_CALLS:
         path = _user_string(pid, args[PATH_CALLS[call]])
-        dirfd = args[0] - (1 << 64) if args[0] >= 1 << 63 else args[0]
+        dirfd = _int32(args[0])
         if path and not path.startswith("/"):
             base_dir = cwd(pid) if call == "open" or dirfd == AT_FDCWD else fd_target(pid, dirfd)
             path = os.path.join(base_dir, path) if base_dir else path
