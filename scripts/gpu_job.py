@@ -20,6 +20,9 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios"))
+from models import wrap
+
 SCENARIO, MODEL = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "ddp")
 STEP_AT = 3
 FIFO = os.path.join(tempfile.mkdtemp(prefix="bb-gpu-"), "shard.bin")
@@ -39,22 +42,6 @@ class Shards(Dataset):
             with open(FIFO, "rb") as f:  # no writer ever comes
                 f.read()
         return torch.randn(256), torch.randn(1)
-
-
-def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    model = model.to(device)
-    if MODEL == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh("cuda", (dist.get_world_size(),))
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
-    from torch.nn.parallel import DistributedDataParallel
-
-    return DistributedDataParallel(model, device_ids=[device.index])
 
 
 def busy(device: torch.device) -> None:
@@ -84,7 +71,8 @@ def main() -> None:
     if SCENARIO == "oom" and rank == 0:
         print("rank 0: failing now", flush=True)
         torch.empty(1 << 44, dtype=torch.uint8, device=device)  # 16 TiB: a real CUDA out-of-memory error
-    model = wrap(torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1)), device)
+    layers = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1)).to(device)
+    model = wrap(layers, MODEL, device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for step, (x, y) in enumerate(DataLoader(Shards(rank), batch_size=8), 1):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)

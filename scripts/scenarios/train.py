@@ -41,6 +41,7 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
+from models import wrap  # beside this file
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Dataset
 
@@ -154,7 +155,8 @@ def main() -> None:
     workers = 2 if SCENARIO in ("data-hang-workers", "read-failure") else 0
     loader = DataLoader(Shards(rank), batch_size=4, num_workers=workers,
                         worker_init_fn=drop_root if SCENARIO == "read-failure" else None)  # fmt: skip
-    model = wrap(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)))
+    model = wrap(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)), MODEL,
+                 torch.device("cpu"))  # fmt: skip
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     rates = LearningRates(rank) if SCENARIO == "socket-read" else None
     for step, (x, y) in enumerate(batches(rank, loader), 1):  # type: ignore[arg-type]
@@ -242,24 +244,6 @@ def vfork_and_wait() -> None:
 def announce(rank: int) -> None:
     """The line the gallery's `collect` variants wait for before they look at the job."""
     print(f"rank {rank}: failing now", flush=True)
-
-
-def wrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The model as the job's MODEL reduces it: itself, under DistributedDataParallel, or sharded by FSDP2."""
-    if MODEL == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        return DistributedDataParallel(model)
-    if MODEL == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
-    return model
 
 
 def spin() -> None:
