@@ -101,7 +101,6 @@ class Where:
     native: bool = False  # decided by a native frame
     fallback: bool = False  # compute only because no frame said otherwise: the innermost user frame
     setup: bool = False  # a collective wait in process-group creation or rendezvous
-    sync: bool = False  # ambiguous: a host sync with the GPU (where an NCCL waiter parks)
 
     def describe(self) -> str:
         return f"{self.kind} ({self.what})" if self.what else self.kind
@@ -129,7 +128,7 @@ def _native(f: Frame) -> Optional[Where]:
         setup = "Store" in name or "rendezvous" in name.lower() or "connectFullMesh" in name
         return Where("collective", name, native=True, setup=setup)
     if NATIVE_SYNC.search(name) or (DRIVER_MODULES.search(f.module or f.file) and not name.startswith("at::")):
-        return Where("ambiguous", f"{name}: a host sync with the GPU", native=True, sync=True)
+        return Where("ambiguous", f"{name}: a host sync with the GPU", native=True)
     if NATIVE_AUTOGRAD_WAIT.search(name):
         return Where("ambiguous", f"{name}: autograd's engine waits for its device threads", native=True)
     if NATIVE_GENERIC.search(name) or INTERPRETER.search(f.module or f.file) or "libc.so" in (f.module or f.file):
@@ -174,8 +173,7 @@ def _python(thread: ThreadStack, frames: tuple[Frame, ...], i: int) -> Optional[
             "deepspeed/" in _path(g) and bool(DEEPSPEED_COMM.search(g.function))))  # fmt: skip
         if comm is not None:  # FSDP1's rate limiter, Megatron's _communicate, DeepSpeed's fetch_sub_module
             return Where("collective", f"{comm.describe()} → {f.describe()}: a CUDA sync on a collective")
-        return Where("ambiguous", f"{f.describe()}: a host sync with the GPU (where a rank waiting on NCCL parks)",
-                     sync=True)  # fmt: skip
+        return Where("ambiguous", f"{f.describe()}: a host sync with the GPU (where a rank waiting on NCCL parks)")
     if fn in AMBIGUOUS_FUNCS and "torch/" in path:
         return Where("ambiguous", f"{f.describe()}: autograd's backward, where DDP's gradient all_reduce waits")
     if any(p in path for p in IO_PATHS):

@@ -107,8 +107,6 @@ _GLOO_FALLBACK = re.compile(r"Unable to resolve hostname to a \(local\) address|
                             r"fallback", re.IGNORECASE)  # fmt: skip
 _REMOTE = re.compile(r"remote=\[?([\w.:\-]+?)\]?:(\d+)|connect \[([\w.:\-]+?)\]:(\d+)|peer ([\d.]+)<(\d+)>|"
                      r"Connect to ([\d.]+)<(\d+)>")  # fmt: skip
-_CLOSED_BY = re.compile(r"Connection closed by localRank (\d+)")
-_HOST_RANK = re.compile(r"^(\S+?):(\d+):\d+ \[(\d+)\] NCCL")  # NCCL's "host:pid:tid [localrank] NCCL ..." lines
 # NCCL's and gloo's lines that say a connection could not be set up (INFO lines that merely list what NCCL tried,
 # "NET/IB : No device found", are not failures: only WARN lines and errors count)
 _SETUP_LINE = re.compile(r"NCCL WARN .*(?:NET/|Bootstrap|socket|Connect|ibv_|IB)|pair\.cc:\d+\] connect \[|"
@@ -149,7 +147,6 @@ class ConsoleFacts:
     hostname_fallback: list[str] = field(default_factory=list)  # gloo fell back to loopback: the lines
     network: list[str] = field(default_factory=list)  # set-up failures: the lines (connectFullMesh, NCCL WARN NET)
     remote_addresses: list[str] = field(default_factory=list)  # the addresses those lines name ("127.0.0.1:29500")
-    closed_by: dict[int, str] = field(default_factory=dict)  # NCCL "Connection closed by localRank N": the host
     cuda_errors: list[tuple[Optional[int], str]] = field(default_factory=list)  # (rank if known, the line)
     # TORCH_DISTRIBUTED_DEBUG=DETAIL's fingerprints: (seq, {rank: "BROADCAST [1]"}) per mismatch it reported
     mismatches: list[tuple[int, dict[int, str]]] = field(default_factory=list)
@@ -187,9 +184,6 @@ def parse_console(text: str) -> ConsoleFacts:
         _setup_facts(out, prefixed, body)
         if CUDA_ERROR.search(body) and "NCCL INFO" not in body and not body.startswith(("File ", "frame #")):
             out.cuda_errors.append((_who(prefixed, body)[0], body[:300]))
-        closed, host = _CLOSED_BY.search(body), _HOST_RANK.match(body)
-        if closed and host:
-            out.closed_by.setdefault(int(closed.group(1)), host.group(1))
         f = _TB_FILE.match(line)
         if f:
             tracebacks.setdefault(prefixed, []).append((f.group(1), int(f.group(2)), f.group(3).strip()))

@@ -75,7 +75,7 @@ class RankState:
 @dataclass
 class JobEvidence:
     """What each rank's state is read against: the collective each group is stuck at (flight recorder and console),
-    the console's facts, torchrun's exit codes, the ranks' liveness ages."""
+    the console's facts, torchrun's exit codes."""
 
     stuck: list[fr.Stuck] = field(default_factory=list)
     ops: dict[tuple[str, int], str] = field(default_factory=dict)  # (group, seq) -> op, where known
@@ -87,7 +87,6 @@ class JobEvidence:
     console: comm_log.ConsoleFacts = field(default_factory=comm_log.ConsoleFacts)
     exits: dict[int, int] = field(default_factory=dict)  # pid -> exit code (torchrun's lines)
     rank_exits: dict[int, int] = field(default_factory=dict)  # rank -> exit code (torchrun's failure summary)
-    liveness: dict[int, float] = field(default_factory=dict)  # rank -> its liveness thread's age (live ranks)
 
 
 def job_evidence(bundle: Bundle, dumps: dict[int, dict[str, Any]], world: Optional[int]) -> JobEvidence:
