@@ -5,6 +5,7 @@ ranks it shows to be waiting), and the fix it names in the next actions. The ses
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -76,17 +77,17 @@ def test_the_corpus_covers_the_shapes_of_real_gpu_jobs() -> None:
     assert all(c["sources"] and c["resolution"] and c["evidence"] and c["answer"] for c in cases)
 
 
-def pytest_sessionfinish() -> None:  # pragma: no cover - a hook pytest calls on this module's own session only
-    pass
-
-
 @pytest.fixture(scope="module", autouse=True)
-def _table() -> Any:
-    """The table of the corpus, printed once the module's tests ran (with -s, or on failure in the report)."""
+def _table(request: pytest.FixtureRequest) -> Any:
+    """The table of the corpus, written to the terminal once the module's tests ran (whatever the capture)."""
     yield
-    if ROWS:
-        width = max(len(r[0]) for r in ROWS)
-        lines = [f"{'case':<{width}}  {'source':<36}  {'expected':<40}  got"]
-        for c, s, e, g, ok in ROWS:
-            lines.append(f"{c:<{width}}  {s[:36]:<36}  {e:<40}  {g[:60]}{'' if ok else '   <-- DIFFERS'}")
-        print("\nGPU corpus: the thread's answer and blackbox's\n" + "\n".join(lines))
+    if not ROWS:
+        return
+    width = max(len(r[0]) for r in ROWS)
+    lines = [f"{'case':<{width}}  {'source':<36}  {'expected':<40}  got"]
+    for c, s, e, g, ok in ROWS:
+        lines.append(f"{c:<{width}}  {s[:36]:<36}  {e:<40}  {g[:60]}{'' if ok else '   <-- DIFFERS'}")
+    text = "\nGPU corpus: the thread's answer and blackbox's\n" + "\n".join(lines)
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        print(text, flush=True)
