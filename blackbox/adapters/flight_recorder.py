@@ -123,9 +123,11 @@ class Stuck:
 def stuck(statuses: list[GroupStatus], member_ranks: Optional[dict[str, list[int]]] = None) -> list[Stuck]:
     """Per group, the collective it is stuck at (not the furthest one any rank enqueued: a rank that ran ahead less
     is a victim too). A collective of the whole group completes on every member or on none, so the group has
-    completed what its furthest member completed; a member whose status says less wrote it earlier (a dump taken
-    before, a watchdog that lags): its word on the stuck collective is unknown. Groups where nothing is pending are
-    left out."""
+    completed what its furthest member says it completed (a member's own count may lag: gloo retires work lazily);
+    the stuck collective is the next one. A member that enqueued it waits in it; one that enqueued everything before
+    it and not it never entered it; one that did not even enqueue what the group completed wrote its status earlier
+    (a dump taken before the others'): its word on the stuck collective is unknown. Groups where nothing is pending
+    are left out."""
     by_group: dict[str, list[GroupStatus]] = {}
     for s in statuses:
         by_group.setdefault(s.group, []).append(s)
@@ -135,14 +137,11 @@ def stuck(statuses: list[GroupStatus], member_ranks: Optional[dict[str, list[int
         seq = done + 1
         if max(s.last_enqueued for s in ss) < seq:
             continue
-        fresh = [s for s in ss if s.last_completed >= done]
-        waiting = sorted(s.rank for s in fresh if s.last_enqueued >= seq)
-        missing = sorted(s.rank for s in fresh if s.last_enqueued < seq)
-        traced = {s.rank for s in fresh}
-        stale = {s.rank for s in ss} - traced
+        waiting = sorted(s.rank for s in ss if s.last_enqueued >= seq)
+        missing = sorted(s.rank for s in ss if s.last_enqueued == done)
+        stale = {s.rank for s in ss if s.last_enqueued < done}
         untraced = sorted((set((member_ranks or {}).get(group, [])) - {s.rank for s in ss}) | stale)
-        if waiting:
-            out.append(Stuck(group, seq, waiting, missing, untraced))
+        out.append(Stuck(group, seq, waiting, missing, untraced))
     return out
 
 

@@ -58,10 +58,12 @@ class ThreadStack:
 
     @cached_property
     def _top_user(self) -> Optional[Frame]:  # read once: a report asks it of every rank several times
+        """The innermost frame of the user's own Python code (native frames, py-spy --native's, are not the user's);
+        else the innermost Python frame; else the innermost frame."""
         for f in reversed(self.frames):
-            if not f.is_library:
+            if not f.is_library and not f.module:
                 return f
-        return self.frames[-1] if self.frames else None
+        return next((f for f in reversed(self.frames) if not f.module), self.frames[-1] if self.frames else None)
 
 
 def parse_faulthandler(text: str, names: Optional[dict[str, str]] = None) -> list[list[ThreadStack]]:
