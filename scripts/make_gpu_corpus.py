@@ -160,6 +160,7 @@ def build(path: Path, out_dir: Path) -> Path:
              for r, a in sorted(alive.items())]  # fmt: skip
     extra = {"job": {"world_size": case["bundle"]["world_size"], "local_ranks": local},
              "corpus": {"case": case["id"], "case_sha256": digest(path), "sources": case["sources"]}}  # fmt: skip
+    (out_dir / f"{case['id']}.tar.gz").unlink(missing_ok=True)  # the writer never overwrites: replace it here
     written = w.write(str(out_dir), extra, f"{case['id']}.tar.gz")
     return Path(written.path)
 
