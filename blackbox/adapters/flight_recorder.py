@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .plainpickle import PlainPickleError, load_plain_dict
@@ -85,17 +85,63 @@ def pg_status(rank: int, dump: dict[str, Any]) -> list[GroupStatus]:
     return out
 
 
-def missing_ranks(statuses: list[GroupStatus]) -> dict[str, tuple[int, list[int]]]:
-    """Per group: the furthest collective any rank enqueued, and the ranks that never enqueued it."""
-    out: dict[str, tuple[int, list[int]]] = {}
+def members(dumps: dict[int, dict[str, Any]]) -> dict[str, list[int]]:
+    """Per group (its `pg_status` key, the group's id): its global ranks, from `pg_config` (keyed by the group's
+    name, which the entries pair with the id). Untrusted: a group whose ranks cannot be read is left out."""
+    out: dict[str, list[int]] = {}
+    for dump in dumps.values():
+        config = dump.get("pg_config")
+        config = config if isinstance(config, dict) else {}
+        names: dict[str, str] = {}
+        for e in dump.get("entries") or []:
+            pg = e.get("process_group") if isinstance(e, dict) else None
+            if isinstance(pg, (tuple, list)) and pg and e.get("pg_id") is not None:
+                names.setdefault(str(e.get("pg_id")), str(pg[0]))
+        for gid in (dump.get("pg_status") or {}) if isinstance(dump.get("pg_status"), dict) else {}:
+            gid = str(gid)
+            info = config.get(names.get(gid, gid)) or config.get(gid) or (config.get("") if len(config) == 1 else None)
+            ranks = info.get("ranks") if isinstance(info, dict) else None
+            text = ranks if isinstance(ranks, str) else " ".join(map(str, ranks)) if isinstance(ranks, list) else ""
+            found = [int(r) for r in re.findall(r"-?\d+", text[:1_000_000])]
+            if found and gid not in out:
+                out[gid] = sorted(set(found))
+    return out
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """Per group: the collective the group is stuck at — the lowest sequence number the group has not completed —
+    the ranks that enqueued it and wait, the ranks that never enqueued it, and the members with no trace of it."""
+
+    group: str
+    seq: int
+    waiting: list[int]
+    missing: list[int]
+    untraced: list[int]  # members without a status, or whose status is older than their peers' (stale)
+
+
+def stuck(statuses: list[GroupStatus], member_ranks: Optional[dict[str, list[int]]] = None) -> list[Stuck]:
+    """Per group, the collective it is stuck at (not the furthest one any rank enqueued: a rank that ran ahead less
+    is a victim too). A collective of the whole group completes on every member or on none, so the group has
+    completed what its furthest member says it completed (a member's own count may lag: gloo retires work lazily);
+    the stuck collective is the next one. A member that enqueued it waits in it; one that enqueued everything before
+    it and not it never entered it; one that did not even enqueue what the group completed wrote its status earlier
+    (a dump taken before the others'): its word on the stuck collective is unknown. Groups where nothing is pending
+    are left out."""
     by_group: dict[str, list[GroupStatus]] = {}
     for s in statuses:
         by_group.setdefault(s.group, []).append(s)
-    for group, members in by_group.items():
-        top = max(m.last_enqueued for m in members)
-        behind = sorted(m.rank for m in members if m.last_enqueued < top)
-        if behind:
-            out[group] = (top, behind)
+    out = []
+    for group, ss in sorted(by_group.items()):
+        done = max(s.last_completed for s in ss)
+        seq = done + 1
+        if max(s.last_enqueued for s in ss) < seq:
+            continue
+        waiting = sorted(s.rank for s in ss if s.last_enqueued >= seq)
+        missing = sorted(s.rank for s in ss if s.last_enqueued == done)
+        stale = {s.rank for s in ss if s.last_enqueued < done}
+        untraced = sorted((set((member_ranks or {}).get(group, [])) - {s.rank for s in ss}) | stale)
+        out.append(Stuck(group, seq, waiting, missing, untraced))
     return out
 
 
@@ -109,7 +155,7 @@ def write_normalised(dumps: dict[str, dict[str, Any]], out_dir: str) -> None:
 
 @dataclass(frozen=True)
 class Unjoined:
-    """The first collective of a group that not every rank entered."""
+    """The collective a group is stuck at, where not every member entered it."""
 
     group: str
     group_name: str
@@ -119,52 +165,73 @@ class Unjoined:
     waiting: list[int]  # ranks that did, and wait in it
     where: Optional[str]  # the user frame it was called from, on a waiting rank: "train.py:88"
     last_seen: dict[int, str]  # per missing rank: the user frame of its last recorded collective
+    untraced: list[int] = field(default_factory=list)  # members without a trace (their dump is not in the bundle)
 
 
 def _user_frame(entry: dict[str, Any]) -> Optional[str]:
     return first_user_frame(entry.get("frames"))
 
 
+def in_group(e: Any, group: str) -> bool:
+    """Whether an entry belongs to the group `pg_status` keys as `group`: by its `pg_id` where it has one (the key is
+    the id; a subgroup's name may be a hash), else by its group's name."""
+    if not isinstance(e, dict):
+        return False
+    if e.get("pg_id") is not None:
+        return str(e.get("pg_id")) == group
+    pg = e.get("process_group")
+    return isinstance(pg, (tuple, list)) and bool(pg) and str(pg[0]) == group
+
+
 def entry(dump: dict[str, Any], group: str, seq: int) -> Optional[dict[str, Any]]:
     """The entry of collective `seq` of `group` in one rank's dump."""
     for e in reversed(dump.get("entries") or []):
-        pg = e.get("process_group") if isinstance(e, dict) else None
-        if isinstance(pg, (tuple, list)) and str(pg[0]) == group and e.get("collective_seq_id") == seq:
+        if in_group(e, group) and e.get("collective_seq_id") == seq and not e.get("is_p2p"):
             return dict(e)
     return None
+
+
+def op_name(e: Optional[dict[str, Any]], default: str = "collective") -> str:
+    """`nccl:all_reduce` -> `all_reduce`."""
+    return str(e.get("profiling_name") or default).split(":")[-1] if e else default
+
+
+def group_name(e: Optional[dict[str, Any]], group: str) -> str:
+    """A group's name as its entries give it (`default_pg`, `tp`), else its id."""
+    pg = e.get("process_group") if e else None
+    return str(pg[1] or pg[0]) if isinstance(pg, (tuple, list)) and len(pg) == 2 else group
 
 
 def _last_entry(dump: dict[str, Any], group: str) -> Optional[dict[str, Any]]:
     for e in reversed(dump.get("entries") or []):
-        pg = e.get("process_group") if isinstance(e, dict) else None
-        if isinstance(pg, (tuple, list)) and str(pg[0]) == group and not e.get("is_p2p"):
+        if in_group(e, group) and not e.get("is_p2p"):
             return dict(e)
     return None
 
 
-def unjoined(dumps: dict[int, dict[str, Any]]) -> list[Unjoined]:
-    """From every rank's dump (rank -> dump): per group, the furthest collective any rank enqueued and the ranks
-    that never did, with the op and where it was called — read from `pg_status` and the entries themselves."""
-    statuses = [s for rank, d in dumps.items() for s in pg_status(rank, d)]
+def unjoined(dumps: dict[int, dict[str, Any]], extra: Optional[list[GroupStatus]] = None,
+             ops: Optional[dict[tuple[str, int], str]] = None) -> list[Unjoined]:  # fmt: skip
+    """From every rank's dump (rank -> dump), and statuses read elsewhere (`extra`: the NCCL watchdog's lines, with
+    their ops by (group, seq)): per group, the collective it is stuck at and the members that never entered it,
+    with the op and where it was called."""
+    statuses = [s for rank, d in dumps.items() for s in pg_status(rank, d)] + list(extra or [])
     out = []
-    for group, (seq, behind) in sorted(missing_ranks(statuses).items()):
-        waiting = sorted(s.rank for s in statuses if s.group == group and s.last_enqueued == seq)
-        op, where, name = "collective", None, group
-        for rank in waiting:
-            e = entry(dumps[rank], group, seq)
+    for st in stuck(statuses, members(dumps)):
+        if not st.missing and not st.untraced:
+            continue
+        op, where, name = (ops or {}).get((st.group, st.seq), "collective"), None, st.group
+        for rank in st.waiting:
+            e = entry(dumps[rank], st.group, st.seq) if rank in dumps else None
             if e is not None:
-                op = str(e.get("profiling_name") or op).split(":")[-1]
-                where = _user_frame(e)
-                pg = e.get("process_group")
-                name = str(pg[1]) if isinstance(pg, (tuple, list)) and len(pg) == 2 else group
+                op, where, name = op_name(e), _user_frame(e), group_name(e, st.group)
                 break
         last_seen = {}
-        for rank in behind:
-            e = _last_entry(dumps.get(rank, {}), group)
+        for rank in st.missing:
+            e = _last_entry(dumps.get(rank, {}), st.group)
             frame = _user_frame(e) if e is not None else None
             if frame:
                 last_seen[rank] = frame
-        out.append(Unjoined(group, name, seq, op, behind, waiting, where, last_seen))
+        out.append(Unjoined(st.group, name, st.seq, op, st.missing, st.waiting, where, last_seen, st.untraced))
     return out
 
 
@@ -180,25 +247,23 @@ class Mismatch:
 
 
 def mismatches(dumps: dict[int, dict[str, Any]]) -> list[Mismatch]:
-    """Per group, the last collective all ranks enqueued, when they did not all enqueue the same one."""
+    """Per group, the collective it is stuck at, when the ranks that enqueued it did not all enqueue the same one."""
     statuses = [s for rank, d in dumps.items() for s in pg_status(rank, d)]
     out = []
-    for group in sorted({s.group for s in statuses}):
-        members = [s for s in statuses if s.group == group]
-        seq = min(s.last_enqueued for s in members)
-        if seq < 0 or len(members) < 2:
+    for st in stuck(statuses):
+        group, seq = st.group, st.seq
+        if len(st.waiting) < 2:
             continue
         calls: dict[str, list[int]] = {}
         where: dict[str, str] = {}
         name = group
-        for s in members:
-            e = entry(dumps[s.rank], group, seq)
+        for rank in st.waiting:
+            e = entry(dumps[rank], group, seq)
             if e is None:
                 continue
-            pg = e.get("process_group")
-            name = str(pg[1]) if isinstance(pg, (tuple, list)) and len(pg) == 2 else group
-            key = f"{str(e.get('profiling_name') or '?').split(':')[-1]} {e.get('input_sizes')}"
-            calls.setdefault(key, []).append(s.rank)
+            name = group_name(e, group)
+            key = f"{op_name(e, '?')} {e.get('input_sizes')}"
+            calls.setdefault(key, []).append(rank)
             frame = _user_frame(e)
             if frame:
                 where.setdefault(key, frame)

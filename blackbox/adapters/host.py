@@ -38,6 +38,29 @@ def ip_addresses() -> list[str]:
     return addrs
 
 
+def interfaces() -> dict[str, list[str]]:
+    """Each network interface's addresses (`eth0`: ["10.0.0.5"]): what GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name."""
+    out: dict[str, list[str]] = {}
+    try:
+        for name, entries in sorted(psutil.net_if_addrs().items()):
+            out[name] = [e.address.split("%")[0] for e in entries if e.family in (socket.AF_INET, socket.AF_INET6)]
+    except (OSError, psutil.Error):
+        pass
+    return out
+
+
+def resolve(name: str) -> dict[str, Any]:
+    """What a host name resolves to here (gloo advertises the address the node's own hostname resolves to): the
+    addresses, or why it does not resolve."""
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError) as exc:
+        return {"name": name, "addresses": [], "error": str(exc)}
+    addresses = sorted({str(i[4][0]) for i in infos})
+    loopback = bool(addresses) and all(a.startswith("127.") or a == "::1" for a in addresses)
+    return {"name": name, "addresses": addresses, "loopback_only": loopback}
+
+
 @dataclass(frozen=True)
 class GitState:
     commit: Optional[str]

@@ -1,10 +1,13 @@
 """Linux /proc: process identity (pid + start time, so a reused pid is never mistaken for a rank),
-liveness, children and signal masks. May import the stdlib, psutil and blackbox._recorder.protocol."""
+liveness, children, signal masks, and what a thread is blocked on in the kernel (its syscall, the file, pipe or
+socket it reads and the filesystem that holds it). May import the stdlib, psutil and blackbox._recorder.protocol."""
 
 from __future__ import annotations
 
 import os
+import platform
 import signal
+import stat
 from dataclasses import dataclass
 from typing import Optional
 
@@ -175,8 +178,9 @@ def zombie_exit_code(pid: int) -> Optional[int]:
 
 def snapshot(pid: int) -> dict[str, object]:
     """What /proc and psutil say about one process now: status, where it sleeps in the kernel (wchan,
-    syscall, kernel stack where readable), each thread's name, state and wchan, open fds, I/O counters,
-    CPU times and memory. Fields that cannot be read are None, with the reason under `unreadable`."""
+    syscall, kernel stack where readable), what its main thread is blocked on (`blocked`), each thread's name,
+    state, wchan and syscall, open fds, I/O counters, CPU times and memory. Fields that cannot be read are None,
+    with the reason under `unreadable`."""
     base = f"/proc/{pid}"
     unreadable: dict[str, str] = {}
 
@@ -200,7 +204,7 @@ def snapshot(pid: int) -> dict[str, object]:
         state = stat[stat.rindex(")") + 2 :].split()[0] if stat and ")" in stat else None
         threads.append({
             "tid": int(tid), "name": (_read(f"{base}/task/{tid}/comm") or "").strip(), "state": state,
-            "wchan": _read(f"{base}/task/{tid}/wchan"),
+            "wchan": _read(f"{base}/task/{tid}/wchan"), "syscall": thread_syscall(pid, int(tid))[0],
         })  # fmt: skip
     try:
         fd_count: Optional[int] = len(os.listdir(f"{base}/fd"))
@@ -227,6 +231,7 @@ def snapshot(pid: int) -> dict[str, object]:
         "wchan": read("wchan"),
         "syscall": (read("syscall") or "").strip() or None,
         "kernel_stack": read("stack"),
+        "main_thread": blocked(pid),
         "threads": threads,
         "threads_total": len(tids),
         "fd_count": fd_count,
@@ -234,3 +239,180 @@ def snapshot(pid: int) -> dict[str, object]:
         **ps,
         "unreadable": unreadable,
     }
+
+
+# --- what a thread is blocked on in the kernel ---------------------------------------------------------------
+# The syscalls a thread is seen blocked in, by machine (/proc/PID/task/TID/syscall gives the number).
+SYSCALLS: dict[str, dict[int, str]] = {
+    "x86_64": {0: "read", 1: "write", 2: "open", 7: "poll", 16: "ioctl", 17: "pread64", 18: "pwrite64", 19: "readv",
+               20: "writev", 23: "select", 24: "sched_yield", 34: "pause", 35: "nanosleep", 42: "connect",
+               43: "accept", 44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 58: "vfork", 61: "wait4",
+               202: "futex", 230: "clock_nanosleep", 232: "epoll_wait", 257: "openat", 270: "pselect6",
+               271: "ppoll", 281: "epoll_pwait", 288: "accept4", 295: "preadv", 299: "recvmmsg", 327: "preadv2",
+               437: "openat2"},
+    "aarch64": {22: "epoll_pwait", 29: "ioctl", 56: "openat", 63: "read", 64: "write", 65: "readv", 66: "writev",
+                67: "pread64", 68: "pwrite64", 69: "preadv", 72: "pselect6", 73: "ppoll", 98: "futex",
+                101: "nanosleep", 115: "clock_nanosleep", 124: "sched_yield", 202: "accept", 203: "connect",
+                206: "sendto", 207: "recvfrom", 211: "sendmsg", 212: "recvmsg", 242: "accept4", 243: "recvmmsg",
+                260: "wait4", 437: "openat2"},
+}  # fmt: skip
+FD_CALLS = frozenset({"read", "pread64", "readv", "preadv", "preadv2", "recvfrom", "recvmsg", "recvmmsg", "write",
+                      "writev", "pwrite64", "sendto", "sendmsg", "connect", "accept", "accept4", "ioctl"})  # fmt: skip
+PATH_CALLS = {"open": 0, "openat": 1, "openat2": 1}  # the argument that points at the path
+# Filesystems a stat() may hang on when their server is gone: never stat a file on one of these.
+REMOTE_FS = ("nfs", "nfs4", "lustre", "cifs", "smb3", "ceph", "gpfs", "beegfs", "9p", "glusterfs", "afs", "fuse")
+AT_FDCWD = -100
+
+
+def thread_syscall(pid: int, tid: int) -> tuple[Optional[str], list[int]]:
+    """The syscall a thread is in ("read", …; "running"; None when unreadable) and its arguments."""
+    text = _read(f"/proc/{pid}/task/{tid}/syscall")
+    if text is None:
+        return None, []
+    parts = text.split()
+    if not parts or parts[0] == "running":
+        return "running", []
+    try:
+        nr = int(parts[0])
+        args = [int(a, 16) for a in parts[1:7]]
+    except ValueError:
+        return None, []
+    if nr < 0:
+        return "none", []  # blocked, but not in a syscall (a page fault)
+    return SYSCALLS.get(platform.machine(), {}).get(nr, f"syscall {nr}"), args
+
+
+def _int32(value: int) -> int:
+    """A file descriptor argument as the C int it is (the kernel prints it sign-extended to 64 bits, or not)."""
+    value &= 0xFFFFFFFF
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def _mounts(pid: int) -> list[tuple[int, str, str, str]]:
+    """(mount id, mount point, filesystem type, source) of the process's mount namespace."""
+    out = []
+    for line in (_read(f"/proc/{pid}/mountinfo", 4 * 1024 * 1024) or "").splitlines():
+        left, sep, right = line.partition(" - ")
+        a, b = left.split(), right.split()
+        if sep and len(a) >= 5 and len(b) >= 2 and a[0].isdigit():
+            out.append((int(a[0]), a[4].replace("\\040", " "), b[0], b[1]))
+    return out
+
+
+def _mount_of(mounts: list[tuple[int, str, str, str]], path: str, mnt_id: Optional[int]) -> Optional[tuple[str, str]]:
+    """(filesystem type, mount point) of a path: by the fd's own mount id where known, else the longest prefix."""
+    if mnt_id is not None:
+        for mid, point, fstype, _ in mounts:
+            if mid == mnt_id:
+                return fstype, point
+    best = max((m for m in mounts if path == m[1] or path.startswith(m[1].rstrip("/") + "/")), key=lambda m: len(m[1]),
+               default=None)  # fmt: skip
+    return (best[2], best[1]) if best else None
+
+
+def _socket_peer(pid: int, inode: str) -> Optional[str]:
+    """The other end of a TCP socket (`10.0.0.9:443`) or a Unix socket's path, from the process's net tables."""
+    for table in ("tcp", "tcp6"):
+        for line in (_read(f"/proc/{pid}/net/{table}", 4 * 1024 * 1024) or "").splitlines()[1:]:
+            f = line.split()
+            if len(f) > 9 and f[9] == inode:
+                return _address(f[2])
+    for line in (_read(f"/proc/{pid}/net/unix", 4 * 1024 * 1024) or "").splitlines()[1:]:
+        f = line.split()
+        if len(f) > 6 and f[6] == inode:
+            return f[7] if len(f) > 7 else "a unix socket"
+    return None
+
+
+def _address(hexed: str) -> Optional[str]:
+    """/proc/net/tcp's `0100007F:1F90` -> `127.0.0.1:8080` (and the IPv6 form)."""
+    import ipaddress
+
+    try:
+        host, port = hexed.split(":")
+        raw = bytes.fromhex(host)
+        words = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))  # each 32-bit word is host-endian
+        ip = ipaddress.ip_address(words)
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+            ip = ip.ipv4_mapped
+        return f"[{ip}]:{int(port, 16)}" if ip.version == 6 else f"{ip}:{int(port, 16)}"
+    except (ValueError, IndexError):
+        return None
+
+
+def _user_string(pid: int, address: int, limit: int = 4096) -> Optional[str]:
+    """A NUL-terminated string in the process's memory (the path of a blocked open): read from /proc/PID/mem, which
+    needs the same rights as py-spy (nothing is signalled, nothing stops)."""
+    try:
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        data = os.pread(fd, limit, address)
+    except (OSError, OverflowError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    return data.split(b"\0", 1)[0].decode("utf-8", "replace") or None
+
+
+def _file_kind(path: str, fstype: Optional[str]) -> str:
+    """file, fifo, device or dir: stat()ed only on a local filesystem (one whose server is gone would hang it)."""
+    if fstype is not None and fstype.split(".")[0] in REMOTE_FS:
+        return "file"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return "file"
+    return "fifo" if stat.S_ISFIFO(mode) else "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else (
+        "dir" if stat.S_ISDIR(mode) else "file")  # fmt: skip
+
+
+def blocked(pid: int, tid: Optional[int] = None) -> dict[str, object]:
+    """What a thread (the main thread by default) is blocked on: its state, wchan and syscall, and for a read, a
+    write, a connect or an open, the file descriptor or path it waits on — what it is (file, fifo, socket, pipe,
+    device), which filesystem holds it, and for a socket the address at the other end."""
+    tid = tid or pid
+    base = f"/proc/{pid}/task/{tid}"
+    stat_text = _read(f"{base}/stat")
+    out: dict[str, object] = {"tid": tid, "state": stat_text[stat_text.rindex(")") + 2 :].split()[0]
+                              if stat_text and ")" in stat_text else None,
+                              "wchan": (_read(f"{base}/wchan") or "").strip() or None}  # fmt: skip
+    call, args = thread_syscall(pid, tid)
+    out["syscall"] = call
+    if call is None or not args:
+        return out
+    target: Optional[str] = None
+    mnt_id: Optional[int] = None
+    if call in FD_CALLS:
+        fd = _int32(args[0])
+        out["fd"] = fd
+        target = fd_target(pid, fd)
+        info = _fields(_read(f"/proc/{pid}/fdinfo/{fd}"))
+        mnt_id = int(info["mnt_id"]) if info.get("mnt_id", "").isdigit() else None
+    elif call in PATH_CALLS:
+        path = _user_string(pid, args[PATH_CALLS[call]])
+        dirfd = _int32(args[0])
+        if path and not path.startswith("/"):
+            base_dir = cwd(pid) if call == "open" or dirfd == AT_FDCWD else fd_target(pid, dirfd)
+            path = os.path.join(base_dir, path) if base_dir else path
+        out["path"] = path
+        target = path
+    if target is None:
+        return out
+    out["fd_target"] = target
+    if target.startswith("socket:["):
+        out["fd_kind"] = "socket"
+        peer = _socket_peer(pid, target[len("socket:[") : -1])
+        if peer:
+            out["peer"] = peer
+    elif target.startswith("pipe:["):
+        out["fd_kind"] = "pipe"
+    elif target.startswith("anon_inode:"):
+        out["fd_kind"] = "anon"
+    elif target.startswith("/"):
+        mount = _mount_of(_mounts(pid), target, mnt_id)
+        if mount:
+            out["fs_type"], out["mount"] = mount
+        out["fd_kind"] = _file_kind(target, mount[0] if mount else None)
+    return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -85,9 +86,41 @@ def threads(data: Any) -> list[ThreadStack]:
         frames = []
         for f in t["frames"]:
             if isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(f.get("filename"), str):
-                line = f.get("line")
-                frames.append(Frame(f["filename"], line if isinstance(line, int) else 0, f["name"].rsplit(".", 1)[-1]))
+                line, module = f.get("line"), f.get("module")
+                # a native frame keeps its C++ name whole (`c10d::ProcessGroupNCCL::WorkNCCL::wait`): only a
+                # Python frame's qualified name (`Module.forward`) is cut to its function
+                native = isinstance(module, str) and bool(module)
+                name = f["name"] if native else f["name"].rsplit(".", 1)[-1]
+                frames.append(Frame(f["filename"], line if isinstance(line, int) else 0, name,
+                                    str(module) if native else ""))  # fmt: skip
         name = t.get("thread_name")
         out.append(ThreadStack(str(t.get("thread_id", "?")), name if isinstance(name, str) else None,
                                bool(t.get("owns_gil")), tuple(reversed(frames))))  # fmt: skip
     return out
+
+
+_TEXT_THREAD = re.compile(r'^\s*Thread\s+(\S+)\s+\(([^)]*)\)(?::\s*"(.*)")?\s*$')
+_TEXT_FRAME = re.compile(r"^\s+(.+?) \((.+?)(?::(\d+))?\)\s*$")
+
+
+def parse_text(text: str) -> list[dict[str, Any]]:
+    """`py-spy dump`'s text output (as users paste it into issues) in the shape of its JSON: threads with their
+    frames innermost first. A frame without a line number whose file is not Python source (`libcudart.so.12`,
+    `engine.cpp`) is a native frame (`--native`): its file is kept as its module. Locals and other lines are
+    skipped; untrusted text gives what it can."""
+    threads: list[dict[str, Any]] = []
+    for raw in text.splitlines():
+        m = _TEXT_THREAD.match(raw)
+        if m:
+            status = m.group(2)
+            threads.append({"thread_id": m.group(1), "thread_name": m.group(3) or None, "owns_gil": "gil" in status,
+                            "active": "active" in status, "frames": []})  # fmt: skip
+            continue
+        f = _TEXT_FRAME.match(raw)
+        if f is None or not threads or raw.lstrip().startswith(("Arguments:", "Locals:")):
+            continue
+        name, file, line = f.group(1), f.group(2), f.group(3)
+        native = line is None and not file.endswith(".py") and not file.startswith("<")
+        threads[-1]["frames"].append({"name": name, "filename": file, "line": int(line) if line else 0,
+                                      "module": file if native else None})  # fmt: skip
+    return threads

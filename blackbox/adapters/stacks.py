@@ -12,6 +12,15 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+) \(most recent call
 _FRAME = re.compile(r'^  File "(.*)", line (\d+) in (.*)$')
 # Frames of the interpreter, torch and blackbox itself: folded so that the user's frames stand out.
 LIBRARY_MARKERS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/_recorder/", "<frozen ")
+# py-spy's text output names a library's files relative to site-packages (`torch/cuda/__init__.py`) and the
+# standard library's by their own name (`threading.py`): those are library frames too.
+LIBRARY_ROOTS = frozenset({
+    "torch", "torchvision", "torchaudio", "torchdata", "deepspeed", "transformers", "accelerate", "lightning",
+    "pytorch_lightning", "lightning_fabric", "numpy", "datasets", "webdataset", "fsspec", "s3fs", "gcsfs", "botocore",
+    "boto3", "s3transfer", "urllib3", "requests", "apex", "transformer_engine", "triton", "safetensors", "pyarrow",
+    "h5py", "threading.py", "queue.py", "socket.py", "selectors.py", "ssl.py", "multiprocessing", "concurrent",
+    "asyncio", "subprocess.py", "contextlib.py", "functools.py", "runpy.py", "http", "importlib",
+})  # fmt: skip
 _LIBRARY_FILES: dict[str, bool] = {}
 
 
@@ -20,12 +29,15 @@ class Frame:
     file: str
     line: int
     function: str
+    module: str = ""  # a native frame's shared library (py-spy --native: `libtorch_cpu.so`); "" for Python frames
 
     @property
     def is_library(self) -> bool:
         known = _LIBRARY_FILES.get(self.file)
         if known is None:  # files repeat across threads and ranks: each is looked at once
-            known = _LIBRARY_FILES[self.file] = any(m in self.file for m in LIBRARY_MARKERS)
+            known = _LIBRARY_FILES[self.file] = any(m in self.file for m in LIBRARY_MARKERS) or (
+                not self.file.startswith("/") and self.file.split("/", 1)[0] in LIBRARY_ROOTS
+            )
             if len(_LIBRARY_FILES) > 100_000:
                 _LIBRARY_FILES.clear()
         return known
@@ -46,10 +58,12 @@ class ThreadStack:
 
     @cached_property
     def _top_user(self) -> Optional[Frame]:  # read once: a report asks it of every rank several times
+        """The innermost frame of the user's own Python code (native frames, py-spy --native's, are not the user's);
+        else the innermost Python frame; else the innermost frame."""
         for f in reversed(self.frames):
-            if not f.is_library:
+            if not f.is_library and not f.module:
                 return f
-        return self.frames[-1] if self.frames else None
+        return next((f for f in reversed(self.frames) if not f.module), self.frames[-1] if self.frames else None)
 
 
 def parse_faulthandler(text: str, names: Optional[dict[str, str]] = None) -> list[list[ThreadStack]]:

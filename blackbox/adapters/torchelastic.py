@@ -65,3 +65,12 @@ def failures_in_output(text: str) -> dict[int, int]:
     out = {int(m.group(2)): int(m.group(1)) for m in _FAILED_LINE.finditer(text)}
     out.update({int(m.group(3)): int(m.group(2)) for m in _FAILURE.finditer(text)})
     return out
+
+
+_SUMMARY_RANK = re.compile(r"rank\s*:\s*(\d+)\s*\(local_rank:\s*\d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)")
+
+
+def failures_by_rank(text: str) -> dict[int, int]:
+    """rank -> exit code, from torchrun's failure summary: for ranks whose pid the bundle does not know (output
+    pasted from a job run without blackbox)."""
+    return {int(m.group(1)): int(m.group(2)) for m in _SUMMARY_RANK.finditer(text)}

@@ -5,7 +5,7 @@ stdlib and the report model."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from .model import RankRow, Verdict
 
@@ -27,113 +27,191 @@ class Facts:
     exception_path: Optional[str] = None  # a file the exception names: "/data/shard-0003.bin"
     kernel_oom: bool = False
     disk_free: Optional[str] = None
+    hosts: dict[int, str] = field(default_factory=dict)  # rank -> the host it lives on (coordination, merged view)
+    blocked_io: dict[int, str] = field(default_factory=dict)  # rank -> what its main thread is blocked reading
+    network_lines: list[str] = field(default_factory=list)  # what the console said about the network's set-up
+    remote_addresses: list[str] = field(default_factory=list)  # the addresses those lines name
+    # this node's side of a network set-up: what its hostname resolves to, its interfaces, the *_SOCKET_IFNAME set
+    hostname_note: Optional[str] = None
+
+
+@dataclass
+class _At:
+    """Where the first suspect is, in the words every action uses."""
+
+    ranks: str  # "1, 3"
+    first: Optional[int]
+    host: str  # the host of the first suspect
+    where: str  # "rank 1 on node7"
+    live_pids: list[str]
 
 
 def next_actions(v: Verdict, facts: Facts) -> list[str]:
-    ranks = ", ".join(map(str, v.suspect_ranks)) or "?"
     first = v.suspect_ranks[0] if v.suspect_ranks else None
     row = facts.by_rank.get(first) if first is not None else None
+    host = row.node if row else facts.hosts.get(first, facts.node) if first is not None else facts.node
+    ranks = ", ".join(map(str, v.suspect_ranks)) or "?"
     live_pids = [str(facts.by_rank[r].pid) for r in v.suspect_ranks if r in facts.by_rank
                  and facts.by_rank[r].alive]  # fmt: skip
-    where = f"rank {ranks} on {row.node if row else facts.node}"
-    actions: list[str] = []
+    at = _At(ranks, first, host, f"rank {ranks} on {host}", live_pids)
     cat = v.category
-    if cat == "crash.oom":
-        batch = facts.last_batch.get(first) if first is not None else None
-        actions.append(f"Lower the per-rank batch size or sequence length on {where}"
-                       + (f": its last batch was {batch}." if batch else "."))  # fmt: skip
-        snap = facts.snapshots.get(first) if first is not None else None
-        if snap:
-            actions.append(f"Open the memory snapshot: extract `{snap}` and run `python -m torch.cuda._memory_viz "
-                           f"trace_plot {snap.rsplit('/', 1)[-1]} -o memory.html`, or drop it on "
-                           "https://pytorch.org/memory_viz (it shows who allocated what).")  # fmt: skip
-        else:
-            actions.append("Rerun with `blackbox run --cuda-memory-history 100000` so the next OOM leaves a memory "
-                           "snapshot with the allocating stacks.")  # fmt: skip
-        frag = f" ({facts.reserved_unallocated} was reserved but unallocated)" if facts.reserved_unallocated else ""
-        actions.append(f"Try `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` to reduce fragmentation{frag}.")
-    elif cat == "crash.host_oom":
-        actions.append(f"The kernel's OOM killer ended {where}: check the node's memory (node.json) and host-side "
-                       "memory per rank (DataLoader workers, pinned memory, dataset caches); "
-                       "`dmesg -T | grep -i -e oom -e 'killed process'` on the node.")  # fmt: skip
-    elif cat == "hang.collective" and facts.mismatch:
-        actions.append(f"The ranks called different collectives: {facts.mismatch}. Find the rank-dependent branch "
-                       "or the skipped call before those lines; `TORCH_DISTRIBUTED_DEBUG=DETAIL` checks every "
-                       "collective's signature across ranks.")  # fmt: skip
-    elif cat in ("crash.comm_timeout", "hang.collective"):
-        what = f" never entered {facts.missing_collective}" if facts.missing_collective else " did not arrive"
-        actions.append(f"Look at {where}: it{what}. Its stack is in the bundle"
-                       + (f"; while it runs: `py-spy dump --native --pid {' --pid '.join(live_pids)}`." if live_pids
-                          else "."))  # fmt: skip
-        actions.append(
-            "Check that every rank issues the same collectives in the same order (a rank-dependent "
-            "branch, an early `break`, a skipped eval): rerun with `TORCH_DISTRIBUTED_DEBUG=DETAIL`."
-        )
-        actions.append(f"Check {row.node if row else facts.node}'s network and GPU health (NCCL_DEBUG=INFO, "
-                       "`dmesg -T | grep -i xid`).")  # fmt: skip
-    elif cat == "crash.cuda_error":
-        actions.append(f"Look for NVIDIA Xid errors on {facts.node}: `dmesg -T | grep -i xid` "
-                       "(node/kernel-messages.txt in the bundle, where readable).")  # fmt: skip
-        actions.append(f"Check the GPU of {where}: `nvidia-smi -q` (ECC errors, retired pages, throttling).")
-        actions.append("Rerun with `CUDA_LAUNCH_BLOCKING=1` to find the kernel that failed.")
-    elif cat == "crash.exception":
-        if facts.exception_path:
-            path = facts.exception_path
-            actions.append(f"Check `{path}`, the file {where}'s exception names: `ls -l {path}` as the job's "
-                           "user (permissions, existence, the filesystem).")  # fmt: skip
-        actions.append(f"Read {where}'s exception" + (f": {facts.exception}." if facts.exception else ".")
-                       + " The traceback is in ranks/<rank>/exceptions.jsonl and the console tail.")  # fmt: skip
-        actions.append("The other ranks' errors (connection reset, timeouts) are consequences: they lost a peer.")
-    elif cat == "crash.signal":
-        if facts.kernel_oom:
-            actions.append(f"The kernel killed {where} (OOM killer): check the node's memory.")
-        host = row.node if row else facts.node
-        actions.append(f"Read {where}'s fatal.txt (faulthandler) for a segfault or abort, and the console tail; "
-                       f"check `dmesg -T | tail -50` on {host} for the OOM killer.")  # fmt: skip
-    elif cat == "hang.data_loading":
-        workers = facts.stuck_workers.get(first) if first is not None else None
-        actions.append(f"Check what {where} reads: the dataset shard or file in its `__getitem__` frame, its "
-                       "permissions and the filesystem (a hung network mount blocks a read forever).")  # fmt: skip
-        if workers:
-            actions.append(f"Its DataLoader worker(s) {', '.join(map(str, workers))} hold the stuck read: "
-                           f"`py-spy dump --pid {workers[0]}`.")  # fmt: skip
-        actions.append("Give the DataLoader a `timeout=` so a stuck worker raises instead of hanging; check "
-                       "`num_workers`.")  # fmt: skip
-    elif cat == "hang.checkpoint_io":
-        at = f" (at {facts.checkpoint_frame})" if facts.checkpoint_frame else ""
-        disk = f"; free space where the run writes: {facts.disk_free}" if facts.disk_free else ""
-        actions.append(f"Check the checkpoint path {where} writes to{at}: `df -h PATH`, the filesystem's health, "
-                       f"a FIFO or a stale network mount{disk}.")  # fmt: skip
-    elif cat == "hang.stopped":
-        pids = " ".join(live_pids) or "PID"
-        actions.append(f"R{where[1:]} is stopped (SIGSTOP, job control, or a debugger attached): find who stopped it "
-                       f"(`ps -o pid,stat,tracerpid -p {pids}`; `grep TracerPid /proc/{pids.split()[0]}/status`); "
-                       f"`kill -CONT {pids}` resumes it.")  # fmt: skip
-    elif cat == "hang.kernel":
-        actions.append(f"R{where[1:]} is in an uninterruptible sleep in the kernel: its wchan (ranks/<rank>/proc.json) "
-                       "names the wait — a hung network filesystem (nfs, lustre), a device or driver; `dmesg -T | "
-                       "tail -50` and the mount's health on the node.")  # fmt: skip
-    elif cat == "crash.exit":
-        actions.append(f"R{where[1:]} exited without raising an exception: look for `sys.exit`/`os._exit` or a library "
-                       "that exits (a rank-dependent `break` or `return` out of the training loop, a native "
-                       "library's exit()), and at its last lines in the console tail.")  # fmt: skip
-        actions.append(
-            "Every rank must run the same number of steps and collectives: a rank that leaves early "
-            "leaves the others waiting in the next collective (they then fail with 'connection closed')."
-        )
-    elif cat == "hang.compute":
-        actions.append(f"Find the loop or native call {where} is in (its stack in the bundle), and what differs on "
-                       "that rank: its data, a rank-dependent branch.")  # fmt: skip
-    if v.category.startswith("hang."):
+    if cat == "hang.collective" and facts.mismatch:
+        actions = [f"The ranks called different collectives: {facts.mismatch}. Find the rank-dependent branch or the "
+                   "skipped call before those lines; `TORCH_DISTRIBUTED_DEBUG=DETAIL` checks every collective's "
+                   "signature across ranks."]  # fmt: skip
+    else:
+        actions = _BY_CATEGORY[cat](at, facts) if cat in _BY_CATEGORY else []
+    if cat.startswith("hang.") and cat != "hang.network_setup":
         if live_pids:
-            actions.append(f"While it hangs: `py-spy dump --native --pid {' --pid '.join(live_pids)}` on "
-                           f"{row.node if row else facts.node}.")  # fmt: skip
-        actions.append(
-            f"Rerun with `blackbox run --on-stall keep` to keep the job alive for a debugger on rank {ranks}."
-        )
+            actions.append(f"While it hangs: `py-spy dump --native --pid {' --pid '.join(live_pids)}` on {host}.")
+        actions.append(f"Rerun with `blackbox run --on-stall keep` to keep the job alive for a debugger on rank "
+                       f"{ranks}.")  # fmt: skip
     if cat == "ok" and v.suspect_ranks:
-        actions.append(f"R{where[1:]} is the slowest (a straggler): compare its data, its node's load and its "
-                       "GPU's temperature and clocks with the others'; it sets every collective's pace.")  # fmt: skip
+        actions.append(f"R{at.where[1:]} is the slowest (a straggler): compare its data, its node's load and its GPU's "
+                       "temperature and clocks with the others'; it sets every collective's pace.")  # fmt: skip
     if not actions:
         actions.append("Compare steps and phases across ranks; the slowest rank is the first to look at.")
     return actions
+
+
+def _oom(at: _At, facts: Facts) -> list[str]:
+    batch = facts.last_batch.get(at.first) if at.first is not None else None
+    out = [f"Lower the per-rank batch size or sequence length on {at.where}"
+           + (f": its last batch was {batch}." if batch else ".")]  # fmt: skip
+    snap = facts.snapshots.get(at.first) if at.first is not None else None
+    if snap:
+        out.append(f"Open the memory snapshot: extract `{snap}` and run `python -m torch.cuda._memory_viz trace_plot "
+                   f"{snap.rsplit('/', 1)[-1]} -o memory.html`, or drop it on https://pytorch.org/memory_viz (it shows "
+                   "who allocated what).")  # fmt: skip
+    else:
+        out.append("Rerun with `blackbox run --cuda-memory-history 100000` so the next OOM leaves a memory snapshot "
+                   "with the allocating stacks.")  # fmt: skip
+    frag = f" ({facts.reserved_unallocated} was reserved but unallocated)" if facts.reserved_unallocated else ""
+    out.append(f"Try `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True` to reduce fragmentation{frag}.")
+    return out
+
+
+def _collective(at: _At, facts: Facts) -> list[str]:
+    what = f" never entered {facts.missing_collective}" if facts.missing_collective else " did not arrive"
+    pids = f"; while it runs: `py-spy dump --native --pid {' --pid '.join(at.live_pids)}`." if at.live_pids else "."
+    return [f"Look at {at.where}: it{what}. Its stack is in the bundle{pids}",
+            "Check that every rank issues the same collectives in the same order (a rank-dependent branch, an early "
+            "`break`, a skipped eval): rerun with `TORCH_DISTRIBUTED_DEBUG=DETAIL`.",
+            f"Check {at.host}'s network and GPU health (NCCL_DEBUG=INFO, `dmesg -T | grep -i xid`)."]  # fmt: skip
+
+
+def _cuda(at: _At, facts: Facts) -> list[str]:
+    return [f"Look for NVIDIA Xid errors on {at.host}: `dmesg -T | grep -i xid` (node/kernel-messages.txt in the "
+            "bundle, where readable).",
+            f"Check the GPU of {at.where}: `nvidia-smi -q` (ECC errors, retired pages, throttling).",
+            "Rerun with `CUDA_LAUNCH_BLOCKING=1` to find the kernel that failed (an NCCL `unhandled cuda error` is a "
+            "CUDA fault on that GPU, not the network)."]  # fmt: skip
+
+
+def _exception(at: _At, facts: Facts) -> list[str]:
+    out = []
+    if facts.exception_path:
+        path = facts.exception_path
+        out.append(f"Check `{path}`, the file {at.where}'s exception names: `ls -l {path}` as the job's user "
+                   "(permissions, existence, the filesystem).")  # fmt: skip
+    out.append(f"Read {at.where}'s exception" + (f": {facts.exception}." if facts.exception else ".")
+               + " The traceback is in ranks/<rank>/exceptions.jsonl and the console tail.")  # fmt: skip
+    out.append("The other ranks' errors (connection reset, timeouts) are consequences: they lost a peer.")
+    return out
+
+
+def _signal(at: _At, facts: Facts) -> list[str]:
+    out = [f"The kernel killed {at.where} (OOM killer): check the node's memory."] if facts.kernel_oom else []
+    out.append(f"Read {at.where}'s fatal.txt (faulthandler) for a segfault or abort, and the console tail; check "
+               f"`dmesg -T | tail -50` on {at.host} for the OOM killer.")  # fmt: skip
+    return out
+
+
+def _data(at: _At, facts: Facts) -> list[str]:
+    workers = facts.stuck_workers.get(at.first) if at.first is not None else None
+    blocked = facts.blocked_io.get(at.first) if at.first is not None else None
+    out = [f"Check what {at.where} reads" + (f" ({blocked})" if blocked else ": the dataset shard or file in its "
+           "`__getitem__` or `get_batch` frame") + ": its permissions and the filesystem or storage service (a hung "
+           "network mount or object store blocks a read forever)."]  # fmt: skip
+    if workers:
+        out.append(f"Its DataLoader worker(s) {', '.join(map(str, workers))} hold the stuck read: "
+                   f"`py-spy dump --pid {workers[0]}`.")  # fmt: skip
+    out.append("Give reads a timeout so a stuck one raises instead of hanging: `DataLoader(timeout=)`, the storage "
+               "client's read timeout (boto3 `read_timeout`, fsspec's `timeout`); check `num_workers`.")  # fmt: skip
+    return out
+
+
+def _io(at: _At, facts: Facts) -> list[str]:
+    blocked = facts.blocked_io.get(at.first) if at.first is not None else None
+    return [f"R{at.where[1:]} waits for I/O" + (f": {blocked}" if blocked else "") + ". Check that file's filesystem "
+            "(`df -h`, `mount | grep` its mount point, a stale NFS/Lustre/FUSE mount) or the service at the other end "
+            "of the socket (is it up, reachable from this host?).",
+            "Give the read a timeout so it raises instead of hanging (socket `settimeout`, the client's "
+            "`read_timeout`)."]  # fmt: skip
+
+
+def _network(at: _At, facts: Facts) -> list[str]:
+    said = f" The console says: `{facts.network_lines[0][:160]}`." if facts.network_lines else ""
+    tried = facts.remote_addresses
+    loopback = any(a.startswith("127.") for a in tried)
+    addrs = ""
+    if tried:
+        addrs = (f" The address{'es' if len(tried) > 1 else ''} the ranks tried: {', '.join(f'`{a}`' for a in tried)}"
+                 + (" — loopback: a peer advertised its own host as 127.0.0.1." if loopback else "."))  # fmt: skip
+    if any("Duplicate GPU detected" in line for line in facts.network_lines):
+        return [
+            f"R{at.where[1:]} share one GPU (NCCL: `Duplicate GPU detected`).{said} Each rank must select its own "
+            "device before the process group is used: `torch.cuda.set_device(int(os.environ['LOCAL_RANK']))`; "
+            "check `CUDA_VISIBLE_DEVICES` per task (a launcher or scheduler that hides all but one GPU from every "
+            "task, or gives every task the same list) and `--nproc-per-node` against the GPUs of the node."
+        ]
+    host = f" {facts.hostname_note}." if facts.hostname_note else ""
+    return [f"R{at.where[1:]} could not connect to its peers while creating the process group.{said}{addrs}{host}",
+            "Each rank advertises the address its hostname resolves to (gloo) or the interface NCCL picks: on every "
+            "node run `getent hosts $(hostname)` and `ip -br addr`; if the hostname resolves to 127.0.x.x or to an "
+            "address the other nodes cannot reach, set `GLOO_SOCKET_IFNAME=<iface>` (gloo) and "
+            "`NCCL_SOCKET_IFNAME=<iface>` (NCCL) to the interface that carries the job's traffic, or fix /etc/hosts "
+            "or DNS.",
+            "Check MASTER_ADDR:MASTER_PORT is reachable from every node (`nc -zv ADDR PORT`, firewalls); for NCCL "
+            "rerun with `NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET` to see the interface and transport it picked; "
+            "on InfiniBand/RoCE check `ibv_devinfo`, `NCCL_IB_HCA`, or try `NCCL_IB_DISABLE=1`."]  # fmt: skip
+
+
+def _simple(text: str) -> Callable[[_At, Facts], list[str]]:
+    return lambda at, facts: [text.format(at=at, R="R" + at.where[1:], where=at.where, host=at.host)]
+
+
+def _checkpoint(at: _At, facts: Facts) -> list[str]:
+    where = f" (at {facts.checkpoint_frame})" if facts.checkpoint_frame else ""
+    disk = f"; free space where the run writes: {facts.disk_free}" if facts.disk_free else ""
+    return [f"Check the checkpoint path {at.where} writes to{where}: `df -h PATH`, the filesystem's health, a FIFO or "
+            f"a stale network mount{disk}."]  # fmt: skip
+
+
+def _stopped(at: _At, facts: Facts) -> list[str]:
+    pids = " ".join(at.live_pids) or "PID"
+    return [f"R{at.where[1:]} is stopped (SIGSTOP, job control, or a debugger attached): find who stopped it (`ps -o "
+            f"pid,stat,tracerpid -p {pids}`; `grep TracerPid /proc/{pids.split()[0]}/status`); `kill -CONT {pids}` "
+            "resumes it."]  # fmt: skip
+
+
+_BY_CATEGORY: dict[str, Callable[[_At, Facts], list[str]]] = {
+    "crash.oom": _oom, "crash.comm_timeout": _collective, "hang.collective": _collective, "crash.cuda_error": _cuda,
+    "crash.exception": _exception, "crash.signal": _signal, "hang.data_loading": _data, "hang.io": _io,
+    "crash.network_setup": _network, "hang.network_setup": _network, "hang.checkpoint_io": _checkpoint,
+    "hang.stopped": _stopped,
+    "crash.host_oom": _simple("The kernel's OOM killer ended {where}: check the node's memory (node.json) and "
+                              "host-side memory per rank (DataLoader workers, pinned memory, dataset caches); `dmesg "
+                              "-T | grep -i -e oom -e 'killed process'` on the node."),
+    "hang.kernel": _simple("{R} is in an uninterruptible sleep in the kernel: its wchan (ranks/<rank>/proc.json) names "
+                           "the wait — a hung network filesystem (nfs, lustre), a device or driver; `dmesg -T | tail "
+                           "-50` and the mount's health on the node."),
+    "crash.exit": lambda at, facts: [
+        f"R{at.where[1:]} exited without raising an exception: look for `sys.exit`/`os._exit` or a library that exits "
+        "(a rank-dependent `break` or `return` out of the training loop, a native library's exit()), and at its "
+        "last lines in the console tail.",
+        "Every rank must run the same number of steps and collectives: a rank that leaves early leaves the others "
+        "waiting in the next collective (they then fail with 'connection closed')."],
+    "hang.compute": _simple("Find the loop or native call {where} is in (its stack in the bundle), and what differs on "
+                            "that rank: its data, a rank-dependent branch."),
+}  # fmt: skip

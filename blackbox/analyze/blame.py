@@ -1,8 +1,11 @@
 """One blame, from the per-rank states (analyze.states): the suspects are the ranks the waiting ones wait for — a rank
-proven to be waiting is never a suspect — and the category is the suspect's own state. In a crash the earliest
-failure is the cause, except a collective timeout: there the rank that raised is the victim and the suspect is the
-rank that never arrived. Used by the report and, through it, by `blackbox run`'s verdict, incident, alerts and
-index. Pure; imports the stdlib, the shared words and the rank states."""
+proven to be waiting is never a suspect — and the category is the suspect's own state. Where the flight recorder
+(or the NCCL watchdog's lines) says which collective each process group is stuck at, the blame follows the group
+each waiter waits in: from every waiter to the members that never entered its collective, on to the ranks that
+wait for nobody. In a crash the earliest failure is the cause, except a collective timeout or a lost peer: there
+the rank that raised is the victim and the suspect is the rank that never arrived; a job that could not set up
+its network is its own category. Used by the report and, through it, by `blackbox run`'s verdict, incident,
+alerts and index. Pure; imports the stdlib, the shared words, the flight-recorder adapter and the rank states."""
 
 from __future__ import annotations
 
@@ -11,20 +14,22 @@ from dataclasses import dataclass, field
 from signal import SIGTERM
 from typing import Any, Optional
 
+from ..adapters import flight_recorder as fr
 from ..detections import plural_ranks
-from .states import PEER_LOSS, RankState, exception_line, is_comm_timeout
+from .states import RankState, error_kind, exception_key, exception_line, exception_where, is_victim
 
 # Which kind of elsewhere is the likelier cause when ranks that wait are absent and the others differ.
-_PRIORITY = ("dead", "raised", "exited", "stopped", "traced", "kernel", "gil", "data", "checkpoint", "eval",
+_PRIORITY = ("dead", "raised", "exited", "stopped", "traced", "kernel", "gil", "data", "checkpoint", "io", "eval",
              "compute")  # fmt: skip
 _STUCK = ("dead", "raised", "exited", "stopped", "traced", "kernel", "gil")  # stuck whatever the others do
 HANG_CATEGORY = {
-    "data": "hang.data_loading", "checkpoint": "hang.checkpoint_io", "compute": "hang.compute", "eval": "hang.compute",
-    "gil": "hang.compute", "stopped": "hang.stopped", "traced": "hang.stopped", "kernel": "hang.kernel",
-    "collective": "hang.collective", "exited": "crash.exit", "raised": "crash.exception", "unknown": "hang.unknown",
+    "data": "hang.data_loading", "checkpoint": "hang.checkpoint_io", "io": "hang.io", "compute": "hang.compute",
+    "eval": "hang.compute", "gil": "hang.compute", "stopped": "hang.stopped", "traced": "hang.stopped",
+    "kernel": "hang.kernel", "collective": "hang.collective", "exited": "crash.exit", "raised": "crash.exception",
+    "unknown": "hang.unknown",
 }  # fmt: skip
-_CUDA_ERROR = re.compile(r"CUDA error|CUBLAS_STATUS|cuDNN error|NCCL error|illegal memory access|device-side assert",
-                         re.IGNORECASE)  # fmt: skip
+ERROR_CATEGORY = {"cuda_error": "crash.cuda_error", "network_setup": "crash.network_setup", "oom": "crash.oom",
+                  "comm_timeout": "crash.comm_timeout"}  # fmt: skip
 
 
 @dataclass
@@ -33,12 +38,19 @@ class Context:
 
     rule: str  # stall | frozen | gpu_idle | exception | rank_death | console | exit | manual
     console: Optional[str] = None  # the console trigger's category: crash.oom, crash.cuda_error, ...
-    missing: list[int] = field(default_factory=list)  # ranks that never entered a collective others wait in (FR)
-    mismatch_odd: list[int] = field(default_factory=list)  # the minority of a collective mismatch (FR)
+    stuck: list[fr.Stuck] = field(default_factory=list)  # per group, the collective it is stuck at
+    # a collective the ranks did not agree on (flight recorder, DETAIL's fingerprints, the watchdog's sizes): each
+    # rank's call ("ALLREDUCE [25]"), and where (the group and the sequence number)
+    mismatch: dict[int, str] = field(default_factory=dict)
+    mismatch_at: str = ""
     oom_ranks: list[int] = field(default_factory=list)
     kernel_oom: bool = False
     progressing: Optional[bool] = None  # on request: whether heartbeats show the job stepping
     absent: list[int] = field(default_factory=list)  # ranks of the world in no bundle given
+    network: list[str] = field(default_factory=list)  # lines that say the network could not be set up
+    cuda_lines: list[tuple[Optional[int], str]] = field(default_factory=list)  # the console's CUDA errors
+    duplicate_gpu: list[int] = field(default_factory=list)  # ranks NCCL found on one GPU
+    ops: dict[tuple[str, int], str] = field(default_factory=dict)  # (group, seq) -> the stuck collective's op
 
 
 @dataclass
@@ -54,13 +66,15 @@ class Blame:
 
 def blame(states: list[RankState], ctx: Context) -> Blame:
     by_rank = {s.rank: s for s in states}
-    exceptions = sorted((s.exception for s in states if s.exception is not None), key=_time)
+    exceptions = sorted((s.exception for s in states if s.exception is not None), key=exception_key)
     first = exceptions[0] if exceptions else None
-    crashed = any(s.where in ("dead", "raised") or (s.where == "exited" and s.left_early) for s in states)
+    crashed = any(s.where in ("dead", "raised") for s in states) or _left_early(states)
     crash_rule = ctx.rule in ("exception", "rank_death", "console", "exit")
-    timed_out = first is not None and is_comm_timeout(first)
+    timed_out = first is not None and error_kind(first) in ("comm_timeout", "network_setup", "cuda_error")
     if ctx.console or timed_out or crash_rule or (crashed and ctx.rule in ("manual", "unknown")):
         b = _crash(states, ctx, exceptions)
+    elif ctx.network and any(s.setup for s in states):
+        b = _network(states, ctx, exceptions)
     else:
         b = _hang(states, ctx)
     if b.category == "crash.signal" and ctx.kernel_oom:
@@ -71,6 +85,11 @@ def blame(states: list[RankState], ctx: Context) -> Blame:
     if b.phase is None and b.suspects and b.suspects[0] in by_rank:
         b.phase = by_rank[b.suspects[0]].phase
     return b
+
+
+def _left_early(states: list[RankState]) -> bool:
+    """A rank exited while others were still running (left the training loop)."""
+    return any(s.where == "exited" for s in states) and any(s.where != "exited" for s in states)
 
 
 def category_of(s: RankState) -> str:
@@ -94,6 +113,178 @@ def _confidence(suspects: list[RankState], others: list[RankState]) -> str:
     return "medium" if agree >= 1 else "low"
 
 
+@dataclass
+class Waits:
+    """Who waits for whom, from the collective each group is stuck at: the roots are the ranks the waiters wait
+    for, following waiters that are themselves missing from another group's collective; a cycle is a deadlock."""
+
+    roots: list[int]
+    waiters: list[int]
+    cycle: list[int]
+    via: str  # the collective the first root never entered: "all_reduce #10 of group 0"
+
+
+def waits(ctx: Context) -> Optional[Waits]:
+    edges: dict[int, set[int]] = {}
+    via: dict[int, str] = {}
+    for st in ctx.stuck:
+        targets = set(st.missing) or set(st.untraced)
+        for w in st.waiting:
+            edges.setdefault(w, set()).update(targets)
+        for t in targets:
+            via.setdefault(t, f"{ctx.ops.get((st.group, st.seq), 'collective')} #{st.seq} of group {st.group}")
+    if not any(edges.values()):
+        return None
+    roots: set[int] = set()
+    seen: set[int] = set()
+    todo = [w for w, t in edges.items() if t]
+    while todo:
+        r = todo.pop()
+        if r in seen:
+            continue
+        seen.add(r)
+        if not edges.get(r):
+            roots.add(r)
+        todo.extend(edges.get(r, ()))
+    waiters = sorted(w for w in edges if edges[w])
+    cycle = [] if roots else sorted(seen)
+    first_root = min(roots) if roots else None
+    return Waits(sorted(roots), waiters, cycle, via.get(first_root, "") if first_root is not None else "")
+
+
+def describe(s: RankState, others: list[RankState]) -> str:
+    """One rank's state in plain words, for a summary."""
+    r = f"rank {s.rank}"
+    fixed = {"stopped": f"{r} is stopped (SIGSTOP or a debugger): {s.detail}",
+             "traced": f"{r} is stopped under a debugger (ptrace): {s.detail}",
+             "kernel": f"{r} is in an uninterruptible sleep in the kernel (a hung filesystem or device): {s.detail}",
+             "gil": f"{r} holds the GIL in a native call (its liveness thread cannot run)"}  # fmt: skip
+    if s.where in fixed:
+        return fixed[s.where]
+    if s.where == "exited":
+        waiting = [o.rank for o in others if o.where not in ("exited",)]
+        at = f" at step {s.step}" if s.step is not None else ""
+        return f"{r} left the training loop{at} and exited 0" + (
+            f" while {plural_ranks(waiting)} waited" if waiting else "")  # fmt: skip
+    if s.where == "dead":
+        if s.exit_code is not None and s.exit_code > 0:
+            return f"{r} exited with exit code {s.exit_code} without raising"
+        return f"{r} died: {s.detail}"
+    if s.where == "raised" and s.exception is not None:
+        return f"{r} raised {s.exception.get('type')}"
+    doing = {"data": "is loading data", "checkpoint": "is in checkpoint I/O", "compute": "is computing",
+             "eval": "is in eval", "io": "is waiting for I/O"}  # fmt: skip
+    if s.where in doing:
+        return f"{r} {doing[s.where]} ({s.detail.removeprefix('main thread in ')})"
+    if s.kind == "waiting":
+        return f"{r} waits in a collective: {s.detail}"
+    return f"{r}: {s.detail}"
+
+
+def _followed(states: list[RankState], ctx: Context) -> Optional[Blame]:
+    """The blame the stuck collectives make: the ranks at the end of every waiter's wait, in their own state."""
+    w = waits(ctx)
+    if w is None:
+        return None
+    by_rank = {s.rank: s for s in states}
+    w_ids = [r for r in w.waiters if r not in w.roots]
+    if w.cycle:
+        return Blame(w.cycle, "hang.collective", "collective", "medium", f"{plural_ranks(w.cycle)} wait for each other "
+                     "across process groups: collectives issued in a different order on different ranks (a "
+                     "deadlock)", [f"{plural_ranks(w.cycle)}: each waits in a group's collective another of them never "
+                     "entered"])  # fmt: skip
+    present = [by_rank[r] for r in w.roots if r in by_rank]
+    missing_txt = f"never entered {w.via}" if w.via else "never entered the collective"
+    inferred = [f"{plural_ranks(w.roots)} {missing_txt} that {plural_ranks(w_ids)} "
+                f"{'waits' if len(w_ids) == 1 else 'wait'} in (the flight recorder's group status): "
+                f"{'it holds' if len(w.roots) == 1 else 'they hold'} the others up; the waiters are "
+                "victims"]  # fmt: skip
+    if not present:  # in no bundle given (another node's), or with no trace of its own
+        return Blame(w.roots, "hang.collective", "collective", "medium", f"{plural_ranks(w.roots)} {missing_txt}, "
+                     f"which {plural_ranks(w_ids)} wait in; no bundle given has "
+                     f"{'its' if len(w.roots) == 1 else 'their'} stack", inferred)  # fmt: skip
+    lead = _pick(present)[0] if len(present) > 1 else present[0]
+    head = describe(lead, [s for s in states if s not in present]) if len(present) == 1 else (
+        f"{plural_ranks(w.roots)} are in {'/'.join(sorted({s.where for s in present}))}")  # fmt: skip
+    summary = (f"{head}, while {plural_ranks(w_ids)} {'waits' if len(w_ids) == 1 else 'wait'} for "
+               f"{'it' if len(w.roots) == 1 else 'them'} in {w.via or 'a collective'}")  # fmt: skip
+    if lead.kind == "unknown":
+        summary = (f"{plural_ranks(w.roots)} {missing_txt}, which {plural_ranks(w_ids)} "
+                   f"{'waits' if len(w_ids) == 1 else 'wait'} in; no source says where {plural_ranks(w.roots)} "
+                   f"{'is' if len(w.roots) == 1 else 'are'} ({lead.detail})")  # fmt: skip
+    confidence = _confidence(present, [s for s in states if s not in present])
+    if lead.kind == "unknown":
+        confidence = "medium"  # the recorder's status alone says it never arrived
+    category = category_of(lead) if lead.kind != "unknown" else "hang.unknown"
+    return Blame(sorted(w.roots), category, lead.phase if lead.kind != "unknown" else None, confidence, summary,
+                 inferred)  # fmt: skip
+
+
+def _pick(elsewhere: list[RankState]) -> list[RankState]:
+    """Among ranks that are not waiting, those in the likeliest place to hold the others up."""
+    for place in _PRIORITY:
+        chosen = [s for s in elsewhere if s.where == place]
+        if chosen:
+            return chosen
+    return elsewhere
+
+
+def _on_request(states: list[RankState], ctx: Context) -> Optional[Blame]:
+    """On request, a job that progresses is `ok` (its slowest rank named); one in which nobody waits for anybody
+    and nothing is stuck, too."""
+    waiting = [s for s in states if s.kind == "waiting"]
+    others = [s for s in states if s.kind != "waiting"]
+    if ctx.progressing:
+        slow = others if waiting else []
+        ids = sorted(s.rank for s in slow)
+        be, them = ("is", "it") if len(ids) == 1 else ("are", "them")
+        summary = "the job is progressing" + (
+            f"; {plural_ranks(ids)} {be} the slowest: the others wait for {them} in a collective" if ids else ""
+        )
+        inferred = [f"{plural_ranks(ids)} {be} the slowest: the ones the others wait for in a collective while the "
+                    "job progresses"] if ids else []  # fmt: skip
+        return Blame(ids, "ok", slow[0].phase if slow else None, "low", summary, inferred)
+    stuck = any(s.where in _STUCK for s in others) or bool(waiting and others) or waits(ctx) is not None
+    if not stuck and not _odd_ops(waiting) and not ctx.mismatch:
+        return Blame([], "ok", None, "low", "no rank stands out: none waits for another, none is stopped or gone")
+    return None
+
+
+# Functions of the paths that run collectives on some ranks only: saving, evaluating, logging, the main process's.
+OFF_PATH = re.compile(r"checkpoint|save|eval|valid|^log$|^log_|_log_|metric|sync_dist|rank_zero|main_process|report",
+                      re.IGNORECASE)  # fmt: skip
+
+
+def odd_ones(calls: dict[int, str], states: list[RankState]) -> list[int]:
+    """The ranks that called the odd collective: the smallest groups of one call. When every call has as many ranks
+    (two ranks: each is the other's odd one), the ranks whose call came from a checkpoint, eval or logging path —
+    a collective run on some ranks only — rather than the training step's own."""
+    groups: dict[str, list[int]] = {}
+    for rank, call in calls.items():
+        groups.setdefault(call, []).append(rank)
+    smallest = min(len(g) for g in groups.values())
+    odd = sorted(r for g in groups.values() if len(g) == smallest for r in g)
+    if len(groups) < 2 or any(len(g) != smallest for g in groups.values()):
+        return odd
+    by_rank = {s.rank: s for s in states}
+    off = [r for r in odd if r in by_rank and _off_path(by_rank[r])]
+    return sorted(off) if off and len(off) < len(odd) else odd
+
+
+def _off_path(s: RankState) -> bool:
+    """Whether a rank's collective came from a checkpoint, eval or logging path (its exception's or stack's frames)."""
+    functions = [str(f.get("function")) for f in (s.exception or {}).get("traceback") or [] if isinstance(f, dict)]
+    functions += [f.text.removeprefix("main thread in ").split(" (")[0] for f in s.facts if f.stack]
+    return any(OFF_PATH.search(fn) for fn in functions)
+
+
+def _calls(calls: dict[int, str]) -> str:
+    groups: dict[str, list[int]] = {}
+    for rank, call in sorted(calls.items()):
+        groups.setdefault(call, []).append(rank)
+    return "; ".join(f"{plural_ranks(r)} in {c}" for c, r in sorted(groups.items(), key=lambda kv: kv[1]))
+
+
 def _odd_ops(waiting: list[RankState]) -> list[int]:
     """Ranks that wait in a different collective from the rest (read from their stacks): the smallest groups; every
     rank when the groups are the same size. Empty when they all wait in the same one, or an op is unknown."""
@@ -108,94 +299,36 @@ def _odd_ops(waiting: list[RankState]) -> list[int]:
     return sorted(r for ranks in by_op.values() if len(ranks) == smallest for r in ranks)
 
 
-def _pick(elsewhere: list[RankState]) -> list[RankState]:
-    """Among ranks that are not waiting, those in the likeliest place to hold the others up."""
-    for place in _PRIORITY:
-        chosen = [s for s in elsewhere if s.where == place]
-        if chosen:
-            return chosen
-    return elsewhere
-
-
-def describe(s: RankState, others: list[RankState]) -> str:
-    """One rank's state in plain words, for a summary."""
-    r = f"rank {s.rank}"
-    if s.where == "stopped":
-        return f"{r} is stopped (SIGSTOP or a debugger): {s.detail}"
-    if s.where == "traced":
-        return f"{r} is stopped under a debugger (ptrace): {s.detail}"
-    if s.where == "kernel":
-        return f"{r} is in an uninterruptible sleep in the kernel (a hung filesystem or device): {s.detail}"
-    if s.where == "gil":
-        return f"{r} holds the GIL in a native call (its liveness thread cannot run)"
-    if s.where == "exited":
-        waiting = [o.rank for o in others if o.where not in ("exited",)]
-        at = f" at step {s.step}" if s.step is not None else ""
-        return f"{r} left the training loop{at} and exited 0" + (
-            f" while {plural_ranks(waiting)} waited" if waiting else "")  # fmt: skip
-    if s.where == "dead":
-        if s.exit_code is not None and s.exit_code > 0:
-            return f"{r} exited with exit code {s.exit_code} without raising"
-        return f"{r} died: {s.detail}"
-    if s.where == "raised" and s.exception is not None:
-        return f"{r} raised {s.exception.get('type')}"
-    doing = {"data": "is loading data", "checkpoint": "is in checkpoint I/O", "compute": "is computing",
-             "eval": "is in eval"}  # fmt: skip
-    if s.where in doing:
-        return f"{r} {doing[s.where]} ({s.detail.removeprefix('main thread in ')})"
-    if s.kind == "waiting":
-        return f"{r} waits in a collective: {s.detail}"
-    return f"{r}: {s.detail}"
-
-
 def _hang(states: list[RankState], ctx: Context) -> Blame:
     waiting = [s for s in states if s.kind == "waiting"]
     elsewhere = [s for s in states if s.kind == "elsewhere"]
     unknown = [s for s in states if s.kind == "unknown"]
-    missing = [s for s in states if s.rank in ctx.missing]
-    inferred: list[str] = []
-    if ctx.rule in ("manual", "unknown") and ctx.progressing:
-        slow = elsewhere or missing or unknown if waiting else []
-        ids = sorted(s.rank for s in slow)
-        summary = "the job is progressing" + (
-            f"; {plural_ranks(ids)} {'is' if len(ids) == 1 else 'are'} the slowest: the others wait for "
-            f"{'it' if len(ids) == 1 else 'them'} in a collective" if ids else "")  # fmt: skip
-        if ids:
-            inferred.append(f"{plural_ranks(ids)} {'is' if len(ids) == 1 else 'are'} the slowest: the ones the others "
-                            "wait for in a collective while the job progresses")  # fmt: skip
-        return Blame(ids, "ok", slow[0].phase if slow else None, "low", summary, inferred)
-    odd_ops = _odd_ops(waiting) if waiting and not (elsewhere or unknown or missing) else []
-    if ctx.rule in ("manual", "unknown") and not (waiting and (elsewhere or unknown or missing)) and not any(
-            s.where in _STUCK for s in elsewhere) and not odd_ops:  # fmt: skip
-        # on request, nobody waits for anybody and nothing is stuck: no sign of a hang
-        return Blame([], "ok", None, "low", "no rank stands out: none waits for another, none is stopped or gone")
-    if ctx.mismatch_odd and not elsewhere:
-        odd = sorted(ctx.mismatch_odd)
-        why = ["the flight recorder's entries differ at the same sequence number"]
+    if ctx.rule in ("manual", "unknown"):
+        quiet = _on_request(states, ctx)
+        if quiet is not None:
+            return quiet
+    followed = _followed(states, ctx)
+    if followed is not None:
+        return followed
+    if ctx.mismatch and not elsewhere:
+        odd = odd_ones(ctx.mismatch, states)
+        why = [f"the ranks' calls differ at {ctx.mismatch_at or 'the same sequence number'}"]
         return Blame(odd, "hang.collective", "collective", "medium", f"the ranks are in different collectives (a "
-                     f"collective mismatch); {plural_ranks(odd)} called the odd one", why)  # fmt: skip
-    if waiting and (elsewhere or unknown or missing):
-        if elsewhere:
-            chosen = _pick(elsewhere)
-            if missing and {s.rank for s in missing} <= {s.rank for s in elsewhere}:
-                chosen = missing
-        elif missing:
-            chosen = missing
-        else:
-            chosen = unknown
-        ids = sorted(s.rank for s in chosen)
-        w_ids = sorted(s.rank for s in waiting)
+                     f"collective mismatch: {_calls(ctx.mismatch)}); {plural_ranks(odd)} called the odd one",
+                     why)  # fmt: skip
+    if waiting and (elsewhere or unknown):
+        chosen = _pick(elsewhere) if elsewhere else unknown
+        ids, w_ids = sorted(s.rank for s in chosen), sorted(s.rank for s in waiting)
         head = describe(chosen[0], [s for s in states if s not in chosen]) if len(chosen) == 1 else (
             f"{plural_ranks(ids)} are in {'/'.join(sorted({s.where for s in chosen}))}")  # fmt: skip
         summary = (f"{head}, while {plural_ranks(w_ids)} {'waits' if len(w_ids) == 1 else 'wait'} for "
                    f"{'it' if len(ids) == 1 else 'them'} in a collective ({waiting[0].detail})")  # fmt: skip
-        inferred.append(f"{plural_ranks(ids)} {'holds' if len(ids) == 1 else 'hold'} the others up: "
-                        f"{plural_ranks(w_ids)} {'waits' if len(w_ids) == 1 else 'wait'} in a collective (victims, "
-                        "not causes)")  # fmt: skip
-        confidence = _confidence(chosen, [s for s in states if s not in chosen])
-        if chosen[0].kind == "unknown":
-            confidence = "low"
+        inferred = [f"{plural_ranks(ids)} {'holds' if len(ids) == 1 else 'hold'} the others up: {plural_ranks(w_ids)} "
+                    f"{'waits' if len(w_ids) == 1 else 'wait'} in a collective (victims, not causes)"]  # fmt: skip
+        rest = [s for s in states if s not in chosen]
+        confidence = "low" if chosen[0].kind == "unknown" else _confidence(chosen, rest)
         return Blame(ids, category_of(chosen[0]), chosen[0].phase, confidence, summary, inferred)
+    odd_ops = _odd_ops(waiting) if waiting and not (elsewhere or unknown) else []
     if odd_ops and not ctx.absent:
         by_op: dict[str, list[int]] = {}
         for s in waiting:
@@ -205,88 +338,156 @@ def _hang(states: list[RankState], ctx: Context) -> Blame:
                      f"({calls}): a collective mismatch", [f"{plural_ranks(odd_ops)} called a collective the others "
                      "did not (their stacks)"])  # fmt: skip
     if waiting and not elsewhere and not unknown:
-        if ctx.absent:
-            ids = sorted(ctx.absent)
-            return Blame(ids, "hang.collective", "collective", "low",
-                         f"every rank in these bundles waits in a collective; {plural_ranks(ids)} "
-                         "(in no bundle given) never arrived", inferred)  # fmt: skip
-        seqs = {s.seq for s in waiting if s.seq is not None}
-        ids = sorted(s.rank for s in waiting)
-        summary = "every rank waits in a collective" + (
-            f" (at different sequence numbers: {sorted(seqs)})" if len(seqs) > 1 else
-            ": a deadlock, or a peer outside this job (another node, a subgroup)")  # fmt: skip
-        return Blame(ids, "hang.collective", "collective", "low", summary, inferred)
+        return _all_wait(waiting, ctx)
     if elsewhere:
         chosen = _pick(elsewhere)
         ids = sorted(s.rank for s in chosen)
         everyone = len(chosen) == len(states)
-        if len(chosen) == 1:
-            summary = describe(chosen[0], [s for s in states if s not in chosen])
-        else:
-            summary = f"{plural_ranks(ids)} are all in {chosen[0].where}" + (
-                "" if everyone else " while the others are elsewhere or unknown")  # fmt: skip
-        if unknown:
-            inferred.append(
-                f"{plural_ranks(sorted(s.rank for s in unknown))}: no source settles where "
-                f"{'it is' if len(unknown) == 1 else 'they are'} (a C call, perhaps a collective wait)"
-            )
-        confidence = (
-            "low" if everyone and len(states) > 1 else _confidence(chosen, [s for s in states if s not in chosen])
-        )
+        summary = describe(chosen[0], [s for s in states if s not in chosen]) if len(chosen) == 1 else (
+            f"{plural_ranks(ids)} are all in {chosen[0].where}" + (
+                "" if everyone else " while the others are elsewhere or unknown"))  # fmt: skip
+        inferred = [f"{plural_ranks(sorted(s.rank for s in unknown))}: no source settles where "
+                    f"{'it is' if len(unknown) == 1 else 'they are'} (a C call, perhaps a collective wait)"] if \
+            unknown else []  # fmt: skip
+        rest = [s for s in states if s not in chosen]
+        confidence = "low" if everyone and len(states) > 1 else _confidence(chosen, rest)
         return Blame(ids, category_of(chosen[0]), chosen[0].phase, confidence, summary, inferred)
     ids = sorted(s.rank for s in unknown)
-    return Blame(ids, "hang.unknown", None, "low", "no rank's state could be settled from the evidence", inferred)
+    return Blame(ids, "hang.unknown", None, "low", "no rank's state could be settled from the evidence")
+
+
+def _all_wait(waiting: list[RankState], ctx: Context) -> Blame:
+    if ctx.absent:
+        ids = sorted(ctx.absent)
+        return Blame(ids, "hang.collective", "collective", "low", f"every rank in these bundles waits in a collective; "
+                     f"{plural_ranks(ids)} (in no bundle given) never arrived")  # fmt: skip
+    seqs = {s.seq for s in waiting if s.seq is not None}
+    ids = sorted(s.rank for s in waiting)
+    summary = "every rank waits in a collective" + (
+        f" (at different sequence numbers: {sorted(seqs)})" if len(seqs) > 1 else
+        ": a deadlock, or a peer outside this job (another node, a subgroup)")  # fmt: skip
+    return Blame(ids, "hang.collective", "collective", "low", summary)
+
+
+def _network(states: list[RankState], ctx: Context, exceptions: list[dict[str, Any]]) -> Blame:
+    """The job could not set up its communication (rendezvous, gloo's full mesh, NCCL's bootstrap): the ranks that
+    failed or wait in set-up, and the addresses the evidence names."""
+    failed = sorted({int(str(e.get("rank"))) for e in exceptions if error_kind(e) == "network_setup"})
+    if ctx.duplicate_gpu:  # NCCL found two ranks on one GPU: those ranks, whoever reported it
+        failed = sorted(ctx.duplicate_gpu)
+    in_setup = sorted(s.rank for s in states if s.setup and s.kind == "waiting")
+    ids = failed or in_setup or sorted(s.rank for s in states)
+    line = next((e for e in exceptions if error_kind(e) == "network_setup"), None)
+    said = exception_line(line) if line is not None else (ctx.network[0] if ctx.network else "")
+    summary = (f"The job could not set up its network: {plural_ranks(ids)} could not connect to "
+               f"{'its' if len(ids) == 1 else 'their'} peers while creating the process group"
+               + (f" ({said[:200]})" if said else ""))  # fmt: skip
+    inferred = ["a rendezvous / network set-up failure: the ranks never reached training; the address a rank "
+                "advertises is what its hostname resolves to (gloo) or the interface NCCL picks"]  # fmt: skip
+    if in_setup and failed and set(in_setup) - set(failed):
+        inferred.append(f"{plural_ranks(sorted(set(in_setup) - set(failed)))} still wait in process-group set-up "
+                        "(victims of the same failure)")  # fmt: skip
+    first = line or (exceptions[0] if exceptions else None)
+    return Blame(ids, "crash.network_setup" if failed or ctx.rule != "stall" else "hang.network_setup", "startup",
+                 "high" if failed and ctx.network else "medium", summary, inferred, first)  # fmt: skip
 
 
 def _crash(states: list[RankState], ctx: Context, exceptions: list[dict[str, Any]]) -> Blame:
     by_rank = {s.rank: s for s in states}
     first = exceptions[0] if exceptions else None
+    kinds = [error_kind(e) for e in exceptions]
     if ctx.console == "crash.oom" and ctx.oom_ranks:
         ids = sorted(ctx.oom_ranks)
         return Blame(ids, "crash.oom", None, "high", f"{plural_ranks(ids)} ran out of memory", [], first)
-    if ctx.console == "crash.comm_timeout" or (first is not None and is_comm_timeout(first)):
-        # the rank that raised first is the victim: the suspect is the one that never arrived
+    # a rank's own failure (an OOM, a CUDA fault, its own error) outranks what the console says of the network
+    own = [k for k in kinds if k not in ("comm_timeout", "peer_loss", "network_setup")]
+    if ctx.console == "crash.network_setup" or "network_setup" in kinds or (ctx.network and not own):
+        return _network(states, ctx, exceptions)
+    cuda = _cuda(states, ctx, exceptions)
+    if cuda is not None:
+        return cuda
+    if ctx.mismatch and not any(error_kind(e) == "oom" for e in exceptions):  # the job died of it
+        odd = odd_ones(ctx.mismatch, states)
+        return Blame(odd, "crash.collective_mismatch", "collective", "medium" if len(odd) < len(ctx.mismatch) else
+                     "low", f"The ranks called different collectives at {ctx.mismatch_at or 'one sequence number'} "
+                     f"({_calls(ctx.mismatch)}); {plural_ranks(odd)} called the odd one", [
+                         "a collective mismatch: every rank waits in a call no peer matches (a rank-dependent branch, "
+                         "a collective on some ranks only)"], first)  # fmt: skip
+    causes = [e for e in exceptions if not is_victim(e) and by_rank.get(int(str(e.get("rank")))) is not None]
+    oom = bool(causes) and error_kind(causes[0]) == "oom"  # an OOM is the rank's own failure, whatever timed out
+    if not oom and (ctx.console == "crash.comm_timeout" or (first is not None and error_kind(first) == "comm_timeout")):
+        return _timeout(states, ctx, exceptions)
+    return _first_failure(states, ctx, exceptions, causes)
+
+
+def _cuda(states: list[RankState], ctx: Context, exceptions: list[dict[str, Any]]) -> Optional[Blame]:
+    """A CUDA fault (also as NCCL reports it: `unhandled cuda error`): the first rank that raised one, else the
+    first the console names."""
+    by_rank = {s.rank: s for s in states}
+    faulted = [e for e in exceptions if error_kind(e) == "cuda_error"]
+    if faulted:
+        r = int(str(faulted[0].get("rank")))
+        others = sorted({int(str(e.get("rank"))) for e in faulted[1:]} - {r})
+        return Blame([r], "crash.cuda_error", _exc_phase(by_rank.get(r)), "high" if not others else "medium",
+                     f"Rank {r} raised {exception_line(faulted[0])} first: a CUDA fault"
+                     + (f" ({plural_ranks(others)} reported CUDA errors after it)" if others else "") + ".",
+                     [], faulted[0])  # fmt: skip
+    ranks = [r for r, _ in ctx.cuda_lines if r is not None]
+    if ctx.console == "crash.cuda_error" or (ranks and not exceptions):
+        line = next(
+            (text for r, text in ctx.cuda_lines if r is not None), ctx.cuda_lines[0][1] if ctx.cuda_lines else ""
+        )
+        ids = [ranks[0]] if ranks else []
+        return Blame(ids, "crash.cuda_error", None, "medium" if ids else "low", "A CUDA or NCCL error" + (
+            f" on rank {ids[0]}" if ids else "") + (f": {line[:200]}" if line else "") + ".", [],
+            exceptions[0] if exceptions else None)  # fmt: skip
+    return None
+
+
+def _timeout(states: list[RankState], ctx: Context, exceptions: list[dict[str, Any]]) -> Blame:
+    """A collective timed out: the rank that raised is the victim; the suspect is the one the others waited for."""
+    first = exceptions[0] if exceptions else None
+    raisers = sorted({int(str(e.get("rank"))) for e in exceptions if error_kind(e) == "comm_timeout"})
+    followed = _followed(states, ctx)
+    if followed is not None and followed.suspects and not set(followed.suspects) <= set(raisers):
+        chosen_ids, phase, confidence = followed.suspects, followed.phase, followed.confidence
+        head = followed.summary
+    else:
         rest = [s for s in states if s.kind != "waiting"]
-        chosen = _pick([s for s in rest if s.kind == "elsewhere"]) if rest else []
-        if not chosen:
-            chosen = [by_rank[r] for r in ctx.missing if r in by_rank] or [s for s in rest if s.kind == "unknown"]
-        ids = sorted(s.rank for s in chosen)
-        raisers = sorted({int(str(e.get("rank"))) for e in exceptions if is_comm_timeout(e)})
-        summary = "A collective timed out" + (
-            f" on {plural_ranks(raisers)}" if raisers else "") + (
-            f"; {describe(chosen[0], [])} — the rank the others waited for" if len(ids) == 1 else
-            f"; suspect {plural_ranks(ids)}: not in the collective the others waited in" if ids else
-            "; no rank stands out as the one that never arrived")  # fmt: skip
-        inferred = [f"{plural_ranks(raisers)} raised the timeout: victims of the rank that never arrived"] if \
-            raisers else []  # fmt: skip
-        return Blame(ids, "crash.comm_timeout", chosen[0].phase if chosen else None,
-                     _confidence(chosen, [s for s in states if s not in chosen]) if ids else "low", summary,
-                     inferred, first)  # fmt: skip
-    if ctx.console in ("crash.cuda_error",) and first is not None:
-        r = int(str(first.get("rank")))
-        return Blame([r], "crash.cuda_error", _exc_phase(by_rank.get(r)), "medium",
-                     f"A CUDA or NCCL error; suspect rank {r}.", [], first)  # fmt: skip
-    causes = [e for e in exceptions if not PEER_LOSS.search(str(e.get("message", "")))
-              and by_rank.get(int(str(e.get("rank")))) is not None
-              and by_rank[int(str(e.get("rank")))].kind != "waiting"]  # fmt: skip
+        chosen = _pick([s for s in rest if s.kind == "elsewhere"]) or [s for s in rest if s.kind == "unknown"]
+        chosen_ids = sorted(s.rank for s in chosen)
+        phase = chosen[0].phase if chosen else None
+        confidence = _confidence(chosen, [s for s in states if s not in chosen]) if chosen else "low"
+        head = (f"{describe(chosen[0], [])} — the rank the others waited for" if len(chosen) == 1 else
+                f"suspect {plural_ranks(chosen_ids)}: not in the collective the others waited in" if chosen else
+                "no rank stands out as the one that never arrived")  # fmt: skip
+    summary = "A collective timed out" + (f" on {plural_ranks(raisers)}" if raisers else "") + f"; {head}"
+    inferred = [f"{plural_ranks(raisers)} raised the timeout: victims of the rank that never arrived"] if \
+        raisers else []  # fmt: skip
+    return Blame(chosen_ids, "crash.comm_timeout", phase, confidence if chosen_ids else "low", summary, inferred, first)
+
+
+def _first_failure(states: list[RankState], ctx: Context, exceptions: list[dict[str, Any]],
+                   causes: list[dict[str, Any]]) -> Blame:  # fmt: skip
+    """The earliest failure of a rank's own: its exception, else a death, else an early exit."""
+    by_rank = {s.rank: s for s in states}
+    first = exceptions[0] if exceptions else None
     signal_dead = [s for s in states if s.where == "dead" and s.exception is None and not (s.exit_code or 0) > 0]
     exit_dead = [s for s in states if s.where == "dead" and s.exception is None and (s.exit_code or 0) > 0]
     early = [s for s in states if s.where == "exited" and any(o.where != "exited" for o in states)]
     # SIGTERM is how the launcher tears the other ranks down after the first failure: a rank ended by it is that
     # failure's victim (when every rank was, it is the job's own end: the scheduler's, or a user's)
     torn = [s for s in signal_dead if s.exit_code == -SIGTERM]
+    notes = []
     if torn and (len(torn) < len(signal_dead) or exit_dead or early or causes):
         signal_dead = [s for s in signal_dead if s not in torn]
         notes = [f"{plural_ranks(sorted(s.rank for s in torn))} ended by SIGTERM: the launcher tearing the job down "
                  "after the first failure (victims, not causes)"]  # fmt: skip
-    else:
-        notes = []
-    if causes and not (signal_dead and _later(causes[0], signal_dead)):
+    if causes and not (signal_dead and _later(causes[0])):
         e = causes[0]
         r = int(str(e.get("rank")))
-        message = str(e.get("message"))
-        oom = "OutOfMemoryError" in str(e.get("type")) or "out of memory" in message.lower()
-        category = "crash.oom" if oom else "crash.cuda_error" if _CUDA_ERROR.search(message) else "crash.exception"
+        kind = error_kind(e)
+        category = ERROR_CATEGORY.get(kind or "", "crash.exception")
         confidence = "high" if ctx.rule == "exception" or len(exceptions) == 1 else "medium"
         return Blame([r], category, _exc_phase(by_rank.get(r)), confidence, f"Rank {r} raised "
                      f"{exception_line(e)} first.", [], e)  # fmt: skip
@@ -305,25 +506,17 @@ def _crash(states: list[RankState], ctx: Context, exceptions: list[dict[str, Any
                      "no rank's own failure was recorded).", [], first)  # fmt: skip
     if ctx.console == "crash.signal":
         return Blame([], "crash.signal", None, "low", "A rank crashed with a fatal signal.", [], None)
-    hung = _hang(states, ctx)
-    return hung
+    return _hang(states, ctx)
 
 
-def _time(exc: dict[str, Any]) -> float:
-    t = exc.get("time")
-    return float(t) if isinstance(t, (int, float)) else 0.0
-
-
-def _later(exc: dict[str, Any], dead: list[RankState]) -> bool:
-    """Whether an exception is a consequence of a death: ranks died without a record, and it says a peer left."""
-    return bool(PEER_LOSS.search(str(exc.get("message", ""))))
+def _later(exc: dict[str, Any]) -> bool:
+    """Whether an exception is a consequence of a death: it says a peer left (ranks died without a record)."""
+    return error_kind(exc) == "peer_loss"
 
 
 def _exc_phase(s: Optional[RankState]) -> Optional[str]:
     """The phase an exception came from: read from its traceback (data, checkpoint), else compute."""
     if s is None or s.exception is None:
         return None
-    from .states import exception_where
-
     w = exception_where(s.exception)
     return w.kind if w.kind in ("data", "checkpoint", "collective") else "compute"

@@ -10,7 +10,7 @@ from typing import Optional
 from ..adapters import pyspy, stacks
 from ..bundle import layout as L
 from ..bundle.reader import Bundle
-from ..detections import rank_ranges
+from ..detections import plural_ranks
 from ..frames import Where, where
 
 MAX_FRAMES_SHOWN = 12
@@ -21,7 +21,7 @@ class RankStack:
     rank: int
     thread: stacks.ThreadStack
     source: str  # the bundle member it was read from
-    waits_in: str  # collective | data | checkpoint | compute | ambiguous (frames.where)
+    waits_in: str  # collective | data | checkpoint | io | compute | ambiguous (frames.where)
     workers: tuple[tuple[int, stacks.ThreadStack], ...] = ()  # (pid, main thread) of its DataLoader workers
     where: Optional[Where] = None  # frames.where of the main thread, read once
 
@@ -36,16 +36,7 @@ class StackGroup:
     odd: bool = False  # a minority group: the ones to look at first
 
     def describe(self) -> str:
-        return f"{_plural_ranks(self.ranks)}: {self.signature}"
-
-
-def _plural_ranks(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
-
-
-def waits_in(thread: stacks.ThreadStack) -> str:
-    """Where a thread is parked (frames.where): collective, data, checkpoint, compute or ambiguous."""
-    return where(thread).kind
+        return f"{plural_ranks(self.ranks)}: {self.signature}"
 
 
 def _from_pyspy(bundle: Bundle, name: str, worker: bool = False) -> Optional[stacks.ThreadStack]:

@@ -1,10 +1,12 @@
 """Each rank's state, read from every independent source in a bundle, each fact kept with the member it came from:
-the flight recorder's `pg_status`, the main thread's stack (py-spy, the rank's own dump, faulthandler) and its
-native frames, `/proc` (stopped, traced, uninterruptible, zombie), the liveness thread's age against its peers',
-whether py-spy and the dump request were answered, the heartbeat's step and phase, exceptions, and how the
-process ended. Then one classification: waiting (in what, at which sequence number), elsewhere (data, checkpoint,
-compute, holding the GIL, stopped, in the kernel, exited, dead, raised) or unknown. Pure; imports the stdlib,
-the frame vocabulary, the stack and flight-recorder adapters, and the bundle reader."""
+the collective each process group is stuck at (the flight recorder's `pg_status`, or the NCCL watchdog's lines in
+the console), the main thread's stack (py-spy, the rank's own dump, faulthandler) and its native frames, `/proc`
+(stopped, traced, uninterruptible, zombie, blocked in a read of a file or socket), the liveness thread's age against
+its peers', whether py-spy and the dump request were answered, the heartbeat's step and phase, exceptions (the
+recorder's, else the console's), and how the process ended. Then one classification: waiting (in what, in which
+group, at which sequence number), elsewhere (data, checkpoint, I/O, compute, holding the GIL, stopped, in the
+kernel, exited, dead, raised) or unknown. Pure; imports the stdlib, the frame vocabulary, the stack, console and
+flight-recorder adapters, and the bundle reader."""
 
 from __future__ import annotations
 
@@ -14,31 +16,34 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .._recorder import protocol as P
+from ..adapters import comm_log, stacks, torchelastic
 from ..adapters import flight_recorder as fr
-from ..adapters import stacks, torchelastic
 from ..bundle import layout as L
-from ..bundle.reader import Bundle, number
-from ..frames import Where, is_native, where
+from ..bundle.reader import Bundle, integer, number
+from ..frames import SETUP_FUNCS, Where, is_native, looks_like_data, where
 from .stackgroups import RankStack
 
 # What a rank is doing, as the blame sees it. "waiting" ranks are victims; the others may be causes.
-ELSEWHERE = ("data", "checkpoint", "compute", "eval", "gil", "stopped", "traced", "kernel", "exited", "dead", "raised")
-STOPPED_WCHAN = ("do_signal_stop", "ptrace_stop")
-_COMM_TIMEOUT = re.compile(r"Timed out waiting|Watchdog caught collective operation timeout|DistBackendError|"
-                           r"timed out|Timeout", re.IGNORECASE)  # fmt: skip
-PEER_LOSS = re.compile(
-    r"Connection (?:closed|reset) by peer|Broken pipe|remote process exit|communicator was aborted|aborted|"
-    r"Socket closed|Connection refused",
-    re.IGNORECASE,
-)
+ELSEWHERE = ("data", "checkpoint", "io", "compute", "eval", "gil", "stopped", "traced", "kernel", "exited", "dead",
+             "raised")  # fmt: skip
 FROZEN_MIN_S = 5.0  # a liveness thread this much older than its peers' (and 3x their median) is not running
+# Syscalls a thread blocks in while it waits for I/O, as the /proc adapter names them.
+IO_SYSCALLS = frozenset({"read", "pread64", "readv", "preadv", "preadv2", "recvfrom", "recvmsg", "recvmmsg", "open",
+                         "openat", "openat2", "connect", "accept", "accept4", "poll", "ppoll", "select", "pselect6",
+                         "epoll_wait", "epoll_pwait", "write", "writev", "pwrite64", "sendto", "sendmsg"})  # fmt: skip
+IO_FDS = frozenset({"file", "fifo", "socket", "pipe", None})  # what the fd is; None: the syscall names none (poll)
 
 
 @dataclass(frozen=True)
 class Fact:
     source: str  # the bundle member it was read from
-    says: str  # "waiting" or one of ELSEWHERE, or "ambiguous" / "running"
+    says: str  # "waiting", "behind" or one of ELSEWHERE, or "ambiguous" / "unanswered"
     text: str  # plain words: "main thread in all_reduce (distributed_c10d.py:2950)"
+    group: Optional[str] = None  # waiting / behind: the process group
+    seq: Optional[int] = None  # ... and the collective's sequence number in it
+    op: Optional[str] = None  # ... and its op, where known
+    weak: bool = False  # a stack that says compute only because nothing in it says otherwise (frames.Where.fallback)
+    stack: bool = False  # read from the main thread's stack
 
 
 @dataclass
@@ -51,26 +56,79 @@ class RankState:
     detail: str  # in what: "all_reduce #9 of group 0", "__getitem__ (train.py:40)", "exit code 3"
     phase: str  # the phase for the verdict: data, checkpoint, collective, compute, eval, startup, ...
     step: Optional[int] = None
-    seq: Optional[int] = None  # the collective's sequence number it waits in (flight recorder)
+    seq: Optional[int] = None  # the collective's sequence number it waits in (flight recorder, NCCL's watchdog)
     facts: list[Fact] = field(default_factory=list)
     conflicts: list[str] = field(default_factory=list)  # sources that disagree with the classification
     failed_at: Optional[float] = None  # wall time of its exception, when it raised
     exception: Optional[dict[str, Any]] = None  # its first main-thread exception record
     exit_code: Optional[int] = None  # non-zero exit without an exception; negative: a signal
-    left_early: bool = False  # exited 0 while others still ran
     op: Optional[str] = None  # waiting: the collective its main thread waits in ("all_reduce", "barrier")
+    group: Optional[str] = None  # waiting: the process group of that collective
+    setup: bool = False  # waiting in process-group set-up (init_process_group, a store barrier)
 
     def agreeing(self) -> int:
         """How many independent sources agree with the classification."""
-        return len({f.source.split("#")[0] for f in self.facts if f.says == self.where or (
-            self.kind == "waiting" and f.says == "waiting")})  # fmt: skip
+        agree = {self.where, "waiting" if self.kind == "waiting" else "behind" if self.kind == "elsewhere" else ""}
+        return len({f.source.split("#")[0] for f in self.facts if f.says in agree})
 
 
-@dataclass(frozen=True)
-class GroupProgress:
-    """Per process group, the furthest collective any rank enqueued (flight recorder)."""
+@dataclass
+class JobEvidence:
+    """What each rank's state is read against: the collective each group is stuck at (flight recorder and console),
+    the console's facts, torchrun's exit codes."""
 
-    top: dict[str, int]
+    stuck: list[fr.Stuck] = field(default_factory=list)
+    ops: dict[tuple[str, int], str] = field(default_factory=dict)  # (group, seq) -> op, where known
+    status_source: dict[int, str] = field(default_factory=dict)  # rank -> where its group statuses came from
+    console_statuses: list[fr.GroupStatus] = field(default_factory=list)  # the watchdog's, for ranks without a dump
+    # collectives the ranks did not agree on: (group, seq, {rank: "ALLREDUCE [25]"}) — DETAIL's fingerprints, or the
+    # watchdog's lines of one number with different ops or sizes
+    mismatches: list[tuple[str, int, dict[int, str]]] = field(default_factory=list)
+    console: comm_log.ConsoleFacts = field(default_factory=comm_log.ConsoleFacts)
+    exits: dict[int, int] = field(default_factory=dict)  # pid -> exit code (torchrun's lines)
+    rank_exits: dict[int, int] = field(default_factory=dict)  # rank -> exit code (torchrun's failure summary)
+
+
+def job_evidence(bundle: Bundle, dumps: dict[int, dict[str, Any]], world: Optional[int]) -> JobEvidence:
+    """The job-wide evidence: the flight recorder's group statuses, completed by the NCCL watchdog's lines for the
+    ranks without a dump; per group, the collective it is stuck at."""
+    console_text = bundle.text(L.CONSOLE_TAIL)
+    ev = JobEvidence(console=comm_log.parse_console(console_text), exits=torchelastic.failures_in_output(console_text),
+                     rank_exits=torchelastic.failures_by_rank(console_text))  # fmt: skip
+    statuses: list[fr.GroupStatus] = []
+    for rank, dump in dumps.items():
+        statuses.extend(fr.pg_status(rank, dump))
+        ev.status_source[rank] = f"{L.FLIGHT_RECORDER_DIR} (rank {rank}'s pg_status)"
+    members = fr.members(dumps)
+    for t in ev.console.timeouts:
+        if t.rank in dumps:
+            continue
+        group = t.group or "0"
+        enqueued = t.last_enqueued if t.last_enqueued is not None else t.seq
+        completed = t.last_completed if t.last_completed is not None else t.seq - 1
+        ev.console_statuses.append(fr.GroupStatus(t.rank, group, enqueued, -1, completed))
+        ev.ops[(group, t.seq)] = t.op.lower()
+        ev.status_source[t.rank] = f"{L.CONSOLE_TAIL} (the NCCL watchdog's line)"
+        if group == "0" and world and group not in members:
+            members[group] = list(range(world))
+    ev.stuck = fr.stuck(statuses + ev.console_statuses, members)
+    ev.mismatches = [("0", seq, calls) for seq, calls in ev.console.mismatches] + _watchdog_mismatches(ev.console)
+    for st in ev.stuck:  # the stuck collective's op, from a waiting rank's own entry
+        e = next((fr.entry(dumps[r], st.group, st.seq) for r in st.waiting if r in dumps), None)
+        if e is not None:
+            ev.ops[(st.group, st.seq)] = fr.op_name(e)
+    return ev
+
+
+def _watchdog_mismatches(console: comm_log.ConsoleFacts) -> list[tuple[str, int, dict[int, str]]]:
+    """Ranks whose watchdogs timed out on the same collective number of one group with different ops or sizes: they
+    were not in the same call."""
+    by_work: dict[tuple[str, int], dict[int, str]] = {}
+    for t in console.timeouts:
+        if t.numel is not None or t.op != "collective":
+            by_work.setdefault((t.group or "0", t.seq), {})[t.rank] = f"{t.op}" + (
+                f" NumelIn={t.numel}" if t.numel is not None else "")  # fmt: skip
+    return [(g, seq, calls) for (g, seq), calls in sorted(by_work.items()) if len(set(calls.values())) > 1]
 
 
 def native_stack(bundle: Bundle, rank: int, rs: Optional[RankStack]) -> Optional[stacks.ThreadStack]:
@@ -102,6 +160,24 @@ def exception_records(bundle: Bundle, rank: int) -> list[dict[str, Any]]:
     return sorted(out, key=lambda r: float(r["time"]))
 
 
+def console_exception(ev: JobEvidence, rank: int) -> Optional[dict[str, Any]]:
+    """The rank's exception as its console shows it (`[rank3]: ValueError: ...`), for a rank without the recorder's
+    record: an exception record with no time, ordered by its place in the console."""
+    for e in ev.console.exceptions:
+        if e.rank == rank:
+            return {"rank": rank, "type": e.type, "message": e.message, "time": None, "order": e.order,
+                    "thread": "MainThread", "source": L.CONSOLE_TAIL,
+                    "traceback": [{"file": f, "line": n, "function": fn} for f, n, fn in e.traceback]}  # fmt: skip
+    return None
+
+
+def exception_key(exc: dict[str, Any]) -> tuple[float, int]:
+    """When an exception came: the recorder's wall time, else its place in the console."""
+    t = exc.get("time")
+    order = exc.get("order")
+    return (float(t) if isinstance(t, (int, float)) else 0.0, order if isinstance(order, int) else 0)
+
+
 def exception_line(exc: dict[str, Any]) -> str:
     """`Type: message` in one line. An exception re-raised from a DataLoader worker carries the worker's whole
     traceback in its message: its last line is the one that says what went wrong."""
@@ -123,152 +199,203 @@ def exception_frames(exc: dict[str, Any]) -> tuple[stacks.Frame, ...]:
     return tuple(out)
 
 
+def error_kind(exc: dict[str, Any]) -> Optional[str]:
+    """What an exception is (adapters.comm_log.error_kind): a collective timeout, a lost peer, a CUDA fault, a
+    network set-up failure, an OOM, or None — the rank's own error. Its traceback says whether it came out of
+    process-group set-up (or the first collective, which sets NCCL's communicator up)."""
+    frames = exception_frames(exc)
+    in_setup = any(f.function in SETUP_FUNCS or f.function in ("_verify_param_shape_across_processes",
+                                                                "_sync_module_states") for f in frames)  # fmt: skip
+    return comm_log.error_kind(f"{exc.get('type')}: {exc.get('message')}", in_setup)
+
+
+def is_comm_timeout(exc: dict[str, Any]) -> bool:
+    return error_kind(exc) == "comm_timeout"
+
+
+def is_victim(exc: dict[str, Any]) -> bool:
+    """Only a collective's timeout or a lost peer makes the rank that raised a victim; anything else raised inside a
+    collective (a CPU tensor given to NCCL, an object that cannot be pickled) is the rank's own failure."""
+    return error_kind(exc) in ("comm_timeout", "peer_loss")
+
+
 def exception_where(exc: dict[str, Any]) -> Where:
     """Where the exception came from, read from its traceback the way a stack is read. An exception out of
     autograd's backward that says a collective timed out or a peer went away came out of DDP's all_reduce."""
     w = where(stacks.ThreadStack("exception", None, False, exception_frames(exc)))
-    text = f"{exc.get('type')} {exc.get('message')}"
-    if w.kind == "ambiguous" and (_COMM_TIMEOUT.search(text) or PEER_LOSS.search(text)):
+    if w.kind == "ambiguous" and is_victim(exc):
         return Where("collective", "DDP's gradient all_reduce in backward()")
     return w
 
 
-def is_comm_timeout(exc: dict[str, Any]) -> bool:
-    return bool(_COMM_TIMEOUT.search(f"{exc.get('type')} {exc.get('message')}"))
-
-
-def group_progress(dumps: dict[int, dict[str, Any]]) -> GroupProgress:
-    top: dict[str, int] = {}
-    for rank, dump in dumps.items():
-        for s in fr.pg_status(rank, dump):
-            top[s.group] = max(top.get(s.group, -1), s.last_enqueued)
-    return GroupProgress(top)
-
-
-def _fr_facts(rank: int, dump: Optional[dict[str, Any]], progress: GroupProgress) -> list[Fact]:
-    """Waiting: a collective enqueued and not completed. Behind: its group went further without it."""
-    if dump is None:
-        return []
-    source = f"{L.FLIGHT_RECORDER_DIR} (rank {rank}'s pg_status)"
+def _fr_facts(rank: int, ev: JobEvidence) -> list[Fact]:
+    """Per stuck group: waiting (it enqueued the collective the group is stuck at), or behind (it never did)."""
+    source = ev.status_source.get(rank)
     out = []
-    for s in fr.pg_status(rank, dump):
-        top = progress.top.get(s.group, s.last_enqueued)
-        if s.last_enqueued > s.last_completed and s.last_enqueued >= 0:
-            entry = fr.entry(dump, s.group, s.last_enqueued)
-            op = str(entry.get("profiling_name") or "collective").split(":")[-1] if entry else "collective"
-            out.append(Fact(source, "waiting", f"enqueued {op} #{s.last_enqueued} of group {s.group} and it has "
-                            f"not completed (last completed #{s.last_completed})"))  # fmt: skip
-        elif s.last_enqueued < top:
-            out.append(Fact(source, "behind", f"never enqueued collective #{top} of group {s.group} that others "
-                            f"did (its last: #{s.last_enqueued}, completed)"))  # fmt: skip
+    for st in ev.stuck:
+        op = ev.ops.get((st.group, st.seq))
+        name = f"{op or 'collective'} #{st.seq} of group {st.group}"
+        if rank in st.waiting and source:
+            out.append(Fact(source, "waiting", f"enqueued {name} and it has not completed", st.group, st.seq, op))
+        elif rank in st.missing and source:
+            out.append(Fact(source, "behind", f"never enqueued {name}, which ranks "
+                            f"{', '.join(map(str, st.waiting[:8]))} wait in", st.group, st.seq, op))  # fmt: skip
     return out
 
 
-def read_state(
-    bundle: Bundle,
-    rank: int,
-    node: str,
-    rs: Optional[RankStack],
-    fr_dump: Optional[dict[str, Any]],
-    progress: GroupProgress,
-    peer_liveness: Optional[float],
-    exits: dict[int, int],
-    job_entry: dict[str, Any],
-) -> RankState:
-    """Every source's facts about one rank, then its classification (classify). `peer_liveness`: the median
-    age of the other ranks' liveness threads; `job_entry`: the rank's entry in the manifest's job.local_ranks."""
+def _end_facts(bundle: Bundle, rank: int, hb: dict[str, Any], alive: Optional[bool], pid: Optional[int],
+               ev: JobEvidence, exc: Optional[dict[str, Any]]) -> tuple[list[Fact], Optional[int]]:  # fmt: skip
+    """How the process ended (torchrun's lines, the heartbeat's exit status), and its exception. Returns the facts
+    and its exit code where known."""
     hb_src = L.rank_member(rank, L.HEARTBEAT)
-    hb_raw = bundle.json(hb_src)
-    hb: dict[str, Any] = hb_raw if isinstance(hb_raw, dict) else {}
     facts: list[Fact] = []
-    pid = hb.get("pid") if isinstance(hb.get("pid"), int) else None
-    alive = hb.get("alive") if isinstance(hb.get("alive"), bool) else None
-    if job_entry:
-        entry_pid = job_entry.get("pid")
-        pid = pid if pid is not None else entry_pid if isinstance(entry_pid, int) else None
-        alive = alive if alive is not None else bool(job_entry.get("alive"))
-    step = hb.get("step") if isinstance(hb.get("step"), int) else None
-    phase = str(hb.get("phase") or "unknown")
     state = str(hb.get("state") or "")
-    # how it ended
-    excs = exception_records(bundle, rank)
-    exc = excs[0] if excs else None
     exit_status = str(hb.get("exit_status") or "")
     exit_code = _exit_code(exit_status)
-    if exit_code is None and pid in exits and alive is not True:
-        exit_code = exits[pid]
-        exit_status = _describe_exit(exit_code)
-        facts.append(Fact(f"{L.CONSOLE_TAIL} (torchrun's failure summary)", "dead" if exit_code else "exited",
-                          f"torchrun saw it end with exitcode {exit_code}"))  # fmt: skip
+    torchrun = ev.exits.get(pid) if pid is not None else None
+    torchrun = torchrun if torchrun is not None else ev.rank_exits.get(rank) if not hb else None
+    if exit_code is None and torchrun is not None and alive is not True:
+        exit_code = torchrun
+        exit_status = _describe_exit(torchrun)
+        facts.append(Fact(f"{L.CONSOLE_TAIL} (torchrun's failure summary)", "dead" if torchrun else "exited",
+                          f"torchrun saw it end with exitcode {torchrun}"))  # fmt: skip
     if exc is not None:
         w = exception_where(exc)
-        says = "waiting" if w.kind == "collective" else "raised"
-        facts.append(Fact(L.rank_member(rank, P.RANK_EXCEPTIONS), says, f"raised {exc.get('type')}"
-                          + (" out of a collective" if says == "waiting" else "")))  # fmt: skip
+        says = "waiting" if is_victim(exc) else "raised"
+        text = f"raised {exc.get('type')}" + (" out of a collective" if w.kind == "collective" else "") + (
+            ": a timeout or a lost peer" if says == "waiting" else "")  # fmt: skip
+        facts.append(Fact(str(exc.get("source") or L.rank_member(rank, P.RANK_EXCEPTIONS)), says, text))
     if alive is False or state == "exited":
         if state == "exited" and not exit_code:
-            facts.append(Fact(hb_src, "exited", f"exited normally at step {step}"))
+            facts.append(Fact(hb_src, "exited", f"exited normally at step {hb.get('step')}"))
         elif exit_status:
             facts.append(Fact(hb_src, "dead", f"ended: {exit_status}"))
         elif exc is None:
             facts.append(Fact(hb_src if hb else L.MANIFEST, "dead", "its process is gone"))
-    # /proc
+    return facts, exit_code
+
+
+def _proc_facts(bundle: Bundle, rank: int) -> tuple[list[Fact], Optional[int]]:
+    """What the kernel says (ranks/R/proc.json): stopped, traced, a zombie and its end, uninterruptible sleep, or
+    the main thread blocked in I/O (which syscall, on which file, socket or pipe). Returns a zombie's exit code."""
     psrc = L.process_member(rank, L.PROC)
     proc = bundle.json(psrc)
     proc = proc if isinstance(proc, dict) else {}
     letter = str(proc.get("state") or "")[:1]
     wchan = str(proc.get("wchan") or "")
+    main = proc.get("main_thread")
+    blocked: dict[str, Any] = main if isinstance(main, dict) else {}
     if letter == "T" or (letter == "t" and wchan == "do_signal_stop"):
-        facts.append(Fact(psrc, "stopped", f"/proc state {proc.get('state')}" + (f", wchan {wchan}" if wchan else "")))
-    elif letter == "t":
-        facts.append(Fact(psrc, "traced", f"/proc state {proc.get('state')} (stopped by a debugger)"))
-    elif letter == "Z":  # exited, not yet reaped by its parent: the kernel still holds how it ended
-        code = proc.get("exit_code")
-        code = code if isinstance(code, int) and not isinstance(code, bool) else None
+        return [Fact(psrc, "stopped", f"/proc state {proc.get('state')}" + (f", wchan {wchan}" if wchan else ""))], None
+    if letter == "t":
+        return [Fact(psrc, "traced", f"/proc state {proc.get('state')} (stopped by a debugger)")], None
+    if letter == "Z":  # exited, not yet reaped by its parent: the kernel still holds how it ended
+        code = integer(proc.get("exit_code"))
         if code == 0:
-            facts.append(Fact(psrc, "exited", "/proc state Z: exited with code 0, not yet reaped"))
-        else:
-            facts.append(Fact(psrc, "dead", "/proc state Z (zombie: exited, not yet reaped)"
-                              + (f", {_describe_exit(code)}" if code is not None else "")))  # fmt: skip
-            if code is not None and exit_code is None:
-                exit_code, exit_status = code, _describe_exit(code)
-    elif letter == "D":
-        facts.append(Fact(psrc, "kernel", f"/proc state D (uninterruptible sleep in the kernel, wchan {wchan or '?'})"))
-    # stacks
+            return [Fact(psrc, "exited", "/proc state Z: exited with code 0, not yet reaped")], None
+        return [Fact(psrc, "dead", "/proc state Z (zombie: exited, not yet reaped)"
+                     + (f", {_describe_exit(code)}" if code is not None else ""))], code  # fmt: skip
+    io = describe_blocked(blocked)
+    if letter == "D":
+        return [Fact(psrc, "kernel", f"/proc state D (uninterruptible sleep in the kernel, wchan {wchan or '?'})"
+                     + (f"; {io}" if io else ""))], None  # fmt: skip
+    if io and blocked.get("syscall") in IO_SYSCALLS and blocked.get("fd_kind") in IO_FDS:
+        return [Fact(psrc, "io", io)], None
+    return [], None
+
+
+def describe_blocked(b: dict[str, Any]) -> str:
+    """The main thread's blocking syscall in words: "blocked in read() of fd 5, /data/train.bin (a file on nfs4)"."""
+    call = b.get("syscall")
+    if not isinstance(call, str) or call in ("running", ""):
+        return ""
+    what = str(b.get("fd_target") or b.get("path") or "")
+    kind = b.get("fd_kind")
+    on = f" on {b['fs_type']}" + (f" ({b['mount']})" if b.get("mount") else "") if b.get("fs_type") else ""
+    peer = f" to {b['peer']}" if b.get("peer") else ""
+    fd = f" of fd {b['fd']}" if isinstance(b.get("fd"), int) else ""
+    thing = f", {what} (a {kind}{on}{peer})" if what and kind else f", {what}" if what else ""
+    return f"main thread blocked in {call}(){fd}{thing}"
+
+
+def _stack_facts(bundle: Bundle, rank: int, rs: Optional[RankStack], alive: Optional[bool],
+                 known: bool) -> list[Fact]:  # fmt: skip
     native = native_stack(bundle, rank, rs)
-    if rs is not None:
-        w = where(native) if native is not None else rs.where or where(rs.thread)
-        native_src = L.process_member(rank, L.PYSPY_NATIVE)
-        src = native_src if native is not None and native_src in bundle.files else rs.source
-        says = {"collective": "waiting", "ambiguous": "ambiguous"}.get(w.kind, w.kind)
-        text = f"main thread in {w.what}" + (" (native frames)" if w.native else "")
-        facts.append(Fact(src, says, text))
-    elif alive and (proc or hb):
-        facts.append(Fact(f"{L.MANIFEST}: steps", "unanswered", "no stack could be taken (py-spy failed or was not "
-                          "run, no dump of its own)"))  # fmt: skip
-    # flight recorder
-    facts.extend(_fr_facts(rank, fr_dump, progress))
-    # heartbeat
-    if hb and alive is not False and state not in ("exited",):
-        hb_says = {"collective": "waiting", "data": "data", "checkpoint": "checkpoint", "eval": "eval"}.get(phase)
-        if hb_says is not None:
-            coll = f" {hb.get('collective')}" if phase == "collective" and hb.get("collective") not in (None, "none") \
-                else ""  # fmt: skip
-            facts.append(Fact(hb_src, hb_says, f"heartbeat phase {phase}{coll}"))
-        age = number(hb.get("liveness_age_s"))
-        median = peer_liveness
-        if age is not None and median is not None and age > max(FROZEN_MIN_S, 3 * median + 1):
-            facts.append(Fact(hb_src, "gil", f"its liveness thread has not run for {age:.0f} s while its peers' ran "
-                              f"{median:.1f} s ago (the GIL is held, or the process is stopped)"))  # fmt: skip
-        if isinstance(hb.get("dump_request"), int) and isinstance(hb.get("dump_ack"), int) and \
-                hb["dump_request"] > hb["dump_ack"]:  # fmt: skip
-            facts.append(Fact(hb_src, "unanswered", "did not answer the dump request"))
-    node_name = str(hb.get("node") or node)
-    st = classify(rank, node_name, pid, facts, phase, step)
+    if rs is None:
+        if alive and known:
+            return [Fact(f"{L.MANIFEST}: steps", "unanswered", "no stack could be taken (py-spy failed or was not "
+                         "run, no dump of its own)")]  # fmt: skip
+        return []
+    w = where(native) if native is not None else rs.where or where(rs.thread)
+    native_src = L.process_member(rank, L.PYSPY_NATIVE)
+    src = native_src if native is not None and native_src in bundle.files else rs.source
+    says = {"collective": "waiting", "ambiguous": "ambiguous"}.get(w.kind, w.kind)
+    text = f"main thread in {w.what}" + (" (native frames)" if w.native else "")
+    op = w.what.split(" ")[0] if w.kind == "collective" else None
+    out = [Fact(src, says, text, op=op, weak=w.fallback, stack=True)]
+    if w.setup:
+        out.append(Fact(src, "setup", "process-group set-up", stack=True))
+    reads = looks_like_data(native or rs.thread) if w.fallback or w.kind == "ambiguous" else None
+    if reads is not None:  # under a read the kernel may show: the job's data (nanoGPT's get_batch), not other I/O
+        out.append(Fact(src, "reads_data", f"{reads.describe()} reads the job's data", stack=True))
+    return out
+
+
+def _heartbeat_facts(rank: int, hb: dict[str, Any], alive: Optional[bool],
+                     peer_liveness: Optional[float]) -> list[Fact]:  # fmt: skip
+    hb_src = L.rank_member(rank, L.HEARTBEAT)
+    if not hb or alive is False or hb.get("state") == "exited":
+        return []
+    out = []
+    phase = str(hb.get("phase") or "unknown")
+    hb_says = {"collective": "waiting", "data": "data", "checkpoint": "checkpoint", "eval": "eval"}.get(phase)
+    if hb_says is not None:
+        named = phase == "collective" and hb.get("collective") not in (None, "none")
+        coll = f" {hb.get('collective')}" if named else ""
+        out.append(Fact(hb_src, hb_says, f"heartbeat phase {phase}{coll}"))
+    age = number(hb.get("liveness_age_s"))
+    if age is not None and peer_liveness is not None and age > max(FROZEN_MIN_S, 3 * peer_liveness + 1):
+        out.append(Fact(hb_src, "gil", f"its liveness thread has not run for {age:.0f} s while its peers' ran "
+                        f"{peer_liveness:.1f} s ago (the GIL is held, or the process is stopped)"))  # fmt: skip
+    request, ack = integer(hb.get("dump_request")), integer(hb.get("dump_ack"))
+    if request is not None and ack is not None and request > ack:
+        out.append(Fact(hb_src, "unanswered", "did not answer the dump request"))
+    return out
+
+
+def read_state(bundle: Bundle, rank: int, node: str, rs: Optional[RankStack], ev: JobEvidence,
+               peer_liveness: Optional[float], job_entry: dict[str, Any]) -> RankState:  # fmt: skip
+    """Every source's facts about one rank, then its classification (classify). `peer_liveness`: the median
+    age of the other ranks' liveness threads; `job_entry`: the rank's entry in the manifest's job.local_ranks."""
+    hb_raw = bundle.json(L.rank_member(rank, L.HEARTBEAT))
+    hb: dict[str, Any] = hb_raw if isinstance(hb_raw, dict) else {}
+    pid = integer(hb.get("pid"))
+    alive = hb.get("alive") if isinstance(hb.get("alive"), bool) else None
+    if job_entry:
+        pid = pid if pid is not None else integer(job_entry.get("pid"))
+        alive = alive if alive is not None else bool(job_entry.get("alive"))
+    excs = exception_records(bundle, rank)
+    exc = excs[0] if excs else console_exception(ev, rank)
+    facts, exit_code = _end_facts(bundle, rank, hb, alive, pid, ev, exc)
+    proc_facts, zombie_code = _proc_facts(bundle, rank)
+    facts += proc_facts
+    known = bool(proc_facts or hb or bundle.json(L.process_member(rank, L.PROC)))
+    facts += _stack_facts(bundle, rank, rs, alive, known)
+    facts += _fr_facts(rank, ev)
+    if rank in ev.console.setup_waits:  # "Waiting in store based barrier to initialize process group for rank: N"
+        line = ev.console.setup_waits[rank]
+        key = re.search(r"key: (\S+)", line)
+        facts.append(Fact(f"{L.CONSOLE_TAIL} (its set-up barrier line)", "waiting", "waits in process-group set-up: "
+                          + line[-160:], key.group(1) if key else "set-up", None, "store_based_barrier"))  # fmt: skip
+        facts.append(Fact(f"{L.CONSOLE_TAIL} (its set-up barrier line)", "setup", "process-group set-up"))
+    facts += _heartbeat_facts(rank, hb, alive, peer_liveness)
+    step = integer(hb.get("step"))
+    st = classify(rank, str(hb.get("node") or node), pid, facts, str(hb.get("phase") or "unknown"), step)
     st.exception = exc
     st.failed_at = number(exc.get("time")) if exc else None
-    if exit_code:
-        st.exit_code = exit_code
+    code = exit_code if exit_code is not None else zombie_code
+    if code:
+        st.exit_code = code
     return st
 
 
@@ -291,14 +418,16 @@ def _describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-# The order in which one fact settles a rank's state over the others: how a process ended first, then what the
-# kernel says, then what its main thread is doing, then the flight recorder, then the heartbeat.
+# How one fact settles a rank's state over the others: how a process ended first, then what the kernel says, then
+# what its main thread is doing, then the collective it is stuck in, then the heartbeat — except that a stack that
+# says "compute" only because no frame said otherwise (on a GPU the host runs ahead of the device) loses to the
+# flight recorder's "enqueued, not completed", to a read the kernel shows it blocked in, and to the phase the job
+# declared (`blackbox.phase("data")`).
 _FINAL = ("raised", "dead", "exited", "stopped", "traced")
 
 
 def classify(rank: int, node: str, pid: Optional[int], facts: list[Fact], phase: str, step: Optional[int]) -> RankState:
     """One state from the facts. Pure: unit tests give hand-made facts."""
-
     firsts: dict[str, Fact] = {}  # what each kind of fact says first (the order of `facts` is the order of trust)
     for f in facts:
         firsts.setdefault(f.says, f)
@@ -307,66 +436,56 @@ def classify(rank: int, node: str, pid: Optional[int], facts: list[Fact], phase:
     def make(kind: str, where_: str, decided: Fact, ph: str) -> RankState:
         st = RankState(rank, node, pid, kind, where_, decided.text, ph, step, facts=facts)
         for f in facts:
-            contradicts = (kind == "waiting" and f.says in ("data", "checkpoint", "compute", "eval", "behind")) or (
-                kind == "elsewhere" and f.says == "waiting" and where_ not in _FINAL
-            )
-            if contradicts and f.source != decided.source:
+            against = ("data", "checkpoint", "io", "compute", "eval", "behind") if kind == "waiting" else ("waiting",)
+            if f.says in against and f.source != decided.source and where_ not in _FINAL:
                 st.conflicts.append(f"{f.source} says {f.text}")
+        if kind == "waiting":
+            wait = decided if decided.group is not None else next((f for f in facts if f.says == "waiting" and
+                                                                  f.group is not None), None)  # fmt: skip
+            st.group, st.seq = (wait.group, wait.seq) if wait else (None, None)
+            st.op = decided.op or (wait.op if wait else None)
+            st.setup = first("setup") is not None
         return st
 
-    waiting_exc = next((f for f in facts if f.says == "waiting" and f.source.endswith(P.RANK_EXCEPTIONS)), None)
-    if waiting_exc is not None:  # raised out of a collective: a victim of whoever did not arrive
-        return make("waiting", "collective", waiting_exc, "collective")
+    stack = next((f for f in facts if f.stack and f.says not in ("setup", "reads_data")), None)
+    says = stack.says if stack is not None else None
+    strong = stack is not None and not stack.weak  # a stack that says where it is, not a fallback to compute
+    loose = stack is None or stack.weak or says == "ambiguous"  # no stack, or one that does not settle it
+    hb = {f.says: f for f in facts if f.source.endswith(L.HEARTBEAT) and f.says in ("waiting", "data", "checkpoint",
+                                                                                    "eval")}  # fmt: skip
+    declared = next((hb[p] for p in ("data", "checkpoint", "eval") if p in hb), None)
+    fr_wait = next((f for f in facts if f.says == "waiting" and f.group is not None), None)
+    exc_wait = next((f for f in facts if f.says == "waiting" and f.source.endswith((P.RANK_EXCEPTIONS, L.CONSOLE_TAIL))
+                     and f.group is None), None)  # fmt: skip
+    if exc_wait is not None:  # raised a timeout or a lost peer: a victim of whoever did not arrive
+        return make("waiting", "collective", exc_wait, "collective")
     for final in _FINAL:
-        decisive = first(final)
-        if decisive is not None:
-            return make("elsewhere", final, decisive, phase)
-    stack = next((f for f in facts if f.text.startswith("main thread in ")), None)
-    gil = first("gil")
-    kernel = first("kernel")
-    if stack is not None and stack.says in ("data", "checkpoint"):
-        return make("elsewhere", stack.says, stack, stack.says)
-    if stack is not None and stack.says == "waiting":
-        fr_wait = next((f for f in facts if f.says == "waiting" and f.source.startswith(L.FLIGHT_RECORDER_DIR)), None)
-        st = make("waiting", "collective", stack, "collective")
-        st.seq = _seq(fr_wait.text) if fr_wait else None
-        st.op = stack.text.removeprefix("main thread in ").split(" ")[0]
-        return st
-    if kernel is not None:
-        return make("elsewhere", "kernel", kernel, phase)
-    if stack is not None and stack.says == "compute":
-        if gil is not None:
-            return make("elsewhere", "gil", gil, "compute")
-        hb_phase = next(
-            (f for f in facts if f.source.endswith(L.HEARTBEAT) and f.says in ("data", "checkpoint", "eval")), None
-        )
-        return make("elsewhere", "compute", stack, hb_phase.says if hb_phase and hb_phase.says == "eval" else "compute")
-    # no decisive stack (none, or a C call that may be a collective wait): the flight recorder, then the heartbeat
-    fr_wait = next((f for f in facts if f.says == "waiting" and f.source.startswith(L.FLIGHT_RECORDER_DIR)), None)
-    if fr_wait is not None:
-        st = make("waiting", "collective", fr_wait, "collective")
-        st.seq = _seq(fr_wait.text)
-        return st
-    if gil is not None:
-        return make("elsewhere", "gil", gil, "compute")
-    hb_fact = next((f for f in facts if f.source.endswith(L.HEARTBEAT) and f.says in (
-        "waiting", "data", "checkpoint", "eval")), None)  # fmt: skip
-    if hb_fact is not None:
-        if hb_fact.says == "waiting":
-            return make("waiting", "collective", hb_fact, "collective")
-        return make("elsewhere", hb_fact.says, hb_fact, hb_fact.says)
-    behind = first("behind")
-    if behind is not None and stack is not None:  # in backward with no collective pending: computing
-        return make("elsewhere", "compute", behind, "compute")
-    decided = stack or first("unanswered") or Fact("", "unknown", "no source says where it is")
+        if final in firsts:
+            return make("elsewhere", final, firsts[final], phase)
+    if stack is not None and strong and says in ("data", "checkpoint", "io"):
+        now = declared.says if says == "io" and declared is not None and declared.says != "eval" else str(says)
+        return make("elsewhere", now, stack, now if now != "io" else phase)
+    if stack is not None and strong and says == "waiting":
+        return make("waiting", "collective", stack, "collective")
+    if "kernel" in firsts:
+        return make("elsewhere", "kernel", firsts["kernel"], phase)
+    if "io" in firsts and loose:  # blocked in a read under user code: waiting for I/O, never computing
+        now = declared.says if declared is not None and declared.says != "eval" else (
+            "data" if "reads_data" in firsts else "io")  # fmt: skip
+        return make("elsewhere", now, firsts["io"], now if now != "io" else phase)
+    if fr_wait is not None and (loose or says == "compute"):
+        return make("waiting", "collective", fr_wait, "collective")
+    if stack is not None and strong and says == "compute":
+        return make("elsewhere", "gil" if "gil" in firsts else "compute", firsts.get("gil", stack), "compute")
+    if declared is not None and loose:  # the phase the job declared wins over a fallback
+        return make("elsewhere", declared.says, declared, declared.says)
+    if stack is not None and stack.weak:
+        return make("elsewhere", "gil" if "gil" in firsts else "compute", firsts.get("gil", stack), "compute")
+    if "gil" in firsts:
+        return make("elsewhere", "gil", firsts["gil"], "compute")
+    if "waiting" in hb:
+        return make("waiting", "collective", hb["waiting"], "collective")
+    if "behind" in firsts and stack is not None:  # in backward or a CUDA sync with nothing pending: computing
+        return make("elsewhere", "compute", firsts["behind"], "compute")
+    decided = stack or first("unanswered") or first("behind") or Fact("", "unknown", "no source says where it is")
     return RankState(rank, node, pid, "unknown", "unknown", decided.text, phase, step, facts=facts)
-
-
-def _seq(text: str) -> Optional[int]:
-    m = re.search(r"#(\d+)", text)
-    return int(m.group(1)) if m else None
-
-
-def console_exits(bundle: Bundle) -> dict[int, int]:
-    """pid -> exit code, as torchrun printed them for its failed workers (in the console tail)."""
-    return torchelastic.failures_in_output(bundle.text(L.CONSOLE_TAIL))

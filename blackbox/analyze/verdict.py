@@ -9,17 +9,17 @@ import re
 from typing import Any, Optional
 
 from .._recorder import protocol as P
-from ..adapters import cuda_memory, stacks
+from ..adapters import comm_log, cuda_memory, stacks
 from ..adapters import flight_recorder as fr
 from ..adapters.cuda_memory import human
 from ..bundle import layout as L
 from ..bundle.reader import Bundle, integer, number
-from ..detections import ON_REQUEST_RULES, Trigger, rank_ranges
+from ..detections import ON_REQUEST_RULES, Trigger, plural_ranks
 from .actions import Facts, next_actions
-from .blame import Blame, Context, blame
+from .blame import ERROR_CATEGORY, Blame, Context, blame
 from .model import Finding, RankRow, Report, Verdict
 from .stackgroups import RankStack, group, rank_stack, signature
-from .states import RankState, console_exits, exception_line, exception_records, group_progress, read_state
+from .states import JobEvidence, RankState, exception_line, exception_records, job_evidence, read_state
 from .timeshare import findings as time_findings
 from .timeshare import time_ledger
 
@@ -142,22 +142,34 @@ def flight_recorder_dumps(bundle: Bundle) -> tuple[dict[int, dict[str, Any]], li
 
 
 def _collective_findings(
-    bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]]
-) -> tuple[dict[int, dict[str, Any]], list[fr.Unjoined], list[fr.Mismatch], list[Finding]]:
+    bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]], rows: list[RankRow]
+) -> tuple[dict[int, dict[str, Any]], list[fr.Unjoined], list[fr.Mismatch], list[Finding], JobEvidence]:
+    """The flight recorder's dumps (and the NCCL watchdog's lines in the console): per group, the collective it is
+    stuck at and who never entered it; collectives that differ across ranks; PyTorch's own analyzer's word."""
     dumps, errors = flight_recorder_dumps(bundle)
     findings = [Finding("observed", f"a flight-recorder trace could not be read: {e}", L.FLIGHT_RECORDER_DIR)
                 for e in errors]  # fmt: skip
-    unjoined = fr.unjoined(dumps) if dumps else []
+    world = bundle.section("job").get("world_size")
+    ev = job_evidence(bundle, dumps, world if isinstance(world, int) and 0 < world <= 1_000_000 else len(rows))
+    extra = ev.console_statuses
+    unjoined = fr.unjoined(dumps, extra, ev.ops) if dumps or extra else []
     mismatched = fr.mismatches(dumps) if dumps else []
+    for t in ev.console.timeouts[:8]:
+        findings.append(Finding("observed", f"rank {t.rank}: the NCCL watchdog timed out on {t.op} #{t.seq}"
+                                + (f" of group {t.group}" if t.group else "") + (
+                                    f" (last enqueued #{t.last_enqueued}, last completed #{t.last_completed})"
+                                    if t.last_enqueued is not None else ""), L.CONSOLE_TAIL))  # fmt: skip
     for mm in mismatched:
-        calls = "; ".join(f"{_plural_ranks(r)} called {call}" + (f" at {mm.where[call]}" if call in mm.where else "")
+        calls = "; ".join(f"{plural_ranks(r)} called {call}" + (f" at {mm.where[call]}" if call in mm.where else "")
                           for call, r in sorted(mm.calls.items(), key=lambda kv: (len(kv[1]), kv[0])))  # fmt: skip
         findings.append(Finding("observed", f"collective #{mm.seq} of group {mm.group_name} is not the same on every "
                                 f"rank: {calls}", f"{L.FLIGHT_RECORDER_DIR}: entries"))  # fmt: skip
     for u in unjoined:
-        text = (f"{_plural_ranks(u.missing)} never entered {u.op} #{u.seq} (group {u.group_name}) that "
-                f"{_plural_ranks(u.waiting)} {'waits' if len(u.waiting) == 1 else 'wait'} in"
-                + (f" at {u.where}" if u.where else ""))  # fmt: skip
+        absent = u.missing or u.untraced
+        text = (f"{plural_ranks(absent)} never entered {u.op} #{u.seq} (group {u.group_name}) that "
+                f"{plural_ranks(u.waiting)} {'waits' if len(u.waiting) == 1 else 'wait'} in"
+                + (f" at {u.where}" if u.where else "")
+                + ("" if u.missing else " (no trace of theirs in the bundle: inferred from the others')"))  # fmt: skip
         seen = "; ".join(f"rank {r} last entered a collective at {w}" for r, w in sorted(u.last_seen.items()))
         findings.append(Finding("observed", text + (f" — {seen}" if seen else ""),
                                 f"{L.FLIGHT_RECORDER_DIR}: pg_status and entries"))  # fmt: skip
@@ -169,7 +181,7 @@ def _collective_findings(
             findings.append(Finding("observed", f"PyTorch's flight-recorder analyzer: missing ranks {missing}", source))
         elif output is None or how != "PyTorch's analyzer ran":
             findings.append(Finding("observed", how, L.FLIGHT_RECORDER_DIR))
-    return dumps, unjoined, mismatched, findings
+    return dumps, unjoined, mismatched, findings, ev
 
 
 def _memory_findings(bundle: Bundle, ranks: list[int], findings: list[Finding], facts: Facts) -> list[int]:
@@ -280,7 +292,7 @@ def _rank_summary(rows: list[RankRow], rank_stacks: dict[int, RankStack], suspec
         life = "" if row.alive else f", processes gone ({row.state})"
         frame = f"; main thread in {row.top_frame}" if row.top_frame else ""
         source = L.rank_member("*", L.HEARTBEAT) if row.step is not None else L.MANIFEST
-        out.append(Finding("observed", f"{_plural_ranks(ids)} ({len(ids)} ranks){step}, {where}{idle}{life}{frame}",
+        out.append(Finding("observed", f"{plural_ranks(ids)} ({len(ids)} ranks){step}, {where}{idle}{life}{frame}",
                            source + (", " + L.process_member("*", L.PYSPY) if frame else "")))  # fmt: skip
     return out
 
@@ -357,10 +369,6 @@ def _gpu_findings(bundle: Bundle, findings: list[Finding]) -> None:
                                     f"{max(ecc):g}", source))  # fmt: skip
 
 
-def _plural_ranks(ranks: list[int]) -> str:
-    return ("rank " if len(ranks) == 1 else "ranks ") + rank_ranges(ranks)
-
-
 def _node_findings(bundle: Bundle) -> list[Finding]:
     """Multi-node: nodes whose bundle is not among those given, and nodes whose supervisor had fallen silent."""
     m = bundle.manifest
@@ -398,12 +406,9 @@ def _node_findings(bundle: Bundle) -> list[Finding]:
     return out
 
 
-def _rank_states(
-    bundle: Bundle, rank_stacks: dict[int, RankStack], rows: list[RankRow], dumps: dict[int, dict[str, Any]]
-) -> list[RankState]:
+def _rank_states(bundle: Bundle, rank_stacks: dict[int, RankStack], rows: list[RankRow],
+                 ev: JobEvidence) -> list[RankState]:  # fmt: skip
     """Every rank's state from every source (analyze.states), in rank order."""
-    progress = group_progress(dumps)
-    exits = console_exits(bundle)
     ages: dict[int, float] = {}
     for row in rows:
         hb = bundle.json(L.rank_member(row.rank, L.HEARTBEAT))
@@ -418,9 +423,12 @@ def _rank_states(
             entries.setdefault(entry["rank"], entry)
     ordered = sorted(ages.values())
     out = []
-    for rank in sorted(set(nodes) | set(bundle.ranks())):
-        out.append(read_state(bundle, rank, nodes.get(rank, node), rank_stacks.get(rank), dumps.get(rank), progress,
-                              _peer_median(ordered, ages.get(rank)), exits, entries.get(rank, {})))  # fmt: skip
+    world = bundle.section("job").get("world_size")
+    said = {e.rank for e in ev.console.exceptions} | {t.rank for t in ev.console.timeouts} | set(ev.console.setup_waits)
+    said = {r for r in said if isinstance(world, int) and 0 <= r < world}  # ranks only the console speaks of
+    for rank in sorted(set(nodes) | set(bundle.ranks()) | said):
+        out.append(read_state(bundle, rank, nodes.get(rank, node), rank_stacks.get(rank), ev,
+                              _peer_median(ordered, ages.get(rank)), entries.get(rank, {})))  # fmt: skip
     return out
 
 
@@ -450,8 +458,8 @@ def _state_findings(states: list[RankState], suspects: list[int]) -> list[Findin
     out = []
     for s in states:
         if s.rank in suspects:
-            sources = sorted({f.source for f in s.facts if f.says in (s.where, "waiting" if s.kind == "waiting"
-                                                                      else s.where)})  # fmt: skip
+            sources = sorted({f.source for f in s.facts if f.says == s.where or (s.kind == "waiting" and f.says == (
+                "waiting")) or (s.kind == "elsewhere" and f.says == "behind")})  # fmt: skip
             out.append(Finding("observed", f"rank {s.rank}'s state: {s.kind} ({s.where}) — {s.detail}"
                                + (f"; {len(sources)} source(s) agree" if sources else ""),
                                ", ".join(sources) or None))  # fmt: skip
@@ -461,27 +469,36 @@ def _state_findings(states: list[RankState], suspects: list[int]) -> list[Findin
     return out
 
 
-def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None) -> Report:
-    """`torch_fr`: PyTorch's own analyzer's output and how it went, when the caller ran it
-    (adapters.flight_recorder.torch_analyzer); the analysis itself stays pure. The steps: evidence readers →
-    per-rank state (analyze.states) → blame, category and summary (analyze.blame) → findings and next actions."""
-    m = bundle.manifest
-    node = str(m.get("node", "unknown"))
-    trigger = bundle.trigger
-    rank_stacks = {rs.rank: rs for rs in (rank_stack(bundle, r) for r in _rank_ids(bundle)) if rs is not None}
-    rows = _rows(bundle, node, rank_stacks)
-    by_rank = {r.rank: r for r in rows}
-    groups = group(list(rank_stacks.values()))
+def _trigger(bundle: Bundle) -> tuple[str, str, dict[str, Any]]:
+    """(the rule that made the bundle, its reason, the detection): a bundle collected for another node's incident
+    is judged by that incident's rule."""
     detection = bundle.json(L.DETECTION)
     detection = detection if isinstance(detection, dict) else {}
     incident = bundle.section("incident")
-    if trigger.remote and not detection and incident:  # collected for another node's incident: judged by its rule
+    if bundle.trigger.remote and not detection and incident:
         detection = {"rule": incident.get("rule"), "ranks": incident.get("ranks"),
                      "reason": f"node {incident.get('origin')} reported: {incident.get('reason')}"}  # fmt: skip
-    rule = str(detection.get("rule") or trigger.rule)
-    if rule in ON_REQUEST_RULES:
-        rule = "manual"
-    reason = str(detection.get("reason", ""))
+    rule = str(detection.get("rule") or bundle.trigger.rule)
+    return ("manual" if rule in ON_REQUEST_RULES else rule), str(detection.get("reason", "")), detection
+
+
+def _console_category(bundle: Bundle, reason: str) -> Optional[str]:
+    """A console trigger's category, judged again on its line: the live rule files every `NCCL error` under CUDA
+    errors, but an `unhandled system error` is a network's, and a timeout's words are a timeout."""
+    trigger = bundle.trigger
+    if trigger.rule != "console":
+        return None
+    kind = comm_log.error_kind(reason)
+    if kind == "peer_loss":
+        return None
+    return ERROR_CATEGORY.get(kind or "") or _CONSOLE_CATEGORY.get(trigger.kind or "")
+
+
+def _evidence(bundle: Bundle, rows: list[RankRow], rank_stacks: dict[int, RankStack],
+              facts: Facts) -> tuple[list[Finding], list[int], list[dict[str, Any]]]:  # fmt: skip
+    """Findings read straight from the bundle (workers, missing ranks and nodes, exceptions, memory, kernel, disk,
+    GPUs), and what the actions point at. Returns the findings, the ranks of the world in no bundle, and the
+    recorder's exceptions."""
     findings: list[Finding] = []
     for row in rows:
         rs = rank_stacks.get(row.rank)
@@ -490,22 +507,18 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
             if top is not None:
                 text = f"rank {row.rank}'s DataLoader worker {pid} is in {top.describe()}"
                 findings.append(Finding("observed", text, L.process_member(row.rank, L.PYSPY, pid)))
-    job = bundle.section("job")
-    world = job.get("world_size")
+    world = bundle.section("job").get("world_size")
     absent: list[int] = []
     if isinstance(world, int) and 0 < len(rows) < world <= len(rows) + 100_000:
-        absent = [r for r in range(world) if r not in by_rank]
-        findings.append(Finding("observed", f"{_plural_ranks(absent)} of {world} are in none of the bundles given: "
+        absent = [r for r in range(world) if r not in facts.by_rank]
+        findings.append(Finding("observed", f"{plural_ranks(absent)} of {world} are in none of the bundles given: "
                                 "their node's bundle is missing (give every node's bundle to merge them)",
                                 "manifest.json: job.world_size"))  # fmt: skip
     findings.extend(_node_findings(bundle))
-    raised = _exceptions(bundle, list(by_rank) or _rank_ids(bundle))
+    raised = _exceptions(bundle, list(facts.by_rank) or _rank_ids(bundle))
     for exc in raised[:3]:
-        text = f"rank {exc['rank']} raised {exception_line(exc)}"
-        findings.append(Finding("observed", text, L.rank_member(exc["rank"], P.RANK_EXCEPTIONS)))
-
-    facts = Facts(node, by_rank)
-    oom_ranks = _memory_findings(bundle, list(by_rank) or _rank_ids(bundle), findings, facts)
+        findings.append(Finding("observed", f"rank {exc['rank']} raised {exception_line(exc)}",
+                                L.rank_member(exc["rank"], P.RANK_EXCEPTIONS)))  # fmt: skip
     kernel = bundle.text(L.KERNEL_MESSAGES)
     facts.kernel_oom = bool(re.search(r"oom-kill|Out of memory|Killed process", kernel))
     if facts.kernel_oom:
@@ -514,6 +527,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
                                     r"oom-kill|Out of memory|Killed process", line))[:300],
                                 L.KERNEL_MESSAGES))  # fmt: skip
     node_facts = bundle.json(L.NODE)
+    facts.hostname_note = _hostname_note(node_facts, bundle.json(L.NODE_ENV))
     disk = node_facts.get("run_dir_disk") if isinstance(node_facts, dict) else None
     if isinstance(disk, dict) and isinstance(disk.get("free"), int):
         facts.disk_free = f"{human(disk['free'])} free at {disk.get('path')}"
@@ -523,39 +537,14 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         if rs.waits_in == "checkpoint":
             top = rs.thread.top_user_frame()
             facts.checkpoint_frame = top.describe() if top else None
-    dumps, unjoined, mismatched, fr_findings = _collective_findings(bundle, torch_fr)
-    findings.extend(fr_findings)
     _gpu_findings(bundle, findings)
+    return findings, absent, raised
 
-    # per-rank state from every source, then one blame
-    states = _rank_states(bundle, rank_stacks, rows, dumps)
-    state_of = {s.rank: s for s in states}
-    for row in rows:  # without the recorder a rank's phase is what its state says (stack, native frames, /proc)
-        st = state_of.get(row.rank) if row.step is None else None
-        if st is not None:
-            row.phase = st.phase if st.phase not in ("unknown", "ambiguous") else st.where
-    odd: list[int] = []
-    for mm in mismatched[:1]:
-        smallest = min(len(r) for r in mm.calls.values())
-        odd = sorted(x for r in mm.calls.values() if len(r) == smallest for x in r)
-    ctx = Context(
-        rule=rule, console=_CONSOLE_CATEGORY.get(trigger.kind or "") if trigger.rule == "console" else None,
-        missing=sorted({r for u in unjoined for r in u.missing}),
-        mismatch_odd=odd, oom_ranks=oom_ranks, kernel_oom=facts.kernel_oom,
-        progressing=_progressing(rows) if rule == "manual" else None, absent=absent,
-    )  # fmt: skip
-    b = blame(states, ctx)
-    suspects, category, phase = b.suspects, b.category, b.phase
-    summary = _summary(b, rule, Trigger(trigger.rule, trigger.kind).name, reason)
-    if rule in ("stall", "frozen", "gpu_idle") and detection.get("suspects"):
-        named = _int_list(detection.get("suspects"))
-        if named and set(named) != set(suspects):
-            findings.append(Finding("inferred", f"the live rule named {_plural_ranks(named)}; the evidence in the "
-                                    f"bundle points at {_plural_ranks(suspects) if suspects else 'no rank'}",
-                                    L.DETECTION))  # fmt: skip
-    findings.extend(Finding("inferred", text, "per-rank states (analyze.states)") for text in b.inferred)
-    findings = _state_findings(states, suspects) + findings
-    first = b.first_exception if isinstance(b.first_exception, dict) else (raised[0] if raised else None)
+
+def _action_facts(facts: Facts, unjoined: list[fr.Unjoined], mismatched: list[fr.Mismatch],
+                  first: Optional[dict[str, Any]], states: list[RankState], ev: JobEvidence) -> None:  # fmt: skip
+    """What the next actions name: the collective never entered, the mismatch, the first exception and the file it
+    names, what a rank blocked in I/O reads, the network set-up's addresses."""
     if unjoined:
         u = unjoined[0]
         facts.missing_collective = f"{u.op} #{u.seq} (group {u.group_name})"
@@ -563,8 +552,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         mm = mismatched[0]
         facts.mismatch = (
             "; ".join(
-                f"{_plural_ranks(r)} called {call.split(' ')[0]}"
-                + (f" at {mm.where[call]}" if call in mm.where else "")
+                f"{plural_ranks(r)} called {call.split(' ')[0]}" + (f" at {mm.where[call]}" if call in mm.where else "")
                 for call, r in sorted(mm.calls.items(), key=lambda kv: (len(kv[1]), kv[0]))
             )
             + f" (collective #{mm.seq}, group {mm.group_name})"
@@ -576,10 +564,57 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         facts.exception = exception_line(first) + at
         path = re.search(r"'(/[^']+)'", exception_line(first))
         facts.exception_path = path.group(1) if path else None
-    if reason and detection.get("rule") == "console":
-        findings.append(Finding("observed", f"trigger: {reason}", f"{L.DETECTION}, {L.CONSOLE_TAIL}"))
-    elif reason:
-        findings.append(Finding("observed", f"trigger: {reason}", L.DETECTION))
+    for s in states:
+        io = next((f.text for f in s.facts if f.says == "io"), None)
+        if io is not None:
+            facts.blocked_io.setdefault(s.rank, io)
+    facts.network_lines = ev.console.network[:3] + ev.console.hostname_fallback[:1]
+    facts.remote_addresses = ev.console.remote_addresses[:4]
+
+
+def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None) -> Report:
+    """`torch_fr`: PyTorch's own analyzer's output and how it went, when the caller ran it
+    (adapters.flight_recorder.torch_analyzer); the analysis itself stays pure. The steps: evidence readers →
+    per-rank state (analyze.states) → blame, category and summary (analyze.blame) → findings and next actions."""
+    m = bundle.manifest
+    node = str(m.get("node", "unknown"))
+    rank_stacks = {rs.rank: rs for rs in (rank_stack(bundle, r) for r in _rank_ids(bundle)) if rs is not None}
+    rows = _rows(bundle, node, rank_stacks)
+    groups = group(list(rank_stacks.values()))
+    rule, reason, detection = _trigger(bundle)
+    facts = Facts(node, {r.rank: r for r in rows}, hosts=_rank_hosts(bundle))
+    findings, absent, raised = _evidence(bundle, rows, rank_stacks, facts)
+    oom_ranks = _memory_findings(bundle, list(facts.by_rank) or _rank_ids(bundle), findings, facts)
+    dumps, unjoined, mismatched, fr_findings, ev = _collective_findings(bundle, torch_fr, rows)
+    findings.extend(fr_findings)
+    # per-rank state from every source, then one blame
+    states = _rank_states(bundle, rank_stacks, rows, ev)
+    state_of = {s.rank: s for s in states}
+    for row in rows:  # without the recorder a rank's phase is what its state says (stack, native frames, /proc)
+        st = state_of.get(row.rank) if row.step is None else None
+        if st is not None:
+            row.phase = st.phase if st.phase not in ("unknown", "ambiguous") else st.where
+    calls, at = _mismatch(mismatched, ev)
+    # lines that say the set-up failed; gloo's loopback fallback too, where the job spans several hosts (on one host
+    # loopback works, and single-host jobs print it all the time)
+    network = ev.console.network + ([reason] if comm_log.error_kind(reason) == "network_setup" else []) + (
+        ev.console.hostname_fallback[:1] if _hosts(bundle) > 1 else [])  # fmt: skip
+    ctx = Context(rule=rule, console=_console_category(bundle, reason), stuck=ev.stuck, mismatch=calls, mismatch_at=at,
+                  oom_ranks=oom_ranks, kernel_oom=facts.kernel_oom, network=network,
+                  absent=absent or _unseen(bundle, state_of),
+                  progressing=_progressing(rows) if rule == "manual" else None, cuda_lines=ev.console.cuda_errors,
+                  ops={**ev.ops, **{(u.group, u.seq): u.op for u in unjoined}},
+                  duplicate_gpu=ev.console.duplicate_gpu)  # fmt: skip
+    b = blame(states, ctx)
+    suspects = b.suspects
+    summary = _summary(b, rule, Trigger(bundle.trigger.rule, bundle.trigger.kind).name, reason)
+    findings.extend(Finding("inferred", text, "per-rank states (analyze.states)") for text in b.inferred)
+    findings = _state_findings(states, suspects) + findings
+    first = b.first_exception if isinstance(b.first_exception, dict) else (raised[0] if raised else None)
+    _action_facts(facts, unjoined, mismatched, first, states, ev)
+    if reason:
+        source = f"{L.DETECTION}, {L.CONSOLE_TAIL}" if detection.get("rule") == "console" else L.DETECTION
+        findings.append(Finding("observed", f"trigger: {reason}", source))
     time = time_ledger(bundle, [r.rank for r in rows], {r.rank: r.node for r in rows})
     arrivals = fr.arrivals(dumps) if time["stragglers"] else []  # read only beside a straggler it would confirm
     findings.extend(Finding("observed", text, source) for text, source in time_findings(time, arrivals))
@@ -587,22 +622,86 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     # the suspects' facts first: they are the ones a reader needs
     findings.sort(key=lambda f: not any(f.text.startswith(f"rank {r} ") or f.text.startswith(f"rank {r}'")
                                         for r in suspects))  # fmt: skip
-    verdict = Verdict(category, phase, suspects, b.confidence, summary)
+    verdict = Verdict(b.category, b.phase, suspects, b.confidence, summary)
     console = bundle.text(L.CONSOLE_TAIL)
     _, marker, body = console.partition("\n# ---\n")  # after console.log's header, when the tail still has it
     tail = [line for line in (body if marker else console).splitlines() if line.strip()][-CONSOLE_LINES:]
     return Report(
         run_id=str(m.get("run_id", "unknown")), node=node, trigger=str(m.get("trigger", "unknown")), bundle=bundle.path,
-        verdict=verdict,
-        ranks=rows, findings=findings, next_actions=next_actions(verdict, facts), console_tail=tail,
-        collectives=[u.__dict__ for u in unjoined],
-        exception=None if first is None else _exception_record(first),
-        timeline=_timeline(bundle, rows, suspects),
-        gpus=_gpu_series(bundle), time=time,
+        verdict=verdict, ranks=rows, findings=findings, next_actions=next_actions(verdict, facts), console_tail=tail,
+        collectives=[u.__dict__ for u in unjoined], exception=None if first is None else _exception_record(first),
+        timeline=_timeline(bundle, rows, suspects), gpus=_gpu_series(bundle), time=time,
         stack_groups=[{"ranks": g.ranks, "waits_in": g.waits_in, "signature": g.signature, "frames": g.frames,
                        "odd": g.odd, "sources": g.sources, "describe": g.describe(),
                        "workers": _workers(g.ranks, rank_stacks)} for g in groups],
     )  # fmt: skip
+
+
+def _hostname_note(node: Any, env: Any) -> Optional[str]:
+    """This node's side of a network set-up, in words: what its hostname resolves to (gloo advertises that
+    address), its interfaces, and whether GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME are set."""
+    if not isinstance(node, dict):
+        return None
+    parts = []
+    res = node.get("hostname_resolves")
+    if isinstance(res, dict):
+        name, addrs = res.get("name"), res.get("addresses")
+        if res.get("error"):
+            parts.append(f"on {name}, the hostname `{name}` does not resolve ({str(res['error'])[:80]})")
+        elif isinstance(addrs, list):
+            loop = " — loopback only: gloo advertises it to the other nodes" if res.get("loopback_only") else ""
+            parts.append(f"on {name}, the hostname `{name}` resolves to {', '.join(map(str, addrs[:4]))}{loop}")
+    ifaces = node.get("interfaces")
+    if isinstance(ifaces, dict):
+        usable = [f"{i} {a[0]}" for i, a in sorted(ifaces.items()) if i != "lo" and isinstance(a, list) and a]
+        if usable:
+            parts.append(f"its interfaces: {', '.join(usable[:6])}")
+    env = env if isinstance(env, dict) else {}
+    parts.append(", ".join(f"{k}={env[k]}" if env.get(k) else f"{k} is not set"
+                           for k in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")))  # fmt: skip
+    return "; ".join(parts)
+
+
+def _hosts(bundle: Bundle) -> int:
+    """How many hosts the job spans, as far as the bundle knows (its multi-node section, else 1)."""
+    nnodes = bundle.section("multinode").get("nnodes")
+    return nnodes if isinstance(nnodes, int) and not isinstance(nnodes, bool) else 1
+
+
+def _unseen(bundle: Bundle, state_of: dict[int, RankState]) -> list[int]:
+    """Ranks of the world no evidence in the bundle speaks of (a bundle of console output alone: the ranks whose
+    lines it does not hold)."""
+    world = bundle.section("job").get("world_size")
+    if not isinstance(world, int) or not state_of or not len(state_of) < world <= len(state_of) + 100_000:
+        return []
+    return [r for r in range(world) if r not in state_of]
+
+
+def _mismatch(mismatched: list[fr.Mismatch], ev: JobEvidence) -> tuple[dict[int, str], str]:
+    """Each rank's call at the first collective the ranks did not agree on (the flight recorder's entries, else
+    DETAIL's fingerprints or the watchdog's sizes in the console), and where."""
+    for mm in mismatched[:1]:
+        return {r: call for call, ranks in mm.calls.items() for r in ranks}, f"#{mm.seq} of group {mm.group_name}"
+    for group_id, seq, said in ev.mismatches[:1]:
+        return said, f"#{seq} of group {group_id}"
+    return {}, ""
+
+
+def _rank_hosts(bundle: Bundle) -> dict[int, str]:
+    """Which host each rank of the job lives on, as the coordination learned it from every node's supervisor (and
+    a merged view from its node bundles): so a suspect on another node is named on its own host."""
+    out: dict[int, str] = {}
+    for name in [n for n in bundle.files if n.endswith(L.COORDINATION)]:
+        state = bundle.json(name)
+        hosts = state.get("rank_hosts") if isinstance(state, dict) else None
+        for rank, host in hosts.items() if isinstance(hosts, dict) else ():
+            if integer(rank) is not None and isinstance(host, str):
+                out.setdefault(int(rank), host)
+    nodes = bundle.manifest.get("rank_nodes")
+    for rank, host in nodes.items() if isinstance(nodes, dict) else ():
+        if integer(rank) is not None and isinstance(host, str):
+            out[int(rank)] = host
+    return out
 
 
 def _summary(b: Blame, rule: str, trigger: str, reason: str) -> str:

@@ -266,14 +266,17 @@ class Collector:
     def native_where_ambiguous(self, procs: list[_Proc], taken: dict[int, Any], w: BundleWriter,
                                deadline: float) -> None:  # fmt: skip
         """A rank whose main thread ends in a C call that may be a collective wait (autograd's backward under
-        DDP, no Python frame at all) gets native frames too (`py-spy dump --native`, ~1 s, in parallel, within
-        the budget): c10d's or gloo's frames there say it waits in a collective, the engine's say it computes."""
+        DDP, a CUDA sync, no Python frame at all) — or in a user frame that explains nothing (on a GPU the host
+        parks at `loss.item()` while an NCCL collective waits) — gets native frames too (`py-spy dump --native`,
+        ~1 s, in parallel, within the budget): c10d's, gloo's or a CUDA sync's frames there say it waits, the
+        engine's or a kernel's say it computes."""
         if self.options.native:
             return  # every stack already has them
         ambiguous = []
         for p in procs:
             main = stacks.main_thread(pyspy.threads(taken.get(p.pid)))
-            if p.own and main is not None and where(main).kind == "ambiguous":
+            at = where(main) if p.own and main is not None else None
+            if at is not None and (at.kind == "ambiguous" or at.fallback):
                 ambiguous.append(p)
         if not ambiguous or time.monotonic() >= deadline:
             return
@@ -294,7 +297,8 @@ class Collector:
             "partial" if failed else "ok",
             t,
             f"rank(s) {[p.rank for p in ambiguous]} (their "
-            "Python stack ends in a C call that may be a collective wait)" + "".join("; " + f for f in failed),
+            "Python stack ends in a C call that may be a collective wait, or in a user frame that explains nothing)"
+            + "".join("; " + f for f in failed),
         )
 
     def proc_state(self, procs: list[_Proc], w: BundleWriter) -> None:
@@ -409,6 +413,8 @@ class Collector:
             "packages": lambda: host.interpreter_packages(job.python, job.env, 2 * self.options.dump_timeout)
             if job.python else (None, "the job's interpreter is unknown"),
             "ips": host.ip_addresses,
+            "interfaces": host.interfaces,
+            "resolves": lambda: host.resolve(job.node),  # in its thread: a resolver that hangs costs the budget only
         }  # fmt: skip
         return {name: pool.submit(fn) for name, fn in probes.items()}
 
@@ -428,7 +434,8 @@ class Collector:
         git, diffstat = got.get("git", (None, None))
         packages, packages_how = got.get("packages", (None, "package probe not done"))
         w.add_json(L.NODE, {
-            "hostname": job.node, "ips": got.get("ips"), "collector_pid": os.getpid(), "cwd": job.cwd,
+            "hostname": job.node, "ips": got.get("ips"), "interfaces": got.get("interfaces"),
+            "hostname_resolves": got.get("resolves"), "collector_pid": os.getpid(), "cwd": job.cwd,
             "command": redact_argv(job.argv), "python": job.python, **(got.get("system") or {}),
             "run_dir_disk": got.get("disk"), "gpus": [g.to_json() for g in gpus], "gpu_source": gpu_how,
             "rank_gpus": {str(r): g for r, g in job.rank_gpus[0].items()}, "rank_gpus_method": job.rank_gpus[1],

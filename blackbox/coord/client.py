@@ -41,6 +41,7 @@ class Coordination:
         self.job_id = ""
         self.joined = 0  # how many nodes have joined the coordination
         self.silent: dict[str, dict[str, Any]] = {}  # node -> what was known when it fell silent
+        self.hosts: dict[str, Any] = {}  # node -> {"host", "ranks"}: where each node's ranks live
         self._lock = threading.Lock()
         self._inbox: list[dict[str, Any]] = []  # remote incidents, silences: taken by the supervisor's loop
         self._answers: dict[int, dict[str, Any]] = {}
@@ -141,8 +142,17 @@ class Coordination:
             "status": self.status, "why_alone": self.why_alone or None, "job_id": self.job_id or None,
             "address": self.topo.address, "hosting": self.topo.hosting, "node": self.label,
             "node_rank": self.topo.node_rank, "nnodes": self.topo.nnodes, "joined": self.joined,
-            "silent": dict(self.silent),
+            "silent": dict(self.silent), "rank_hosts": self.rank_hosts(),
         }  # fmt: skip
+
+    def rank_hosts(self) -> dict[str, str]:
+        """rank -> the host it lives on, as every node's supervisor told the coordination."""
+        out: dict[str, str] = {}
+        for info in self.hosts.values():
+            if isinstance(info, dict) and isinstance(info.get("ranks"), list):
+                for rank in info["ranks"]:
+                    out[str(rank)] = str(info.get("host"))
+        return out
 
     # --- from the helper ------------------------------------------------------------------------------
     def _read(self, stream: IO[bytes]) -> None:
@@ -208,3 +218,5 @@ class Coordination:
             self._wake()
         elif ev == "peers":
             self.joined = int(msg.get("joined") or 0)
+        elif ev == "hosts" and isinstance(msg.get("hosts"), dict):
+            self.hosts = dict(msg["hosts"])

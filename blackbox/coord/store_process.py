@@ -25,6 +25,8 @@ from typing import Any, Optional
 #   summary/<node>      the node's last summary (ranks' step, phase, liveness age)
 #   incident/<n>        the n-th incident; compare_set makes the first poster of a number win
 #   silent              the hosting node's verdict on the others: {node: {"silent_s", "summary"}}
+#   hosts/<node>        the node's host name and its ranks, set once its ranks are known: every node reads every
+#                       other's once, so a report names the host a rank on another node lives on
 # A node costs the store four operations a poll; only the hosting node reads every node's liveness (one
 # multi_get), so a job of hundreds of nodes stays cheap.
 OP_TIMEOUT_S = 5.0
@@ -52,6 +54,9 @@ class StoreProcess:
         self.roster: list[str] = []
         self.peers: dict[str, dict[str, Any]] = {}  # hosting node only: node -> {"beat", "changed"}
         self.silent: dict[str, Any] = {}  # the last `silent` read from the store
+        self.hosts_set = False  # this node's hosts/<node> written
+        self.hosts: dict[str, Any] = {}  # node -> {"host", "ranks"}, as read from the store
+        self.host_roster: list[str] = []  # the roster as read for the hosts
 
     # --- the store --------------------------------------------------------------------------------
     def connect(self) -> bool:
@@ -140,6 +145,7 @@ class StoreProcess:
                 emit("incident", incident=incident)
         if self.cfg["hosting"]:
             self.watch()
+        self.learn_hosts()
         silent = _loads(store.get("silent")) if store.check(["silent"]) else {}
         silent = {k: v for k, v in silent.items() if k != self.me} if isinstance(silent, dict) else {}
         for node in silent.keys() - self.silent.keys():
@@ -149,6 +155,31 @@ class StoreProcess:
         if silent != self.silent or self.beat == 1:
             self.silent = silent
             emit("peers", joined=int(store.add("roster", 0)))
+
+    def learn_hosts(self) -> None:
+        """Publish which host this node's ranks live on, once they are known; read the other nodes' until every
+        node of the job has said it (a key read once per node: cheap on hundreds of nodes)."""
+        store = self.store
+        ranks = self.summary.get("ranks")
+        if not self.hosts_set and isinstance(ranks, dict) and ranks:
+            mine = {"host": self.cfg["hostname"], "ranks": sorted(int(r) for r in ranks if str(r).isdigit())}
+            store.set(f"hosts/{self.me}", json.dumps(mine))
+            self.hosts_set = True
+        nnodes = self.cfg.get("nnodes")
+        if isinstance(nnodes, int) and len(self.hosts) >= nnodes:
+            return
+        joined = int(store.add("roster", 0))
+        keys = [f"roster/{k}" for k in range(len(self.host_roster) + 1, joined + 1)]
+        if keys and all(store.check([k]) for k in keys):
+            self.host_roster += [n.decode() for n in _multi_get(store, keys)]
+        waiting = [n for n in self.host_roster if n not in self.hosts and store.check([f"hosts/{n}"])]
+        if not waiting:
+            return
+        for name, raw in zip(waiting, _multi_get(store, [f"hosts/{n}" for n in waiting])):
+            value = _loads(raw)
+            if isinstance(value, dict):
+                self.hosts[name] = value
+        emit("hosts", hosts=self.hosts)
 
     def watch(self) -> None:
         """The hosting node: whose beat has stopped? Written to `silent` for every node to read."""

@@ -16,22 +16,32 @@ The pace scenarios (steady, jitter, data-straggler, compute-straggler) are not f
 work, for BB_STEPS steps (default 600); `jitter` adds up to 50 ms at random to every rank's step, and from step 3
 the straggler rank takes 80 ms more per step in its loader (a slow disk) or in its own compute (a hot GPU).
 
+Two scenarios read their data without a DataLoader, as many real jobs do: `memmap-hang` maps its token shard with
+`np.memmap` in a `get_batch()` each step (the nanoGPT shape, written here on its own), and the bad rank's shard
+lives on a mount that stopped answering (a FIFO: the open blocks in the kernel); `socket-read` asks a small
+service for its learning rate each step over TCP, and the bad rank's service stops answering (a blocked recv).
+
 Scenarios: healthy, straggler, data-hang, data-hang-workers, read-failure, ckpt-hang, spin, gil-hang,
 skip-allreduce, collective-hang, mismatch, comm-timeout, raise, oom, cuda-error, segv, sigkill, sigusr1-user,
-stopped, kernel-hang, exit-early, exit-code; steady, jitter, data-straggler, compute-straggler."""
+stopped, kernel-hang, exit-early, exit-code, memmap-hang, socket-read; steady, jitter, data-straggler,
+compute-straggler."""
 
 import ctypes
 import gc
 import os
 import random
 import signal
+import socket
 import sys
 import tempfile
+import threading
 import time
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
+from models import wrap  # beside this file
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.utils.data import DataLoader, Dataset
 
@@ -71,6 +81,56 @@ class Shards(Dataset):
         return torch.randn(8), torch.randn(1)
 
 
+TOKENS = os.path.join(WORK, "tokens.bin")  # memmap-hang: the token shard, a flat array of uint16
+
+
+def get_batch(rank: int, step: int) -> tuple:
+    """A batch the way many language-model jobs read one: map the token shard anew each step, take random windows
+    of it, and make tensors of them (no DataLoader, no worker)."""
+    path = FIFO if rank in BAD_RANKS and (os.path.exists(FAIL_WHEN) if FAIL_WHEN else step == STEP_AT) else TOKENS
+    if path == FIFO:
+        announce(rank)
+    data = np.memmap(path, dtype=np.uint16, mode="r")  # on a mount that stopped answering, this never returns
+    starts = np.random.randint(0, len(data) - 9, size=4)
+    x = torch.from_numpy(np.stack([data[i : i + 8] for i in starts]).astype(np.float32) / 65535.0)
+    y = torch.from_numpy(np.stack([data[i + 8 : i + 9] for i in starts]).astype(np.float32) / 65535.0)
+    return x, y
+
+
+class LearningRates:
+    """socket-read: a small service (a thread of the rank, on loopback) that tells the job its learning rate each
+    step; the bad rank's stops answering at the failing step, and the job's read waits for it forever."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        server = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=self.serve, args=(server,), daemon=True).start()
+        self.conn = socket.create_connection(server.getsockname())
+
+    def serve(self, server: socket.socket) -> None:
+        conn, _ = server.accept()
+        step = 0
+        while conn.recv(1):
+            step += 1
+            if self.rank in BAD_RANKS and (os.path.exists(FAIL_WHEN) if FAIL_WHEN else step == STEP_AT):
+                announce(self.rank)
+                threading.Event().wait()  # the service hangs: no answer, ever
+            conn.sendall(b"0.1\n")
+
+    def current(self) -> float:
+        self.conn.sendall(b"?")
+        return float(self.conn.recv(16))  # a blocking read: no timeout
+
+
+def batches(rank: int, loader: DataLoader) -> object:
+    """The job's batches: from its DataLoader, or (memmap-hang) from get_batch()."""
+    if SCENARIO != "memmap-hang":
+        return loader
+    with open(TOKENS, "wb") as f:
+        f.write(np.random.randint(0, 65535, size=4096, dtype=np.uint16).tobytes())
+    return (get_batch(rank, step) for step in range(1, STEPS + 1))
+
+
 def drop_root(worker_id: int) -> None:
     """read-failure: root reads any file whatever its mode; a training job's user does not. The worker takes
     the `nobody` user so the permission check applies here as it would for them."""
@@ -95,12 +155,14 @@ def main() -> None:
     workers = 2 if SCENARIO in ("data-hang-workers", "read-failure") else 0
     loader = DataLoader(Shards(rank), batch_size=4, num_workers=workers,
                         worker_init_fn=drop_root if SCENARIO == "read-failure" else None)  # fmt: skip
-    model = wrap(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)))
+    model = wrap(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)), MODEL,
+                 torch.device("cpu"))  # fmt: skip
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step, (x, y) in enumerate(loader, 1):
+    rates = LearningRates(rank) if SCENARIO == "socket-read" else None
+    for step, (x, y) in enumerate(batches(rank, loader), 1):  # type: ignore[arg-type]
         mine = rank in BAD_RANKS and (os.path.exists(FAIL_WHEN) if FAIL_WHEN else step == STEP_AT)
-        if mine and SCENARIO not in ("healthy", "straggler", "read-failure", *PACE) and not SCENARIO.startswith(
-                "data-hang"):  # fmt: skip
+        if mine and SCENARIO not in ("healthy", "straggler", "read-failure", "memmap-hang", "socket-read", *PACE) \
+                and not SCENARIO.startswith("data-hang"):  # fmt: skip
             announce(rank)  # the data scenarios fail in their loader, and say so there
         if SCENARIO in PACE:
             time.sleep(PACE_S + (jitter.uniform(0.0, 0.05) if SCENARIO == "jitter" else 0.0))
@@ -108,6 +170,9 @@ def main() -> None:
                 time.sleep(SLOWER_S)
         if FAIL_WHEN:
             time.sleep(0.1)
+        if rates is not None:
+            for group in opt.param_groups:
+                group["lr"] = rates.current()
         if mine and SCENARIO == "ckpt-hang":
             torch.save(model.state_dict(), FIFO)  # opening a FIFO for writing blocks until a reader comes
         if mine and SCENARIO == "gil-hang":
@@ -179,24 +244,6 @@ def vfork_and_wait() -> None:
 def announce(rank: int) -> None:
     """The line the gallery's `collect` variants wait for before they look at the job."""
     print(f"rank {rank}: failing now", flush=True)
-
-
-def wrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The model as the job's MODEL reduces it: itself, under DistributedDataParallel, or sharded by FSDP2."""
-    if MODEL == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        return DistributedDataParallel(model)
-    if MODEL == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-        for layer in model:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        return fully_shard(model, mesh=mesh)
-    return model
 
 
 def spin() -> None:

@@ -183,7 +183,7 @@ def test_stall_is_caught_blamed_and_ended(tmp_path: Path, run_dir: Path) -> None
     (verdict,) = events(run_dir, "verdict")
     assert verdict["suspect_ranks"] == [1] and verdict["category"] == "hang.compute"
     err = res.stderr.decode()
-    assert "stall: ranks 0-1 made no progress" in err and "while rank 0 waits for it in a collective" in err
+    assert "stall: ranks 0-1 made no progress" in err and "while rank 0 waits for it in all_reduce #" in err
     assert "evidence bundle:" in err and "exit code will be 86" in err
     assert "verdict: hang.compute, suspect rank(s) 1" in err  # the report's one-screen verdict, under the path
     (bundle,) = bundles(run_dir)

@@ -56,12 +56,21 @@ def test_data_checkpoint_and_user_compute() -> None:
 
 
 # --- analyze.states.classify: one rank from its facts -----------------------------------------------------------
-def fact(says: str, text: str = "", source: str = "ranks/1/heartbeat.json") -> Fact:
-    return Fact(source, says, text or says)
-
-
 STACK = "ranks/1/py-spy.json"
 FR = "flight_recorder/ (rank 1's pg_status)"
+
+
+def fact(says: str, text: str = "", source: str = "ranks/1/heartbeat.json", *, weak: bool = False,
+         group: str = "0") -> Fact:  # fmt: skip
+    """A hand-made fact: a stack's (source STACK) is marked as one; a flight recorder's (source FR) carries the
+    group and sequence number its text names."""
+    import re
+
+    seq = re.search(r"#(\d+)", text)
+    if source == FR:
+        return Fact(source, says, text or says, group, int(seq.group(1)) if seq else None)
+    op = text.removeprefix("main thread in ").split(" ")[0] if says == "waiting" and source == STACK else None
+    return Fact(source, says, text or says, op=op, weak=weak, stack=source == STACK)
 
 
 def test_stopped_process_wins_over_everything_it_cannot_say() -> None:
@@ -185,7 +194,8 @@ def test_on_request_a_hung_job_gets_a_hang_and_a_quiet_one_ok() -> None:
 
 def test_comm_timeout_blames_the_rank_that_never_arrived() -> None:
     victim = state(0, fact("waiting", "raised DistBackendError out of a collective", "ranks/0/exceptions.jsonl"))
-    victim.exception = {"rank": 0, "time": 5.0, "type": "DistBackendError", "message": "Timed out waiting 5000ms"}
+    victim.exception = {"rank": 0, "time": 5.0, "type": "DistBackendError", "message": "[unbound_buffer.cc:78] Timed "
+                        "out waiting 5000ms for recv operation to complete"}  # fmt: skip
     b = blame([victim, state(1, fact("compute", "main thread in <module> (train.py:9)", STACK))],
               Context("exception"))  # fmt: skip
     assert (b.suspects, b.category, b.phase) == ([1], "crash.comm_timeout", "compute")
@@ -208,14 +218,14 @@ def test_without_the_flight_recorder_a_mismatch_shows_in_the_stacks() -> None:
 def _zombie(exit_code: int | None) -> RankState:
     import json
 
-    from blackbox.analyze.states import GroupProgress, read_state
+    from blackbox.analyze.states import JobEvidence, read_state
     from blackbox.bundle.reader import Bundle
 
     hb = {"rank": 1, "pid": 51, "step": 20, "phase": "compute", "state": "exited", "alive": True}
     proc = {"pid": 51, "state": "Z (zombie)", "exit_code": exit_code}
     files = {"ranks/1/heartbeat.json": json.dumps(hb).encode(), "ranks/1/proc.json": json.dumps(proc).encode()}
     bundle = Bundle("b", {"schema_version": 1}, files, [])
-    return read_state(bundle, 1, "n", None, None, GroupProgress({}), None, {}, {})
+    return read_state(bundle, 1, "n", None, JobEvidence(), None, {})
 
 
 def test_a_zombie_that_exited_0_left_early_and_one_that_exited_3_died() -> None:
