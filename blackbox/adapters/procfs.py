@@ -67,6 +67,29 @@ def has_handler(pid: int, sig: int = signal.SIGUSR1) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class IoCounters:
+    """/proc/PID[/task/TID]/io: bytes through read/write system calls (any file, pipe, socket, terminal) and bytes
+    the storage layer read or had dirtied for writing (files only; tmpfs not)."""
+
+    rchar: int
+    wchar: int
+    read_bytes: int
+    write_bytes: int
+
+
+def io_counters(pid: int, tid: Optional[int] = None) -> Optional[IoCounters]:
+    """A process's I/O counters (all its threads, living and gone), or one thread's; None where they cannot be read
+    (gone, another user's process without CAP_SYS_PTRACE, a kernel without task I/O accounting)."""
+    path = f"/proc/{pid}/task/{tid}/io" if tid is not None else f"/proc/{pid}/io"
+    fields = _fields(_read(path, 4096))
+    try:
+        return IoCounters(int(fields["rchar"]), int(fields["wchar"]), int(fields["read_bytes"]),
+                          int(fields["write_bytes"]))  # fmt: skip
+    except (KeyError, ValueError):
+        return None
+
+
 class ProcAccessError(Exception):
     """/proc refused us a file of a process that exists (another user's process, no CAP_SYS_PTRACE)."""
 
