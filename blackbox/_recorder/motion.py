@@ -14,6 +14,8 @@ if TYPE_CHECKING:  # annotations only
     from typing import Any
 
 STACK_DEPTH = 32  # innermost frames of the main thread compared between two samples
+# where the interpreter checks for a GIL hand-over between bytecodes (3.9-3.10: a backward jump is JUMP_ABSOLUTE)
+RUNNING_OPS = frozenset(("JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE", "RESUME"))
 FORWARD_HOOK_AFTER_S = 5.0  # a pause (no step, no batch) this long: forward calls are counted until the next one
 
 
@@ -22,8 +24,11 @@ class Motion:
 
     The stack: the innermost frames' code objects and instruction offsets, compared with the sample before. A thread
     blocked in a C call (a collective, a `read`, a CUDA sync) or sleeping at one line shows the same frames at every
-    sample; a thread walking through Python code (evaluation, metrics, a retry loop) does not. A thread holding the
-    GIL lets no sample be taken at all: it does not move, and its liveness stops (the frozen rule).
+    sample; a thread walking through Python code (evaluation, metrics, a retry loop) does not. A tight loop that
+    calls nothing hands the GIL over at its back-edge every time, so it shows the same frames too: a sample that
+    finds the innermost frame at a loop's back-edge or a function's start (where only a thread running bytecode
+    stops: never one in a C call) counts as a change as well. A thread holding the GIL lets no sample be taken at
+    all: it does not move, and its liveness stops (the frozen rule).
 
     Forward calls: a global forward pre-hook makes every module call of the job take torch's slower path (about
     0.9 µs more a call, measured): it is installed only once the rank has gone FORWARD_HOOK_AFTER_S without a step or
@@ -37,6 +42,7 @@ class Motion:
         self.main = threading.main_thread().ident
         self._signature: tuple[int, ...] = ()
         self._codes: tuple[Any, ...] = ()  # the signature's code objects, held so that their ids are never reused
+        self._running: dict[int, tuple[Any, frozenset[int]]] = {}  # id(code) -> (code, its RUNNING_OPS offsets)
         self.stack_changes = 0
         self.stack_time = 0.0
         self.forwards = 0  # incremented by the hook in whichever thread runs a module, read here
@@ -97,12 +103,25 @@ class Motion:
             frame = frame.f_back
         frame = None  # no frame outlives the sample: a frame held keeps its locals (tensors) alive
         sig = tuple(signature)
-        if sig != self._signature:
-            if self._signature:  # the first sample has nothing to differ from
-                self.stack_changes += 1
-                self.stack_time = now
-            self._signature = sig
-            self._codes = tuple(codes)
+        running = bool(codes) and signature[1] in self._running_at(codes[0])
+        if (sig != self._signature and self._signature) or running:  # the first sample has nothing to differ from
+            self.stack_changes += 1
+            self.stack_time = now
+        self._signature = sig
+        self._codes = tuple(codes)
+
+    def _running_at(self, code: Any) -> frozenset[int]:
+        """The offsets in `code` where a thread stops only while it runs bytecode: loop back-edges and the function's
+        start (the interpreter hands the GIL over there); never a call into C."""
+        offsets = self._running.get(id(code))
+        if offsets is None or offsets[0] is not code:
+            import dis
+
+            found = frozenset(i.offset for i in dis.get_instructions(code) if i.opname in RUNNING_OPS)
+            if len(self._running) >= 512:
+                self._running.clear()
+            offsets = self._running[id(code)] = (code, found)
+        return offsets[1]
 
     def _pace_forwards(self, now: float) -> None:
         """Install the forward counter in a pause, remove it at the next step or batch (or for good once

@@ -21,7 +21,7 @@ AUTO_FACTOR = 5.0  # ... and is this many times the slowest step seen
 AUTO_MIN_STEPS = 5  # before this many steps, `auto` uses the start-up timeout
 PHASE_TIMEOUTS = {"checkpoint": "checkpoint_timeout", "eval": "eval_timeout"}
 LIVE_STATES = ("starting", "running")
-MOVING_S = 10.0  # a rank that moved within this long is "moving" in the lines (doing what), else "waiting"
+MOVING_S = 10.0  # a rank that moved within this long (a quarter of a short timeout) is "moving", else "waiting"
 
 
 @dataclass(frozen=True)
@@ -49,28 +49,36 @@ class RankView:
         """The last time this rank made progress of any kind: step, batch, forward call, stack change, I/O."""
         return max(self.hb.last_motion, self.io_at)
 
-    def doing(self, now: float) -> str:
-        """What it is doing, in a few words: how it moves, or that it waits (and where)."""
+    def doing(self, now: float, recent: float = MOVING_S) -> str:
+        """What it is doing, in a few words: how it moves (what moved within `recent`), or that it waits (where)."""
         hb = self.hb
         where = f"collective {hb.collective}" if hb.phase == "collective" and hb.collective != "none" else hb.phase
-        if now - self.moved_at > MOVING_S:
+        if now - self.moved_at > recent:
             return f"waits ({where}, still for {now - self.moved_at:.0f} s)"
         how = []
-        if now - self.io_at <= MOVING_S:
-            io = [f"{verb} {_mb(n)}" for verb, n in (("writing", self.io_written_1m), ("reading", self.io_read_1m))
-                  if n]  # fmt: skip
+        if now - self.io_at <= recent:
+            io = [f"{verb} {_bytes(n)}" for verb, n in (("writing", self.io_written_1m), ("reading", self.io_read_1m))
+                  if n >= 1000]  # fmt: skip
             how.append((" and ".join(io) + " in the last minute") if io else "doing I/O")
-        if now - hb.forwards_time <= MOVING_S:
+        if now - hb.forwards_time <= recent:
             how.append("running its model (forward calls)")
-        if now - hb.last_progress <= MOVING_S and hb.batches:
+        if now - hb.last_progress <= recent and hb.batches:
             how.append("taking batches")
-        if now - hb.stack_time <= MOVING_S:
+        if now - hb.stack_time <= recent:
             how.append("running Python code")
         return f"{where}: " + (", ".join(how) or "moving")
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.0f} MB" if n >= 10e6 else f"{n / 1e6:.1f} MB"
+def _bytes(n: int) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.0f} {unit}" if n >= 10 * size else f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _recent(timeout: float) -> float:
+    """How recently a rank must have moved to be moving now: MOVING_S, or a quarter of a short timeout."""
+    return min(MOVING_S, timeout / 4)
 
 
 FIRST_BATCH_PHASES = ("data", "checkpoint")
@@ -121,7 +129,8 @@ class Rules:
         self._busy_reported: dict[tuple[int, int], float] = {}  # (rank, pid) -> last progress when reported
         self._death_reported: set[tuple[int, int]] = set()  # (rank, pid)
         self._hang_mark: Optional[float] = None  # the newest progress seen when a hang was reported
-        self._steps: dict[tuple[int, int], tuple[int, float, int]] = {}  # (rank, pid) -> (step, seen at, forwards)
+        self._steps: dict[tuple[int, int], tuple[int, float]] = {}  # (rank, pid) -> (step, when it was reached)
+        self._begun_at: Optional[float] = None  # when training was first seen begun (a batch or a step)
         self._pause_reported: Optional[float] = None  # the job's last step when its slow phase was noted
 
     def evaluate(self, views: list[RankView], now: float) -> list[Detection]:
@@ -138,7 +147,7 @@ class Rules:
         out.extend(self._stall(live, now, moved, newest, begun))
         out.extend(self._busy(live, now))
         still = any(now - moved > stall_timeout(v.hb, self.cfg, begun)[0] for v in live)
-        out.extend(self._slow_phase(live, now, moved, begun and not still))
+        out.extend(self._slow_phase(live, now, moved, begun, still))
         return out
 
     def _crashes(self, views: list[RankView], now: float) -> list[Detection]:
@@ -223,7 +232,7 @@ class Rules:
         for v in live:
             limit, _ = busy_timeout(v.hb, self.cfg)
             key = (v.rank, v.hb.pid)
-            if now - v.moved_at > MOVING_S or now - v.hb.last_progress <= limit:
+            if now - v.moved_at > _recent(stall_timeout(v.hb, self.cfg)[0]) or now - v.hb.last_progress <= limit:
                 continue
             if self._busy_reported.get(key) != v.hb.last_progress:
                 self._busy_reported[key] = v.hb.last_progress
@@ -231,35 +240,41 @@ class Rules:
         if not busy:
             return []
         others = [v for v in live if v not in busy]
+        recent = _recent(min(stall_timeout(v.hb, self.cfg)[0] for v in live))
         findings = tuple(self._finding(v, now, now - v.hb.last_progress, *busy_timeout(v.hb, self.cfg)[::-1],
-                                       doing=v.doing(now)) for v in busy)  # fmt: skip
-        findings += tuple(self._finding(v, now, now - v.moved_at, "waiting", doing=v.doing(now)) for v in others)
+                                       doing=v.doing(now, recent)) for v in busy)  # fmt: skip
+        findings += tuple(self._finding(v, now, now - v.moved_at, "waiting", doing=v.doing(now, recent))
+                          for v in others)  # fmt: skip
         head = findings[0]
         reason = (f"{plural_ranks(_ids(busy))} kept moving but took no step or batch for {head.idle_s:.0f} s "
                   f"({head.timeout_rule} timeout {head.timeout_s:g} s): an endless loop or a retry storm?")  # fmt: skip
         return [Detection("busy", _ids(busy), reason, findings)]
 
-    def _slow_phase(self, live: list[RankView], now: float, moved: float, begun: bool) -> list[Detection]:
+    def _slow_phase(self, live: list[RankView], now: float, moved: float, begun: bool, still: bool) -> list[Detection]:
         """No rank has stepped for longer than a stall timeout, but the job moves: worth a line and an event (which
-        rank, doing what, for how long, who waits), never an incident. Once per pause. `begun`: training has begun
-        (a batch or a step) and the job is not stalled."""
+        rank, doing what, for how long, who waits), never an incident. Once per pause. The pause counts from the
+        job's last step, or, before the first, from when training began (a batch taken): loading a model is the
+        start-up's, not a pause. `still`: the stall rule has the job."""
+        if begun and self._begun_at is None:
+            self._begun_at = now
         for v in live:
             key = (v.rank, v.hb.pid)
             seen = self._steps.get(key)
             if seen is None or seen[0] != v.hb.step:
-                at = v.hb.last_progress if seen is None and v.hb.step else now
-                self._steps[key] = (v.hb.step, at, v.hb.forwards)
-        last_step = max(self._steps[(v.rank, v.hb.pid)][1] for v in live)
+                self._steps[key] = (v.hb.step, v.hb.last_progress if seen is None else now)
+        stepped = [self._steps[(v.rank, v.hb.pid)][1] for v in live if v.hb.step]
+        last_step = max(stepped) if stepped else (self._begun_at or now)
         if self._pause_reported is not None and last_step > self._pause_reported:
             self._pause_reported = None
         limit = max(pause_timeout(v.hb, self.cfg)[0] for v in live)
-        if not begun or self._pause_reported is not None or now - last_step <= limit or now - moved > MOVING_S:
+        recent = _recent(limit)
+        if not begun or still or self._pause_reported is not None or now - last_step <= limit or now - moved > recent:
             return []
         self._pause_reported = last_step
-        moving = [v for v in live if now - v.moved_at <= MOVING_S]
+        moving = [v for v in live if now - v.moved_at <= recent]
         waiting = [v for v in live if v not in moving]
         findings = tuple(self._finding(v, now, now - last_step, pause_timeout(v.hb, self.cfg)[1], limit,
-                                       doing=v.doing(now)) for v in moving + waiting)  # fmt: skip
+                                       doing=v.doing(now, recent)) for v in moving + waiting)  # fmt: skip
         one = len(moving) == 1
         parts = [f"{plural_ranks(_ids(moving))} {'has' if one else 'have'} taken no step for {now - last_step:.0f} s "
                  f"and still {'works' if one else 'work'}"]  # fmt: skip

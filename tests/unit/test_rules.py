@@ -270,6 +270,18 @@ def test_slow_phase_once_per_pause_rearmed_by_a_step_never_at_startup_or_when_st
     assert run(Rules(cfg()), loading) == []
 
 
+def test_a_first_step_that_compiles_for_minutes_is_a_slow_phase_counted_from_the_first_batch() -> None:
+    # GIVEN both ranks took their first batch at t=100 (step 0: the start-up timeout governs a stall); rank 0 compiles
+    # (Python, for minutes) while rank 1, compiled already, waits for it in backward
+    rules = Rules(cfg())
+    frames = [(t, [live(hb(0, step=0, batches=1, stack_time=float(t)), t),
+                   live(hb(1, step=0, batches=1, phase="backward"), t)]) for t in range(100, 400)]  # fmt: skip
+    detections = run(rules, frames)
+    # THEN one note, 60 s after training began, never a stall or a busy rank (the start-up timeout, 30 min)
+    assert [(t, d.rule, d.ranks) for t, d in detections] == [(161, "slow_phase", (0,))]
+    assert detections[0][1].findings[1].doing.startswith("waits (backward")
+
+
 def test_slow_phase_says_who_works_how_and_who_waits() -> None:
     rules = Rules(cfg())
     views = [live(hb(0, phase="checkpoint"), 161.0, io_at=160.0, io_written_1m=412_000_000),
