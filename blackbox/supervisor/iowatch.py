@@ -1,7 +1,8 @@
 """Each rank's I/O as progress, read from /proc (adapters.procfs) at every poll: a checkpoint being written or an index
 being read is a rank at work even when it neither steps nor runs Python code. Counted as motion: any byte through the
-main thread's own read and write system calls (files, pipes, sockets), and storage bytes of the whole process (a
-thread writing a checkpoint while the main thread waits for it) once they pass a floor, so that a logger's appends
+main thread's own read and write system calls (files, pipes, sockets); the main thread woken inside one such call
+(a single long write to slow storage counts its bytes only when it returns); and storage bytes of the whole process
+(a thread writing a checkpoint while the main thread waits for it) once they pass a floor, so that a logger's appends
 and the writeback of the heartbeat page do not make a hung rank look busy. CPU time is never read: a CUDA sync or an
 NCCL wait spins a core while nothing moves. Imports the stdlib and blackbox's /proc adapter."""
 
@@ -26,7 +27,9 @@ class RankIo:
     read: int = 0  # bytes through read system calls, the whole process, since it started (rchar)
     written: int = 0  # bytes through write system calls (wchar)
     readable: bool = True  # /proc let us read its counters
+    in_call: bool = False  # its main thread is inside a read or write system call now
     _main: Optional[int] = None  # the main thread's rchar + wchar at the last poll
+    _wakeups: Optional[int] = None  # its wake-ups inside a read or write call at the last poll (None: in none)
     _base: tuple[float, int] = (0.0, -1)  # (when, storage bytes) the floor counts from
     _samples: deque[tuple[float, int, int]] = field(default_factory=deque)  # (time, read, written)
 
@@ -69,16 +72,21 @@ class IoWatch:
         while len(samples) > 2 and samples[1][0] < now - RATE_WINDOW_S:
             samples.popleft()
         own = main.rchar + main.wchar if main is not None else None
+        wakeups = procfs.rw_wakeups(pid, pid)
         storage = proc.read_bytes + proc.write_bytes
         base_t, base_bytes = io._base
         moved = False
         if not self._rebase and base_bytes >= 0:
             moved = own is not None and io._main is not None and own != io._main
+            if wakeups is not None and io._wakeups is not None and wakeups > io._wakeups:
+                moved = True  # woken inside a long read or write: bytes are moving
             if storage - base_bytes >= STORAGE_FLOOR:
                 moved = True
         if base_bytes < 0 or self._rebase or moved or now - base_t > STORAGE_WINDOW_S:
             io._base = (now, storage)
         io._main = own
+        io._wakeups = wakeups
+        io.in_call = wakeups is not None
         if moved:
             io.moved_at = now
         return io

@@ -35,6 +35,7 @@ class RankView:
     io_at: float = 0.0  # the last poll at which its I/O moved (CLOCK_MONOTONIC); 0: never
     io_read_1m: int = 0  # bytes it read and wrote over about the last minute
     io_written_1m: int = 0
+    io_in_call: bool = False  # its main thread is inside a read or write system call
 
     @property
     def rank(self) -> int:
@@ -58,8 +59,13 @@ class RankView:
         how = []
         if now - self.io_at <= recent:
             io = [f"{verb} {_bytes(n)}" for verb, n in (("writing", self.io_written_1m), ("reading", self.io_read_1m))
-                  if n >= 1000]  # fmt: skip
-            how.append((" and ".join(io) + " in the last minute") if io else "doing I/O")
+                  if n >= 1_000_000]  # fmt: skip
+            if io:
+                how.append(" and ".join(io) + " in the last minute")
+            if self.io_in_call:
+                how.append("in a long read or write system call, the kernel moving its bytes")
+            if not io and not self.io_in_call:
+                how.append("doing I/O")
         if now - hb.forwards_time <= recent:
             how.append("running its model (forward calls)")
         if now - hb.last_progress <= recent and hb.batches:

@@ -78,7 +78,8 @@ class Watch:
             alive = status is None and procfs.is_alive(hb.pid, hb.start_ticks)
             io = self.io.sample(hb.rank, hb.pid, now) if alive else self.io.get(hb.rank, hb.pid)
             read, written = io.last_minute() if io is not None else (0, 0)
-            view = RankView(hb, alive, status, io.moved_at if io is not None else 0.0, read, written)
+            view = RankView(hb, alive, status, io.moved_at if io is not None else 0.0, read, written,
+                            io is not None and io.in_call)  # fmt: skip
             self._record_history(view, now)
             views.append(view)
         self.io.end_poll()

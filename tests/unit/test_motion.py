@@ -192,6 +192,7 @@ class FakeProc:
 def test_io_motion_main_thread_bytes_and_storage_past_a_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeProc()
     monkeypatch.setattr(procfs, "io_counters", fake)
+    monkeypatch.setattr(procfs, "rw_wakeups", lambda pid, tid: None)
     w = iowatch.IoWatch()
     assert w.sample(0, 7, 100.0).moved_at == 0.0  # the first reading is the baseline
     fake.add(main=10)  # the main thread wrote: a checkpoint to a slow pipe, an index read
@@ -210,9 +211,50 @@ def test_io_motion_main_thread_bytes_and_storage_past_a_floor(monkeypatch: pytes
     assert w.sample(0, 7, 105.0).moved_at == 105.0
 
 
+def test_a_long_write_moves_while_its_thread_is_woken_inside_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN the main thread inside one write system call (its bytes count only when it returns)
+    fake, wakeups = FakeProc(), [None, 5, 9, 9, 9]
+    monkeypatch.setattr(procfs, "io_counters", fake)
+    monkeypatch.setattr(procfs, "rw_wakeups", lambda pid, tid: wakeups.pop(0))
+    w = iowatch.IoWatch()
+    # THEN it moves while the kernel wakes it (a slow filesystem taking the bytes), not once the wake-ups stop (a
+    # hung server)
+    assert [w.sample(0, 7, float(t)).moved_at for t in range(5)] == [0.0, 0.0, 2.0, 2.0, 2.0]
+
+
+def test_a_real_write_to_a_slowly_drained_pipe_wakes_its_thread() -> None:
+    r, w = os.pipe()
+    tid: list[int] = []
+
+    def writer() -> None:
+        tid.append(threading.get_native_id())
+        os.write(w, b"x" * (1 << 20))  # far more than the pipe holds: blocks until drained
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 5
+        while procfs.rw_wakeups(os.getpid(), tid[0] if tid else 0) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        before = procfs.rw_wakeups(os.getpid(), tid[0])
+        assert before is not None  # inside write
+        for _ in range(4):
+            os.read(r, 65536)
+            time.sleep(0.02)
+        after = procfs.rw_wakeups(os.getpid(), tid[0])
+        assert after is not None and after > before
+    finally:
+        while t.is_alive():
+            os.read(r, 1 << 20)
+        t.join()
+        os.close(r)
+        os.close(w)
+
+
 def test_io_last_minute(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeProc()
     monkeypatch.setattr(procfs, "io_counters", fake)
+    monkeypatch.setattr(procfs, "rw_wakeups", lambda pid, tid: None)
     w = iowatch.IoWatch()
     for t in range(0, 200):
         fake.add(main=1_000_000)
