@@ -173,3 +173,6 @@ def test_the_heartbeat_history_keeps_what_moved(jobs: dict[str, Future[tuple[Job
     assert pause[-1]["written_bytes"] - pause[0]["written_bytes"] > 5_000_000, pause
     waiting = b.json("ranks/1/history.json")
     assert isinstance(waiting, list) and waiting[-1]["phase"] == "collective"
+    # AND the report says so in words
+    texts = [f.text for f in analyze(b).findings if "without a step" in f.text]
+    assert texts and texts[0].startswith("rank 0 was working without a step (writing ") and "rank 1 waited" in texts[0]

@@ -5,6 +5,7 @@ A thread blocked in a C call or sleeping at one line never counts; CPU time is n
 from __future__ import annotations
 
 import os
+import re
 import sys
 import threading
 import time
@@ -269,3 +270,35 @@ def test_procfs_reads_this_process_and_its_main_thread() -> None:
     assert whole is not None and main is not None and whole.rchar > 0 and main.rchar > 0
     assert procfs.io_counters(2**22 + 12345) is None  # no such process
     assert sys.platform.startswith("linux")
+
+
+# --- the report: what moved before the bundle -------------------------------------------------------------------
+
+
+def test_the_report_says_who_was_working_without_a_step_and_who_waited(tmp_path: Path) -> None:
+    from blackbox.analyze.verdict import analyze
+    from blackbox.bundle.reader import read_bundle
+    from blackbox.bundle.writer import BundleWriter
+    from blackbox.detections import Trigger
+
+    # GIVEN a bundle taken on request while rank 0 wrote a checkpoint (no step for 70 s) and rank 1 waited for it
+    now = time.time() - 5  # the manifest's `created` is in whole seconds
+    w = BundleWriter("run-1", "node7", Trigger.parse("manual"))
+    written = [{"t": now - 70, "at": now - 70 + k * 10, "step": 8, "phase": "checkpoint", "moved_t": now - 70 + k * 10,
+                "written_bytes": 1_000_000 + k * 70_000_000, "stack_changes": 3} for k in range(8)]  # fmt: skip
+    waiting = [{"t": now - 70, "at": now - 70, "step": 8, "phase": "collective", "moved_t": now - 70,
+                "written_bytes": 5000}]  # fmt: skip
+    w.add_json("ranks/0/history.json", written)
+    w.add_json("ranks/1/history.json", waiting)
+    w.add_json("ranks/2/history.json", [{"at": "soon", "moved_t": [1]}, "junk", 7])  # untrusted: ignored
+    for rank in (0, 1, 2):
+        w.add_json(f"ranks/{rank}/heartbeat.json", {"rank": rank, "pid": 100 + rank, "alive": True, "step": 8})
+    local = [{"rank": r, "pid": 100 + r, "local_rank": r, "recorder": True, "alive": True} for r in (0, 1, 2)]
+    path = w.write(str(tmp_path), {"job": {"local_ranks": local, "world_size": 3}}).path
+    # THEN one finding says it, with the bytes of the last minute
+    texts = [f.text for f in analyze(read_bundle(path)).findings if "without a step" in f.text]
+    assert len(texts) == 1 and re.fullmatch(
+        r"rank 0 was working without a step \(writing 420 MB in the last minute\), "
+        r"while rank 1 waited \(still for 7[45] s and more\)",
+        texts[0],
+    ), texts
