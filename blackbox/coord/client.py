@@ -43,6 +43,7 @@ class Coordination:
         self.silent: dict[str, dict[str, Any]] = {}  # node -> what was known when it fell silent
         self._lock = threading.Lock()
         self._inbox: list[dict[str, Any]] = []  # remote incidents, silences: taken by the supervisor's loop
+        self._motion: Optional[tuple[float, str]] = None  # (when, on this clock, another node last moved; which)
         self._answers: dict[int, dict[str, Any]] = {}
         self._answered = threading.Condition(self._lock)
         self._ref = 0
@@ -144,6 +145,20 @@ class Coordination:
             "silent": dict(self.silent),
         }  # fmt: skip
 
+    def remote_motion(self) -> Optional[tuple[float, str]]:
+        """When another node's ranks last moved (CLOCK_MONOTONIC of this process) and which node, as the hosting
+        node last said: a node whose ranks all wait for a rank of another node that works is not stalled."""
+        return self._motion if self.status == "connected" else None
+
+    def _on_motion(self, nodes: Any) -> None:
+        now = time.monotonic()
+        for entry in nodes if isinstance(nodes, list) else []:
+            if isinstance(entry, list) and len(entry) == 2 and str(entry[0]) != self.label:
+                age = entry[1]
+                if isinstance(age, (int, float)) and 0 <= age < 1e9:
+                    self._motion = (now - float(age), str(entry[0]))
+                return
+
     # --- from the helper ------------------------------------------------------------------------------
     def _read(self, stream: IO[bytes]) -> None:
         for raw in stream:
@@ -208,3 +223,5 @@ class Coordination:
             self._wake()
         elif ev == "peers":
             self.joined = int(msg.get("joined") or 0)
+        elif ev == "motion":
+            self._on_motion(msg.get("nodes"))

@@ -21,11 +21,14 @@ from typing import Any, Optional
 # The store's keys, under blackbox/<job key>/:
 #   job                 {"job_id", "nnodes", "host"} set by the hosting node
 #   roster, roster/<k>  join counter and the k-th node to join
-#   beat/<node>         a counter each node bumps every poll (liveness without comparing clocks)
+#   beat/<node>         a counter each node bumps every poll (liveness without comparing clocks), then how many
+#                       seconds ago its ranks last moved in any way (a step, a forward call, I/O, ...)
 #   summary/<node>      the node's last summary (ranks' step, phase, liveness age)
+#   motion              the hosting node's word on where the job moves: [[node, seconds since it moved]], the two
+#                       freshest nodes (so that a node whose ranks all wait for another node's knows it still works)
 #   incident/<n>        the n-th incident; compare_set makes the first poster of a number win
 #   silent              the hosting node's verdict on the others: {node: {"silent_s", "summary"}}
-# A node costs the store four operations a poll; only the hosting node reads every node's liveness (one
+# A node costs the store five operations a poll; only the hosting node reads every node's liveness (one
 # multi_get), so a job of hundreds of nodes stays cheap.
 OP_TIMEOUT_S = 5.0
 RECONNECT_S = 10.0
@@ -50,7 +53,7 @@ class StoreProcess:
         self.summary: dict[str, Any] = {}
         self.beat = 0
         self.roster: list[str] = []
-        self.peers: dict[str, dict[str, Any]] = {}  # hosting node only: node -> {"beat", "changed"}
+        self.peers: dict[str, dict[str, Any]] = {}  # hosting node only: node -> {"beat", "changed", "moved"}
         self.silent: dict[str, Any] = {}  # the last `silent` read from the store
 
     # --- the store --------------------------------------------------------------------------------
@@ -76,6 +79,7 @@ class StoreProcess:
                 return False
         store = PrefixStore(f"blackbox/{cfg['job_key']}/", base)
         if cfg["hosting"]:
+            store.set("motion", "[]")  # before `job`: a node that finds the job finds this key too
             store.set("job", json.dumps({"job_id": cfg["run_id"], "nnodes": cfg["nnodes"], "host": cfg["hostname"]}))
         try:
             store.set_timeout(timedelta(seconds=float(cfg["connect_timeout"])))
@@ -131,7 +135,8 @@ class StoreProcess:
         store = self.store
         self.beat += 1
         store.set(f"summary/{self.me}", json.dumps({**self.summary, "time": time.time()}))
-        store.set(f"beat/{self.me}", str(self.beat))
+        moved = self.summary.get("moved_s")
+        store.set(f"beat/{self.me}", f"{self.beat} {moved:.1f}" if isinstance(moved, (int, float)) else str(self.beat))
         while store.check([f"incident/{self.next_incident}"]):
             incident = json.loads(store.get(f"incident/{self.next_incident}"))
             self.next_incident += 1
@@ -140,6 +145,9 @@ class StoreProcess:
                 emit("incident", incident=incident)
         if self.cfg["hosting"]:
             self.watch()
+        motion = _loads(store.get("motion"))
+        if isinstance(motion, list) and motion:
+            emit("motion", nodes=motion)
         silent = _loads(store.get("silent")) if store.check(["silent"]) else {}
         silent = {k: v for k, v in silent.items() if k != self.me} if isinstance(silent, dict) else {}
         for node in silent.keys() - self.silent.keys():
@@ -163,10 +171,14 @@ class StoreProcess:
             return
         now = time.monotonic()
         verdict: dict[str, Any] = {}
+        moved = self.summary.get("moved_s")
+        motion = [(now - moved, self.me)] if isinstance(moved, (int, float)) else []
         for name, raw in zip(names, _multi_get(store, [f"beat/{n}" for n in names])):
-            peer = self.peers.setdefault(name, {"beat": None, "changed": now})
+            peer = self.peers.setdefault(name, {"beat": None, "changed": now, "moved": None})
             if raw != peer["beat"]:
-                peer.update(beat=raw, changed=now)
+                peer.update(beat=raw, changed=now, moved=_moved_at(raw, now))
+            if peer["moved"] is not None:
+                motion.append((peer["moved"], name))
             quiet = now - peer["changed"]
             if quiet > self.silent_after:
                 before = self.silent.get(name)
@@ -174,6 +186,7 @@ class StoreProcess:
                 verdict[name] = {"silent_s": round(quiet, 1), "summary": summary}
         if verdict.keys() != self.silent.keys():
             store.set("silent", json.dumps(verdict))
+        store.set("motion", json.dumps([[name, round(now - at, 1)] for at, name in sorted(motion, reverse=True)[:2]]))
 
     # --- the loop --------------------------------------------------------------------------------
     def read_commands(self) -> None:
@@ -220,6 +233,15 @@ class StoreProcess:
             elif cmd.get("op") == "post":
                 self.post(int(cmd["ref"]), cmd["incident"])
         return False
+
+
+def _moved_at(beat: bytes, now: float) -> Optional[float]:
+    """When (on this clock) a node's ranks last moved, from its beat (`<counter> <seconds ago>`), else None."""
+    parts = beat.split()
+    try:
+        return now - float(parts[1]) if len(parts) == 2 else None
+    except ValueError:
+        return None
 
 
 def _multi_get(store: Any, keys: list[str]) -> list[bytes]:

@@ -49,7 +49,8 @@ class Episodes:
 
     # --- the rules ------------------------------------------------------------------------------------------
     def evaluate(self, views: list[RankView], now: float) -> None:
-        for detection in self.rules.evaluate(views, now):
+        remote = self.coord.remote_motion() if self.coord is not None else None
+        for detection in self.rules.evaluate(views, now, remote):
             self.act(detection)
 
     def act(self, d: Detection) -> None:
@@ -232,9 +233,11 @@ class Episodes:
 
     def publish(self, views: list[RankView], now: float) -> None:
         if self.coord is not None:
+            moved = max((v.moved_at for v in views if v.alive), default=None)  # this node's newest motion
             self.coord.publish({"host": self.ctx.node, "ranks": {str(v.rank): {
                 "step": v.hb.step, "phase": v.hb.phase, "state": v.hb.state, "alive": v.alive,
-                "quiet_s": round(max(0.0, now - v.hb.last_progress), 1)} for v in views}})  # fmt: skip
+                "quiet_s": round(max(0.0, now - v.hb.last_progress), 1)} for v in views},
+                "moved_s": None if moved is None else round(max(0.0, now - moved), 1)})  # fmt: skip
 
     def on_coordination(self) -> None:
         if self.coord is None:

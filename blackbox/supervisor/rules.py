@@ -138,8 +138,12 @@ class Rules:
         self._steps: dict[tuple[int, int], tuple[int, float]] = {}  # (rank, pid) -> (step, when it was reached)
         self._begun_at: Optional[float] = None  # when training was first seen begun (a batch or a step)
         self._pause_reported: Optional[float] = None  # the job's last step when its slow phase was noted
+        self._elsewhere: Optional[tuple[float, str]] = None  # another node moved after every rank here: when, which
 
-    def evaluate(self, views: list[RankView], now: float) -> list[Detection]:
+    def evaluate(self, views: list[RankView], now: float, remote: Optional[tuple[float, str]] = None
+                 ) -> list[Detection]:  # fmt: skip
+        """`remote`: when another node's ranks last moved, and which node (multi-node coordination): a rank that
+        waits for a rank of another node that works is waiting too."""
         out = self._crashes(views, now)
         live = [v for v in views if v.alive and v.hb.state in LIVE_STATES]
         if not live:
@@ -148,6 +152,9 @@ class Rules:
         if self._hang_mark is not None and newest > self._hang_mark:
             self._hang_mark = None  # a rank progressed: the hang episode is over
         moved = max(v.moved_at for v in live)  # the job's last motion of any kind
+        self._elsewhere = remote if remote is not None and remote[0] > moved else None
+        if self._elsewhere is not None:
+            moved = self._elsewhere[0]
         begun = any(v.hb.batches > 0 or v.hb.step > 0 for v in views)
         out.extend(self._frozen(live, now, moved, newest))
         out.extend(self._stall(live, now, moved, newest, begun))
@@ -282,11 +289,15 @@ class Rules:
         findings = tuple(self._finding(v, now, now - last_step, pause_timeout(v.hb, self.cfg)[1], limit,
                                        doing=v.doing(now, recent)) for v in moving + waiting)  # fmt: skip
         one = len(moving) == 1
-        parts = [f"{plural_ranks(_ids(moving))} {'has' if one else 'have'} taken no step for {now - last_step:.0f} s "
-                 f"and still {'works' if one else 'work'}"]  # fmt: skip
+        if moving:
+            parts = [f"{plural_ranks(_ids(moving))} {'has' if one else 'have'} taken no step for "
+                     f"{now - last_step:.0f} s and still {'works' if one else 'work'}"]  # fmt: skip
+        else:  # the motion is another node's
+            node = self._elsewhere[1] if self._elsewhere is not None else "another node"
+            parts = [f"no rank here has taken a step for {now - last_step:.0f} s; node {node} still works"]
         parts += [f"rank {f.rank}: {f.doing}" for f in findings if f.rank in _ids(moving)]
         parts.append(f"{plural_ranks(_ids(waiting))} {'waits' if len(waiting) == 1 else 'wait'} for "
-                     f"{'it' if len(moving) == 1 else 'them'}" if waiting else "no rank waits")  # fmt: skip
+                     f"{'it' if one or not moving else 'them'}" if waiting else "no rank waits")  # fmt: skip
         return [Detection("slow_phase", _ids(moving), "; ".join(parts) + " (not a stall: blackbox does nothing)",
                           findings)]  # fmt: skip
 

@@ -187,6 +187,17 @@ def test_a_moving_rank_keeps_ranks_that_progressed_earlier_from_stalling() -> No
     assert rules.evaluate(views, now=120.0) == []
 
 
+def test_ranks_waiting_for_a_rank_of_another_node_that_works_are_not_stalled() -> None:
+    # GIVEN both ranks of this node waiting since t=100, while node 1 (coordination) says its ranks moved until 250
+    rules = Rules(cfg())
+    detections = [(t, d) for t in range(101, 400) for d in rules.evaluate(
+        [waiting(0, t), waiting(1, t)], float(t), (min(float(t), 250.0), "1"))]  # fmt: skip
+    # THEN a note while node 1 works, and the stall 60 s after node 1's last motion
+    assert [(t, d.rule) for t, d in detections] == [(161, "slow_phase"), (311, "stall")]
+    assert detections[0][1].reason.startswith("no rank here has taken a step for 61 s; node 1 still works; ranks 0-1 "
+                                              "wait for it")  # fmt: skip
+
+
 # --- frozen: a rank whose liveness thread is silent ------------------------------------------------------------
 
 
