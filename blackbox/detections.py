@@ -127,6 +127,14 @@ class Detection:
             self.reason)  # fmt: skip
 
 
+def human_bytes(n: float) -> str:
+    """Bytes as people read them in a line: `412 MB`, `1.5 GB`, `8.9 kB`, `700 B` (decimal units, as `df -H`)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.0f} {unit}" if n >= 10 * size else f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
 def rank_ranges(ranks: Iterable[int]) -> str:
     """(0, 1, 2, 5) -> '0-2, 5'."""
     parts: list[str] = []

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from ..bundle import layout as L
 from ..bundle.reader import Bundle, number
-from ..detections import plural_ranks
+from ..detections import human_bytes, plural_ranks
 
 WINDOW_S = 60.0  # "in the last minute"
 MOVING_S = 10.0  # a rank that moved this close to the bundle was moving then
@@ -45,13 +45,6 @@ def _delta(first: dict[str, float], last: dict[str, float], key: str) -> float:
     return max(0.0, last.get(key, 0.0) - first.get(key, 0.0)) if key in first and key in last else 0.0
 
 
-def _bytes(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.0f} {unit}" if n >= 10 * size else f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
 def rank_motion(history: Any, end: float) -> Optional[dict[str, Any]]:
     """One rank's last minute before `end` (Unix time): whether it was moving at the end, how long it had been still,
     and what moved over the minute (None without a history)."""
@@ -65,7 +58,7 @@ def rank_motion(history: Any, end: float) -> Optional[dict[str, Any]]:
     for key, verb in (("written_bytes", "writing"), ("read_bytes", "reading")):
         n = _delta(first, last, key)
         if n >= 1e6:
-            how.append(f"{verb} {_bytes(n)}")
+            how.append(f"{verb} {human_bytes(n)}")
     for key, what in (("forwards", "forward calls"), ("batches", "batches"), ("stack_changes", "stack changes")):
         n = _delta(first, last, key)
         if n:

@@ -11,6 +11,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from ..detections import human_bytes
 from ..status import RankStatus, RunStatus
 from . import TIME_PHASES, printable
 
@@ -24,13 +25,6 @@ def _shares(share: dict[str, float]) -> str:
     return " ".join(parts) or "-"
 
 
-def _bytes(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.0f} B"
-
-
 def _moving(r: RankStatus) -> str:
     """What moved lately: step or batch, forward calls (their count), the stack, I/O (its rates between two readings,
     as `top` has them)."""
@@ -39,7 +33,7 @@ def _moving(r: RankStatus) -> str:
         if what == "forward":
             words.append(f"{r.forwards} fwd")
         elif what == "io" and r.read_per_s is not None and r.written_per_s is not None:
-            words.extend(f"{k} {_bytes(v)}/s" for k, v in (("r", r.read_per_s), ("w", r.written_per_s)) if v)
+            words.extend(f"{k} {human_bytes(v)}/s" for k, v in (("r", r.read_per_s), ("w", r.written_per_s)) if v)
         else:
             words.append(what)
     return " ".join(words) or "-"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..config import AUTO, RunConfig
-from ..detections import Detection, RankFinding, plural_ranks
+from ..detections import Detection, RankFinding, human_bytes, plural_ranks
 from ..heartbeat_reader import HeartbeatState
 
 AUTO_FLOOR_S = 60.0  # `auto` never goes below this
@@ -58,8 +58,8 @@ class RankView:
             return f"waits ({where}, still for {now - self.moved_at:.0f} s)"
         how = []
         if now - self.io_at <= recent:
-            io = [f"{verb} {_bytes(n)}" for verb, n in (("writing", self.io_written_1m), ("reading", self.io_read_1m))
-                  if n >= 1_000_000]  # fmt: skip
+            amounts = (("writing", self.io_written_1m), ("reading", self.io_read_1m))
+            io = [f"{verb} {human_bytes(n)}" for verb, n in amounts if n >= 1_000_000]
             if io:
                 how.append(" and ".join(io) + " in the last minute")
             if self.io_in_call:
@@ -73,13 +73,6 @@ class RankView:
         if now - hb.stack_time <= recent:
             how.append("running Python code")
         return f"{where}: " + (", ".join(how) or "moving")
-
-
-def _bytes(n: int) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= size:
-            return f"{n / size:.0f} {unit}" if n >= 10 * size else f"{n / size:.1f} {unit}"
-    return f"{n} B"
 
 
 def _recent(timeout: float) -> float:
