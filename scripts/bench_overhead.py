@@ -138,12 +138,17 @@ def bench_hook_costs() -> dict[str, float]:
     """The recorder's own work in one training step, measured in a rank with the recorder active: one
     DataLoader batch (phase change, wait accounting, batch shapes), one optimizer step, and per collective
     a phase change in and out. Whole-job timings on this machine are too noisy to show a few µs."""
+    return _in_rank(HOOK_COSTS)
+
+
+def _in_rank(code: str) -> dict[str, float]:
+    """Run `code` in a process with the recorder active, as a rank; its `NAME value` lines."""
     from blackbox.supervisor.rundir import INJECT_DIR
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "RANK", "LOCAL_RANK"))}
     with tempfile.TemporaryDirectory() as d:
         env = {**base, "PYTHONPATH": INJECT_DIR, "BLACKBOX_RECORD_DIR": d, "RANK": "0", "LOCAL_RANK": "0"}
-        out = subprocess.run([sys.executable, "-c", HOOK_COSTS], env=env, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                              check=True).stdout  # fmt: skip
     return {line.split()[0]: float(line.split()[1]) for line in out.splitlines() if line[:1].isupper()}
 
@@ -192,14 +197,7 @@ def bench_motion_costs() -> dict[str, float]:
     """What the recorder adds to see a rank move without a step: one motion sample of its liveness thread (the main
     thread's stack 32 frames deep compared with the last, the forward counter paced, the heartbeat written), and a
     module call while the forward counter counts (only in a pause without a step or batch)."""
-    from blackbox.supervisor.rundir import INJECT_DIR
-
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "RANK", "LOCAL_RANK"))}
-    with tempfile.TemporaryDirectory() as d:
-        env = {**base, "PYTHONPATH": INJECT_DIR, "BLACKBOX_RECORD_DIR": d, "RANK": "0", "LOCAL_RANK": "0"}
-        out = subprocess.run([sys.executable, "-c", MOTION_COSTS], env=env, capture_output=True, text=True,
-                             check=True).stdout  # fmt: skip
-    return {line.split()[0]: float(line.split()[1]) for line in out.splitlines() if line[:1].isupper()}
+    return _in_rank(MOTION_COSTS)
 
 
 LIVENESS = r"""
