@@ -125,8 +125,8 @@ class Watch:
             return None
         self._gpu_idle_said = True
         live = [v for v in views if v.alive]
-        if any(now - v.hb.last_progress < idle for v in live):
-            return None  # a rank still progresses: the GPUs are idle for another reason (CPU work, data)
+        if any(now - v.moved_at < idle for v in live):
+            return None  # a rank still moves: the GPUs are idle for another reason (CPU work, data, a checkpoint)
         reason = f"every GPU of the job has been at 0 % utilisation for {idle:.0f} s"
         if views:
             self.ctx.event("gpu_idle", idle_s=round(idle, 1), supporting=True)
