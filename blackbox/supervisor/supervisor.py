@@ -277,7 +277,7 @@ class Supervisor:
 
     def _poll(self) -> None:
         now = time.monotonic()
-        views = self.watch.read_views(now)
+        views = self.watch.read_views()
         self.episodes.evaluate(views, now)
         self.episodes.publish(views, now)
         idle = self.watch.watch_gpus(views, now)
