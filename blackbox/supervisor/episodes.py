@@ -81,8 +81,8 @@ class Episodes:
         ctx.event(d.rule, ranks=list(d.ranks), reason=d.reason, findings=[f.__dict__ for f in d.findings])
         ctx.say(d.message())
         for f in d.findings:
-            ctx.say(f"  {f.describe()}: idle {f.idle_s:.0f} s" if d.rule != "rank_death"
-                    else f"  {f.describe()}: {f.exit_status or f.state}")  # fmt: skip
+            ctx.say(f"  {f.describe()}: idle {f.idle_s:.0f} s" + (f"; {f.doing}" if f.doing else "")
+                    if d.rule != "rank_death" else f"  {f.describe()}: {f.exit_status or f.state}")  # fmt: skip
         hang = d.rule in HANG_RULES
         option = _ending_option(d.rule)
         ending = hang and getattr(ctx.cfg, option) == "kill"

@@ -90,8 +90,3 @@ class IoWatch:
         if moved:
             io.moved_at = now
         return io
-
-    def forget(self, keep: set[tuple[int, int]]) -> None:
-        """Drop the processes that are no longer ranks of the job."""
-        for key in [k for k in self._ranks if k not in keep]:
-            del self._ranks[key]
