@@ -115,6 +115,20 @@ class Coordination:
             return None
         return answer["incident"], bool(answer.get("own"))
 
+    def remote_motion(self) -> Optional[tuple[float, str]]:
+        """When another node's ranks last moved (CLOCK_MONOTONIC of this process) and which node, as the hosting
+        node last said: a node whose ranks all wait for a rank of another node that works is not stalled."""
+        return self._motion if self.status == "connected" else None
+
+    def _on_motion(self, nodes: Any) -> None:
+        now = time.monotonic()
+        for entry in nodes if isinstance(nodes, list) else []:
+            if isinstance(entry, list) and len(entry) == 2 and str(entry[0]) != self.label:
+                age = entry[1]
+                if isinstance(age, (int, float)) and 0 <= age < 1e9:
+                    self._motion = (now - float(age), str(entry[0]))
+                return
+
     def take(self) -> list[dict[str, Any]]:
         with self._lock:
             taken, self._inbox = self._inbox, []
@@ -145,20 +159,6 @@ class Coordination:
             "silent": dict(self.silent),
         }  # fmt: skip
 
-    def remote_motion(self) -> Optional[tuple[float, str]]:
-        """When another node's ranks last moved (CLOCK_MONOTONIC of this process) and which node, as the hosting
-        node last said: a node whose ranks all wait for a rank of another node that works is not stalled."""
-        return self._motion if self.status == "connected" else None
-
-    def _on_motion(self, nodes: Any) -> None:
-        now = time.monotonic()
-        for entry in nodes if isinstance(nodes, list) else []:
-            if isinstance(entry, list) and len(entry) == 2 and str(entry[0]) != self.label:
-                age = entry[1]
-                if isinstance(age, (int, float)) and 0 <= age < 1e9:
-                    self._motion = (now - float(age), str(entry[0]))
-                return
-
     # --- from the helper ------------------------------------------------------------------------------
     def _read(self, stream: IO[bytes]) -> None:
         for raw in stream:
@@ -184,7 +184,9 @@ class Coordination:
     def _on(self, msg: dict[str, Any]) -> None:
         ev = msg.get("ev")
         where = f"the coordinator at {self.topo.address}"
-        if ev == "connected":
+        if ev == "motion":
+            self._on_motion(msg.get("nodes"))
+        elif ev == "connected":
             self.status, self.job_id = "connected", str(msg.get("job_id"))
             self._event("coordination", status="connected", job_id=self.job_id, hosting=msg.get("hosting"),
                         address=msg.get("address"), job_host=msg.get("job_host"))  # fmt: skip
@@ -223,5 +225,3 @@ class Coordination:
             self._wake()
         elif ev == "peers":
             self.joined = int(msg.get("joined") or 0)
-        elif ev == "motion":
-            self._on_motion(msg.get("nodes"))

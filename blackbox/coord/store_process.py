@@ -25,10 +25,11 @@ from typing import Any, Optional
 #                       seconds ago its ranks last moved in any way (a step, a forward call, I/O, ...)
 #   summary/<node>      the node's last summary (ranks' step, phase, liveness age)
 #   motion              the hosting node's word on where the job moves: [[node, seconds since it moved]], the two
-#                       freshest nodes (so that a node whose ranks all wait for another node's knows it still works)
+#                       freshest nodes (so that a node whose ranks all wait for another node's knows it still works);
+#                       one read a node a poll
 #   incident/<n>        the n-th incident; compare_set makes the first poster of a number win
 #   silent              the hosting node's verdict on the others: {node: {"silent_s", "summary"}}
-# A node costs the store five operations a poll; only the hosting node reads every node's liveness (one
+# A node costs the store four operations a poll; only the hosting node reads every node's liveness (one
 # multi_get), so a job of hundreds of nodes stays cheap.
 OP_TIMEOUT_S = 5.0
 RECONNECT_S = 10.0
@@ -53,7 +54,7 @@ class StoreProcess:
         self.summary: dict[str, Any] = {}
         self.beat = 0
         self.roster: list[str] = []
-        self.peers: dict[str, dict[str, Any]] = {}  # hosting node only: node -> {"beat", "changed", "moved"}
+        self.peers: dict[str, dict[str, Any]] = {}  # hosting node only: node -> {"beat", "changed"}
         self.silent: dict[str, Any] = {}  # the last `silent` read from the store
 
     # --- the store --------------------------------------------------------------------------------
@@ -137,6 +138,9 @@ class StoreProcess:
         store.set(f"summary/{self.me}", json.dumps({**self.summary, "time": time.time()}))
         moved = self.summary.get("moved_s")
         store.set(f"beat/{self.me}", f"{self.beat} {moved:.1f}" if isinstance(moved, (int, float)) else str(self.beat))
+        motion = _loads(store.get("motion"))  # where the job last moved, as the hosting node last said
+        if isinstance(motion, list) and motion:
+            emit("motion", nodes=motion)
         while store.check([f"incident/{self.next_incident}"]):
             incident = json.loads(store.get(f"incident/{self.next_incident}"))
             self.next_incident += 1
@@ -145,9 +149,6 @@ class StoreProcess:
                 emit("incident", incident=incident)
         if self.cfg["hosting"]:
             self.watch()
-        motion = _loads(store.get("motion"))
-        if isinstance(motion, list) and motion:
-            emit("motion", nodes=motion)
         silent = _loads(store.get("silent")) if store.check(["silent"]) else {}
         silent = {k: v for k, v in silent.items() if k != self.me} if isinstance(silent, dict) else {}
         for node in silent.keys() - self.silent.keys():
@@ -174,7 +175,7 @@ class StoreProcess:
         moved = self.summary.get("moved_s")
         motion = [(now - moved, self.me)] if isinstance(moved, (int, float)) else []
         for name, raw in zip(names, _multi_get(store, [f"beat/{n}" for n in names])):
-            peer = self.peers.setdefault(name, {"beat": None, "changed": now, "moved": None})
+            peer = self.peers.setdefault(name, {"beat": None, "changed": now, "moved": None})  # moved: its motion
             if raw != peer["beat"]:
                 peer.update(beat=raw, changed=now, moved=_moved_at(raw, now))
             if peer["moved"] is not None:
