@@ -584,7 +584,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     time = time_ledger(bundle, [r.rank for r in rows], {r.rank: r.node for r in rows})
     arrivals = fr.arrivals(dumps) if time["stragglers"] else []  # read only beside a straggler it would confirm
     findings.extend(Finding("observed", text, source) for text, source in time_findings(time, arrivals))
-    findings.extend(Finding("observed", text, source) for text, source in motion_findings(bundle, list(by_rank)))
+    findings.extend(Finding("observed", t, source) for t, source in motion_findings(bundle, [r.rank for r in rows]))
     findings = _rank_summary(rows, rank_stacks, suspects) + findings
     # the suspects' facts first: they are the ones a reader needs
     findings.sort(key=lambda f: not any(f.text.startswith(f"rank {r} ") or f.text.startswith(f"rank {r}'")
