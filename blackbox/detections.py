@@ -91,6 +91,9 @@ class RankFinding:
         return f"rank {self.rank} (pid {self.pid}, step {self.step}, {where})"
 
 
+_HEADS = {"busy": "busy", "slow_phase": "slow phase", "exception": "exception", "gpu_idle": "GPU idle"}
+
+
 @dataclass(frozen=True)
 class Detection:
     """What a rule saw: the ranks it fired on and why. Which ranks *cause* the incident is not the rule's to
@@ -111,14 +114,8 @@ class Detection:
                 f" of any kind for {still:.0f} s ({f.timeout_rule} timeout {f.timeout_s:g} s)" if f else ""
             )  # fmt: skip
             return f"{head}; {self.reason}" if self.reason else head
-        if self.rule == "busy":
-            return f"busy: {self.reason}"
-        if self.rule == "slow_phase":
-            return f"slow phase: {self.reason}"
-        if self.rule == "exception":
-            return f"exception: {self.reason}"
-        if self.rule == "gpu_idle":
-            return f"GPU idle: {self.reason}"
+        if self.rule in _HEADS:  # the reason says it all
+            return f"{_HEADS[self.rule]}: {self.reason}"
         if self.rule == "console":
             return f"fatal output: {self.reason}; collecting before the launcher tears the ranks down"
         if self.rule == "frozen":
