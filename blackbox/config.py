@@ -150,20 +150,28 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("run_dir", _path, None, "a directory path",
            "Where the run's console log, events, heartbeats and bundles go [default: ./blackbox-runs/RUN_ID]."),
     Option("stall_timeout", _seconds_or_auto, AUTO, "a number of seconds or `auto`",
-           "Seconds without progress before a rank counts as stalled; `auto` = max(60 s, 5 x slowest step) "
-           "once 5 steps are done."),
+           "Seconds in which nothing moves on any rank (no step, batch, forward call, Python stack change or I/O) "
+           "before the job counts as stalled; `auto` = max(60 s, 5 x slowest step) once 5 steps are done."),
     Option("startup_timeout", _seconds, 1800.0, "a number of seconds",
            "Stall timeout before a rank's first step (with `auto`: before its 5th): start-up, data, compilation."),
     Option("first_batch_timeout", _seconds, 300.0, "a number of seconds",
            "Before its first step, a rank parked in `data` or `checkpoint` while another rank has already taken a "
            "batch is judged by this timeout, not the start-up one: its peers already wait for it."),
     Option("checkpoint_timeout", _seconds, 1800.0, "a number of seconds",
-           "Stall timeout while a rank is in the `checkpoint` phase."),
+           "How long a rank in the `checkpoint` phase may keep working without a step (its peers waiting for it) "
+           "before the endless-loop rule looks at it, when longer than --busy-timeout."),
     Option("eval_timeout", _seconds, 1800.0, "a number of seconds",
-           "Stall timeout while a rank is in the `eval` phase."),
+           "How long a rank in the `eval` phase may keep working without a step (its peers waiting for it) before "
+           "the endless-loop rule looks at it, when longer than --busy-timeout."),
+    Option("busy_timeout", _seconds, 1800.0, "a number of seconds",
+           "The endless-loop rule: a rank that keeps moving (its Python stack, forward calls, I/O) but takes no "
+           "step or batch for this long is collected as a `busy` incident (an endless loop, a retry storm)."),
+    Option("on_busy", _on_stall, "keep", "`kill` or `keep`",
+           "After collecting a `busy` incident: `keep` leaves the job running (it may still be working); `kill` "
+           "ends it as after a stall."),
     Option("frozen_timeout", _seconds, 120.0, "a number of seconds",
-           "Seconds a live rank's liveness thread may stay silent (GIL held, process stopped) before it is "
-           "recorded as frozen."),
+           "Seconds a live rank's liveness thread may stay silent (GIL held, process stopped), with no I/O of its "
+           "own and nothing moving on the other ranks, before it is a `frozen` hang (ended like a stall)."),
     Option("on_stall", _on_stall, "kill", "`kill` or `keep`",
            "After collecting a stall: `kill` ends the job so the scheduler can requeue it; `keep` leaves it "
            "running for a human to attach."),
@@ -229,6 +237,8 @@ class RunConfig:
     first_batch_timeout: float
     checkpoint_timeout: float
     eval_timeout: float
+    busy_timeout: float
+    on_busy: str
     frozen_timeout: float
     on_stall: str
     poll_interval: float

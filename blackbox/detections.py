@@ -10,7 +10,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
-HANG_RULES = ("stall", "gpu_idle")  # kind "hang": collected, then (--on-stall kill) the job is ended
+# kind "hang": collected, then the job is ended by --on-stall kill (busy: by --on-busy kill)
+HANG_RULES = ("stall", "frozen", "gpu_idle", "busy")
+NOTE_RULES = ("slow_phase",)  # not incidents: a long pause while the job still moves is an event and a line
 CRASH_RULES = ("exception", "rank_death", "console", "exit")  # kind "crash": what follows is the same episode
 
 
@@ -23,8 +25,8 @@ def incident_kind(rule: str) -> str:
 
 @dataclass(frozen=True)
 class Trigger:
-    """Why a bundle was taken, as data: the rule that fired (stall, frozen, exception, rank_death, console, gpu_idle,
-    exit; manual or signal on request), the kind of fatal line for `console` (comm_timeout, cuda_error, oom,
+    """Why a bundle was taken, as data: the rule that fired (stall, frozen, busy, exception, rank_death, console,
+    gpu_idle, exit; manual or signal on request), the kind of fatal line for `console` (comm_timeout, cuda_error, oom,
     segfault, child_failed), and whether this node collected for another node's incident. `name` is how bundle file
     names, the manifest's `trigger` and `BLACKBOX_TRIGGER` spell it: `stall`, `rank-death`, `remote-console-oom`."""
 
@@ -77,9 +79,10 @@ class RankFinding:
     collective: str
     idle_s: float  # seconds since last progress (stall) or since the last liveness bump (frozen)
     timeout_s: float
-    timeout_rule: str  # which timeout applied: startup, first_batch, stall, auto, checkpoint, eval, frozen
+    timeout_rule: str  # which timeout applied: startup, first_batch, stall, auto, checkpoint, eval, busy, frozen
     state: str
     exit_status: Optional[str] = None
+    doing: str = ""  # how it moves (or that it waits), for the lines of busy and slow_phase
 
     def describe(self) -> str:
         where = self.phase
@@ -88,12 +91,15 @@ class RankFinding:
         return f"rank {self.rank} (pid {self.pid}, step {self.step}, {where})"
 
 
+_HEADS = {"busy": "busy", "slow_phase": "slow phase", "exception": "exception", "gpu_idle": "GPU idle"}
+
+
 @dataclass(frozen=True)
 class Detection:
     """What a rule saw: the ranks it fired on and why. Which ranks *cause* the incident is not the rule's to
     say: that is the analysis's blame (blackbox.analyze.blame), made on the bundle's evidence."""
 
-    rule: str  # stall | frozen | exception | rank_death | console | gpu_idle
+    rule: str  # stall | frozen | busy | exception | rank_death | console | gpu_idle; slow_phase (a note)
     ranks: tuple[int, ...]
     reason: str  # what the rule saw, one sentence
     findings: tuple[RankFinding, ...]
@@ -103,19 +109,27 @@ class Detection:
         ranks = rank_ranges(self.ranks)
         if self.rule == "stall":
             f = self.findings[0] if self.findings else None
+            still = min(x.idle_s for x in self.findings) if self.findings else 0.0  # the job's stillness
             head = f"stall: {plural_ranks(self.ranks)} made no progress" + (
-                f" for {f.idle_s:.0f} s ({f.timeout_rule} timeout {f.timeout_s:g} s)" if f else "")  # fmt: skip
+                f" of any kind for {still:.0f} s ({f.timeout_rule} timeout {f.timeout_s:g} s)" if f else ""
+            )  # fmt: skip
             return f"{head}; {self.reason}" if self.reason else head
-        if self.rule == "exception":
-            return f"exception: {self.reason}"
-        if self.rule == "gpu_idle":
-            return f"GPU idle: {self.reason}"
+        if self.rule in _HEADS:  # the reason says it all
+            return f"{_HEADS[self.rule]}: {self.reason}"
         if self.rule == "console":
             return f"fatal output: {self.reason}; collecting before the launcher tears the ranks down"
         if self.rule == "frozen":
             return f"frozen: {plural_ranks(self.ranks)} stopped answering (liveness thread silent); {self.reason}"
         return f"rank death: {'rank' if len(self.ranks) == 1 else 'ranks'} {ranks} exited without finishing; " + (
             self.reason)  # fmt: skip
+
+
+def human_bytes(n: float) -> str:
+    """Bytes as people read them in a line: `412 MB`, `1.5 GB`, `8.9 kB`, `700 B` (decimal units, as `df -H`)."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.0f} {unit}" if n >= 10 * size else f"{n / size:.1f} {unit}"
+    return f"{n:.0f} B"
 
 
 def rank_ranges(ranks: Iterable[int]) -> str:

@@ -9,7 +9,7 @@ EXIT_USAGE = 2  # bad command line, bad configuration, bad input file
 EXIT_INTERNAL = 70  # a bug in blackbox (run with BLACKBOX_DEBUG=1 for the traceback)
 EXIT_CANT_CREATE = 73  # the run directory (or another output) cannot be created or written
 EXIT_NO_PERMISSION = 77  # another user's process: blackbox may not read or trace it
-EXIT_STALL_ENDED = 86  # `blackbox run` ended the job itself after a stall (`--on-stall kill`)
+EXIT_STALL_ENDED = 86  # `blackbox run` ended the job itself after a hang (stall, frozen; busy with `--on-busy kill`)
 EXIT_NOT_EXECUTABLE = 126  # the job's command exists but cannot be executed
 EXIT_NOT_FOUND = 127  # the job's command does not exist
 

@@ -61,6 +61,18 @@ class HeartbeatState:
     # the time ledger (layout version 2): seconds in each phase of protocol.LEDGER_PHASES, up to the current phase's
     # start; empty for a version-1 page
     ledger: tuple[float, ...] = ()
+    # motion (layout version 3; zero before): progress that is not a step, seen by the rank's liveness thread
+    forwards: int = 0  # module forward calls counted during pauses (the hook is installed only then)
+    forwards_time: float = 0.0  # when that count last changed
+    stack_changes: int = 0  # samples at which the main thread's Python stack differed from the sample before
+    stack_time: float = 0.0  # when it last did
+    forward_mode: str = "idle"  # the forward counter: idle (no pause), counting, off (torch.compile in use)
+
+    @property
+    def last_motion(self) -> float:
+        """The last time this rank moved in any way its heartbeat shows: a step, a batch, a forward call, its main
+        thread's stack changing (I/O is read from /proc by the host side)."""
+        return max(self.last_progress, self.forwards_time, self.stack_time)
 
     def wall(self, mono: float) -> float:
         return self.wall0 + (mono - self.mono0)
@@ -112,10 +124,20 @@ def decode(buf: Any, patience_s: float = 0.05, last: Optional[HeartbeatState] = 
     q, d = view.cast("Q"), view.cast("d")
     progress = _group(q, P.W_PROGRESS, P.W_PROGRESS_END, patience_s)
     phase_words = _group(q, P.W_PHASE, P.W_PHASE_END, patience_s)
-    if (progress is None or phase_words is None) and (last is None or last.pid != pid):
+    motion = _group(q, P.W_MOTION, P.W_MOTION_END, patience_s) if version >= 3 else None
+    torn_motion = version >= 3 and motion is None
+    if (progress is None or phase_words is None or torn_motion) and (last is None or last.pid != pid):
         raise HeartbeatBusy(f"rank {rank}'s heartbeat was being rewritten throughout the read")
     state = _state(buf, q, d, progress, phase_words)
-    if progress is not None and phase_words is not None:
+    if motion is not None:
+        mq, md = motion
+        a = P.W_MOTION
+        mode = mq[P.W_FORWARD_MODE - a]
+        forward_mode = P.FORWARD_MODES[mode] if 0 <= mode < len(P.FORWARD_MODES) else "unknown"
+        state = replace(state, forwards=mq[P.W_FORWARDS - a], forwards_time=md[P.W_FORWARDS_TIME - a],
+                        stack_changes=mq[P.W_STACK_CHANGES - a], stack_time=md[P.W_STACK_TIME - a],
+                        forward_mode=forward_mode)  # fmt: skip
+    if progress is not None and phase_words is not None and not torn_motion:
         return state
     assert last is not None
     keep: dict[str, Any] = {"busy": True}
@@ -123,7 +145,12 @@ def decode(buf: Any, patience_s: float = 0.05, last: Optional[HeartbeatState] = 
         keep.update({k: getattr(last, k) for k in ("step", "last_progress", "last_step_dt", "slowest_step_dt")})
     if phase_words is None:
         keep.update({k: getattr(last, k) for k in ("phase", "phase_start", "collective", "collective_seq")})
+    if torn_motion:
+        keep.update({k: getattr(last, k) for k in MOTION_FIELDS})
     return replace(state, **keep)
+
+
+MOTION_FIELDS = ("forwards", "forwards_time", "stack_changes", "stack_time", "forward_mode")
 
 
 def _state(buf: Any, q: Any, d: Any, progress: Optional[_Words], phase_words: Optional[_Words]) -> HeartbeatState:

@@ -19,6 +19,7 @@ from .events import read_events
 from .heartbeat_reader import HeartbeatState, HeartbeatTable
 
 STATUS_SCHEMA_VERSION = 1
+MOVING_S = 10.0  # a signal that moved within this long is listed in `moving`
 
 
 @dataclass
@@ -35,6 +36,17 @@ class RankStatus:
     liveness_age_s: float  # seconds since the rank's liveness thread last ran
     straggler: bool  # in a straggler episode the supervisor named (events.jsonl)
     time_share: dict[str, float]  # phase -> the fraction of the rank's time since it started (the time ledger)
+    # progress that is not a step (DESIGN.md §3): what moved, and when
+    moved_s: float = 0.0  # seconds since it last moved in any way seen (step, batch, forward call, stack, I/O)
+    moving: list[str] = field(default_factory=list)  # what moved within MOVING_S: step, batch, forward, stack, io
+    forwards: int = 0  # module forward calls counted during pauses (heartbeat layout 3)
+    forward_mode: str = "idle"  # the forward counter: idle (no pause), counting, off (torch.compile in use)
+    stack_changes: int = 0  # samples at which its main thread's Python stack had changed
+    read_bytes: Optional[int] = None  # through read/write system calls since it started (/proc; None: unreadable)
+    written_bytes: Optional[int] = None
+    read_per_s: Optional[float] = None  # between two readings (top)
+    written_per_s: Optional[float] = None
+    moved_at: Optional[float] = None  # Unix time of that last motion
 
 
 @dataclass
@@ -119,6 +131,28 @@ def _share(hb: HeartbeatState, now: float) -> dict[str, float]:
     return {p: round(v / total, 4) for p, v in spent.items() if v > 0} if total > 0 else {}
 
 
+def _motion(r: RankStatus, hb: HeartbeatState, at: float, alive: bool, prior: Optional[RankStatus],
+            since: float) -> None:  # fmt: skip
+    """What moved in the rank, from its heartbeat and its I/O counters (/proc, read now: the rates and I/O's own
+    motion need a reading before, as `top` has)."""
+    io = procfs.io_counters(hb.pid) if alive else None
+    moved = hb.last_motion
+    stamps = [("step" if hb.step else "batch", hb.last_progress), ("forward", hb.forwards_time),
+              ("stack", hb.stack_time)]  # fmt: skip
+    if io is not None:
+        r.read_bytes, r.written_bytes = io.rchar, io.wchar
+        if prior is not None and prior.read_bytes is not None and prior.written_bytes is not None and since > 0:
+            r.read_per_s = round(max(0, io.rchar - prior.read_bytes) / since, 1)
+            r.written_per_s = round(max(0, io.wchar - prior.written_bytes) / since, 1)
+            if (io.rchar, io.wchar) != (prior.read_bytes, prior.written_bytes):
+                stamps.append(("io", at))
+                moved = max(moved, at)
+    r.moving = [name for name, t in stamps if t and at - t <= MOVING_S]
+    earlier = prior.moved_at if prior is not None and prior.moved_at is not None else 0.0
+    r.moved_at = max(round(hb.wall(moved), 3) if moved else 0.0, earlier) or None
+    r.moved_s = round(max(0.0, hb.wall(at) - r.moved_at), 3) if r.moved_at else round(max(0.0, at - moved), 3)
+
+
 def read_status(run_dir: str, table: HeartbeatTable, previous: Optional[RunStatus] = None,
                 gpus: Optional[list[gpu.GpuReading]] = None) -> RunStatus:  # fmt: skip
     """The run now. `previous`: the last reading, for steps per second between the two; `gpus`: readings taken by
@@ -139,13 +173,16 @@ def read_status(run_dir: str, table: HeartbeatTable, previous: Optional[RunStatu
             rate = round(1 / hb.last_step_dt, 3) if hb.last_step_dt > 0 and hb.step > 1 else None
         alive = procfs.is_alive(hb.pid, hb.start_ticks)
         at = now if alive else max(hb.liveness_time, hb.last_progress)  # an ended rank's last state is at its end
-        ranks.append(RankStatus(
+        rank = RankStatus(
             rank=hb.rank, pid=hb.pid, alive=alive, state=hb.state, step=hb.step,
             steps_per_s=rate, phase=hb.phase, phase_s=round(max(0.0, at - hb.phase_start), 3),
             idle_s=round(max(0.0, at - hb.last_progress), 3),
             liveness_age_s=round(max(0.0, at - hb.liveness_time), 3), straggler=hb.rank in straggling,
-            time_share=_share(hb, at),
-        ))  # fmt: skip
+            time_share=_share(hb, at), forwards=hb.forwards, forward_mode=hb.forward_mode,
+            stack_changes=hb.stack_changes,
+        )  # fmt: skip
+        _motion(rank, hb, at, alive, prior if prior is not None and prior.pid == hb.pid else None, since)
+        ranks.append(rank)
     if gpus is None:
         gpus = gpu.query_gpus(2.0)[0]
     ended: dict[str, Any] = next((e for e in reversed(events) if e.get("event") == "end"), {})

@@ -138,14 +138,66 @@ def bench_hook_costs() -> dict[str, float]:
     """The recorder's own work in one training step, measured in a rank with the recorder active: one
     DataLoader batch (phase change, wait accounting, batch shapes), one optimizer step, and per collective
     a phase change in and out. Whole-job timings on this machine are too noisy to show a few µs."""
+    return _in_rank(HOOK_COSTS)
+
+
+def _in_rank(code: str) -> dict[str, float]:
+    """Run `code` in a process with the recorder active, as a rank; its `NAME value` lines."""
     from blackbox.supervisor.rundir import INJECT_DIR
 
     base = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "RANK", "LOCAL_RANK"))}
     with tempfile.TemporaryDirectory() as d:
         env = {**base, "PYTHONPATH": INJECT_DIR, "BLACKBOX_RECORD_DIR": d, "RANK": "0", "LOCAL_RANK": "0"}
-        out = subprocess.run([sys.executable, "-c", HOOK_COSTS], env=env, capture_output=True, text=True,
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                              check=True).stdout  # fmt: skip
     return {line.split()[0]: float(line.split()[1]) for line in out.splitlines() if line[:1].isupper()}
+
+
+MOTION_COSTS = r"""
+import sys, time
+import torch
+rec = sys.modules["_blackbox_recorder.recorder"].ACTIVE
+motion = rec.motion
+motion.main = __import__("threading").get_ident()  # sample this thread: its own stack, 32 frames deep below
+
+def deep(n, fn):
+    return deep(n - 1, fn) if n else fn()
+
+def ticks():
+    best = float("inf")
+    for _ in range(7):
+        t0 = time.perf_counter_ns()
+        for i in range(2000):
+            motion.tick(100.0 + i)
+        best = min(best, (time.perf_counter_ns() - t0) / 2000)
+    return best
+
+print("MOTION_TICK %.1f" % deep(30, ticks))
+model = torch.nn.Sequential(*[torch.nn.Identity() for _ in range(100)])
+x = torch.zeros(1)
+
+def per_call():
+    best = float("inf")
+    for _ in range(7):
+        t0 = time.perf_counter_ns()
+        for _ in range(500):
+            model(x)
+        best = min(best, (time.perf_counter_ns() - t0) / 500 / 101)
+    return best
+
+plain = per_call()
+motion._handle = torch.nn.modules.module.register_module_forward_pre_hook(motion._count)
+counting = per_call()
+motion._unhook()
+print("FWD_HOOK %.1f" % (counting - plain))
+"""
+
+
+def bench_motion_costs() -> dict[str, float]:
+    """What the recorder adds to see a rank move without a step: one motion sample of its liveness thread (the main
+    thread's stack 32 frames deep compared with the last, the forward counter paced, the heartbeat written), and a
+    module call while the forward counter counts (only in a pause without a step or batch)."""
+    return _in_rank(MOTION_COSTS)
 
 
 LIVENESS = r"""
@@ -439,6 +491,11 @@ def main() -> int:
     print(f"| recorder work per training step (1 batch, 1 backward, 4 collectives, 1 optimizer step) | "
           f"{per_step / 1000:.1f} µs "
           "| |")  # fmt: skip
+    motion = bench_motion_costs()
+    print(f"| motion sample, once every 0.5 s on the liveness thread (the main thread 32 frames deep) | "
+          f"{motion['MOTION_TICK'] / 1000:.1f} µs | |")  # fmt: skip
+    print(f"| a module call while the forward counter counts (only in a pause without a step or batch) | "
+          f"{motion['FWD_HOOK']:+.0f} ns | |")  # fmt: skip
     liveness = bench_liveness(args.liveness_seconds)
     print(f"| liveness thread, CPU per second ({args.liveness_seconds:g} s, schedstat) | {liveness * 100:.3f} % of "
           "one core | |")  # fmt: skip
@@ -457,12 +514,14 @@ def main() -> int:
     # DDP job's step (2 collectives a step: DDP's gradient bucket and, every 10th step, the logged loss, rounded up)
     from blackbox._recorder import protocol as P
 
+    sample = motion["MOTION_TICK"] / 1e9 / 0.5  # one sample every 0.5 s: its share of a core
     parts = {
         "recorder hooks and time ledger (1 batch, 1 backward, 1 optimizer step, 4 collectives: more than this job "
         "has)": per_step / 1e9,
         f"flight recorder, {P.FR_ENTRIES} entries, 2 collectives ({fr_cost[P.FR_ENTRIES] * 1e6:+.2f} µs measured per "
         "collective; below 0 is noise, read as 0)": 2 * max(fr_cost[P.FR_ENTRIES], 0.0),
         "liveness thread (its share of a core, as time taken from the step)": liveness * plain_step,
+        "its motion sample with a training stack (32 frames: its share of a core, likewise)": sample * plain_step,
         "supervisor polling and tee (its share of a core, likewise)": supervisor_cpu * plain_step,
     }
     print(f"\n## The whole, part by part, as a share of the DDP job's {plain_step * 1e6:.0f} µs step\n")

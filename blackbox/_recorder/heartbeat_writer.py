@@ -45,6 +45,7 @@ class HeartbeatWriter:
         self._d = memoryview(self.mm).cast("d")
         self._pv = 0  # group versions; 0 is never written as a version
         self._phv = 0
+        self._mv = 0
         # the time ledger, kept by the phase writes themselves: the word of the phase now written, since when
         self._ledger_words = [P.W_LEDGER + P.ledger_slot(code) for code in range(P.PHASE_CUSTOM + 1)]
         self._ledger_word = self._ledger_words[P.PHASE_STARTUP]
@@ -57,6 +58,7 @@ class HeartbeatWriter:
         self.progress(0, self.mono0, 0.0, 0.0)
         self.phase(P.PHASE_STARTUP, self.mono0, 0, 0)
         self.liveness(0, self.mono0)
+        self.motion(0, 0.0, 0, 0.0, P.FORWARDS_IDLE)
         os.replace(tmp, path)  # readers only ever see a complete header
 
     def progress(self, step: int, now: float, step_dt: float, slowest_dt: float) -> None:
@@ -94,6 +96,19 @@ class HeartbeatWriter:
     def liveness(self, counter: int, now: float) -> None:
         self._q[P.W_LIVENESS] = counter
         self._d[P.W_LIVENESS_TIME] = now
+
+    def motion(self, forwards: int, forwards_time: float, stack_changes: int, stack_time: float, mode: int) -> None:
+        """Progress that is not a step (the liveness thread is this group's only writer)."""
+        q, d = self._q, self._d
+        v = self._mv + 1
+        self._mv = v
+        q[P.W_MOTION] = v
+        q[P.W_FORWARDS] = forwards
+        d[P.W_FORWARDS_TIME] = forwards_time
+        q[P.W_STACK_CHANGES] = stack_changes
+        d[P.W_STACK_TIME] = stack_time
+        q[P.W_FORWARD_MODE] = mode
+        q[P.W_MOTION_END] = v
 
     def dump_request(self) -> int:
         return int(self._q[P.W_DUMP_REQUEST])

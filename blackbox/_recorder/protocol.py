@@ -47,13 +47,13 @@ MODE_RANK = "rank"  # RANK and LOCAL_RANK were in the environment
 MODE_SINGLE = "single"  # a single process without RANK, recorded as rank 0
 
 
-# --- heartbeat layout (version 2; a reader reads version 1 too, which has no time ledger) ----------------
+# --- heartbeat layout (version 3; a reader reads versions 1 and 2 too: 1 has no time ledger, 1-2 no motion) ------
 # One page per rank, `ranks/<rank>/heartbeat`, little-endian. After the header every field is one aligned
 # 8-byte word, stored with a single machine store (memoryview casts; `struct.pack_into` would first zero
 # the bytes it writes). Fields that change together form a group with a version word at both ends: the
 # writer stores start version, fields, end version in that order; the reader loads end, fields, start and
 # retries while they differ (0 is never a valid version). No lock, no syscall. Word indices below.
-HEARTBEAT_VERSION = 2
+HEARTBEAT_VERSION = 3
 HEARTBEAT_SIZE = 4096
 MAGIC = b"BBHB"
 
@@ -78,6 +78,16 @@ W_DATA_WAIT, W_BATCHES = 29, 30  # total seconds waited on data, batches deliver
 # in it yet: a reader adds it). Each word is one store; a reader takes differences between its readings.
 W_LEDGER = 32  # words 32..39
 LEDGER_PHASES = ("startup", "compute", "data", "checkpoint", "collective", "eval", "backward", "other")
+# motion group (version 3), written by the liveness thread alone: progress that is not a step. Version, forward calls
+# counted (module calls, by a global forward pre-hook the thread installs only during a pause), when that count last
+# changed (mono s), how many times the main thread's Python stack was seen to change between two samples, when it
+# last did (mono s), the forward counter's mode (FORWARDS_*), version.
+W_MOTION = 40  # words 40..46
+W_FORWARDS, W_FORWARDS_TIME, W_STACK_CHANGES, W_STACK_TIME, W_FORWARD_MODE, W_MOTION_END = 41, 42, 43, 44, 45, 46
+FORWARDS_IDLE = 0  # no pause: nothing installed (steps and batches say enough, at no cost)
+FORWARDS_COUNTING = 1  # a pause: the hook counts module calls
+FORWARDS_OFF = 2  # never installed: torch.compile is in use (a hook would change what it compiles), or it failed
+FORWARD_MODES = ("idle", "counting", "off")
 
 MODE_CODES = {MODE_RANK: 0, MODE_SINGLE: 1}
 

@@ -13,6 +13,7 @@ import time
 from . import protocol as P
 from .heartbeat_writer import HeartbeatWriter
 from .lastwords import LastWords, python_stacks, thread_names, write_json
+from .motion import Motion
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs milliseconds at start-up
 if TYPE_CHECKING:  # annotations only
@@ -75,6 +76,7 @@ class Recorder:
         self._threads_written: dict[str, str] = {}
         self._versions_written = False
         self.lastwords = LastWords(self)
+        self.motion = Motion(self)  # progress that is not a step: the main thread's stack, forward calls
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -270,7 +272,9 @@ class Recorder:
                 counter += 1
                 if self.mode == P.MODE_SINGLE and self._taken_over():
                     return
-                self.hb.liveness(counter, _monotonic())
+                now = _monotonic()
+                self.hb.liveness(counter, now)
+                self.motion.tick(now)
                 if "flush" not in self._failed:
                     try:
                         self._flush()
@@ -414,6 +418,7 @@ class Recorder:
         self.guard("data", _wrap_dataloader, self)
         self.guard("checkpoint", _wrap_checkpoint, self, torch)
         self.guard("backward", _wrap_backward, self, torch)
+        self.guard("forwards", self.motion.watch_compile, torch)
         self.guard("oom", self.lastwords.watch_oom, torch)
         self.guard("seeds", self._wrap_seed, torch, "torch.manual_seed", "manual_seed")
         cuda = getattr(torch, "cuda", None)

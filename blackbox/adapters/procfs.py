@@ -70,6 +70,51 @@ def has_handler(pid: int, sig: int = signal.SIGUSR1) -> bool:
     return False
 
 
+@dataclass(frozen=True)
+class IoCounters:
+    """/proc/PID[/task/TID]/io: bytes through read/write system calls (any file, pipe, socket, terminal) and bytes
+    the storage layer read or had dirtied for writing (files only; tmpfs not)."""
+
+    rchar: int
+    wchar: int
+    read_bytes: int
+    write_bytes: int
+
+
+def io_counters(pid: int, tid: Optional[int] = None) -> Optional[IoCounters]:
+    """A process's I/O counters (all its threads, living and gone), or one thread's; None where they cannot be read
+    (gone, another user's process without CAP_SYS_PTRACE, a kernel without task I/O accounting)."""
+    path = f"/proc/{pid}/task/{tid}/io" if tid is not None else f"/proc/{pid}/io"
+    fields = _fields(_read(path, 4096))
+    try:
+        return IoCounters(int(fields["rchar"]), int(fields["wchar"]), int(fields["read_bytes"]),
+                          int(fields["write_bytes"]))  # fmt: skip
+    except (KeyError, ValueError):
+        return None
+
+
+# read, write and their kin (pread/pwrite, readv/writev and their 2 forms, sendfile, splice, copy_file_range): the
+# system calls in which a thread moves bytes; numbers per architecture (/proc/TID/syscall gives the number)
+_RW_SYSCALLS = {
+    "x86_64": frozenset((0, 1, 17, 18, 19, 20, 40, 275, 295, 296, 326, 327, 328)),
+    "aarch64": frozenset((63, 64, 65, 66, 67, 68, 69, 70, 71, 76, 285, 286, 287)),
+}
+
+
+def rw_wakeups(pid: int, tid: int) -> Optional[int]:
+    """How many times a thread has been woken so far (voluntary context switches) when it is inside a read or write
+    system call now, else None (in no such call, running, or unreadable). A long write to slow storage (a network or
+    FUSE filesystem, a pipe drained slowly) counts its bytes only when the call returns; meanwhile the thread is
+    woken each time the kernel moves some of them, which a write to a hung server never is."""
+    numbers = _RW_SYSCALLS.get(os.uname().machine)
+    text = _read(f"/proc/{pid}/task/{tid}/syscall", 512)
+    first = text.split(maxsplit=1)[0] if text else ""
+    if numbers is None or not first.isdigit() or int(first) not in numbers:
+        return None
+    switches = _fields(_read(f"/proc/{pid}/task/{tid}/status")).get("voluntary_ctxt_switches", "")
+    return int(switches) if switches.isdigit() else None
+
+
 class ProcAccessError(Exception):
     """/proc refused us a file of a process that exists (another user's process, no CAP_SYS_PTRACE)."""
 

@@ -18,6 +18,7 @@ from ..detections import ON_REQUEST_RULES, Trigger, plural_ranks
 from .actions import Facts, next_actions
 from .blame import ERROR_CATEGORY, Blame, Context, blame
 from .model import Finding, RankRow, Report, Verdict
+from .motion import findings as motion_findings
 from .stackgroups import RankStack, group, rank_stack, signature
 from .states import JobEvidence, RankState, exception_line, exception_records, job_evidence, read_state
 from .timeshare import findings as time_findings
@@ -618,6 +619,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     time = time_ledger(bundle, [r.rank for r in rows], {r.rank: r.node for r in rows})
     arrivals = fr.arrivals(dumps) if time["stragglers"] else []  # read only beside a straggler it would confirm
     findings.extend(Finding("observed", text, source) for text, source in time_findings(time, arrivals))
+    findings.extend(Finding("observed", t, source) for t, source in motion_findings(bundle, [r.rank for r in rows]))
     findings = _rank_summary(rows, rank_stacks, suspects) + findings
     # the suspects' facts first: they are the ones a reader needs
     findings.sort(key=lambda f: not any(f.text.startswith(f"rank {r} ") or f.text.startswith(f"rank {r}'")

@@ -133,6 +133,8 @@ def heartbeat_record(t: RankTarget, now: float) -> dict[str, Any]:
         phase_age_s=round(now - hb.phase_start, 3),
         last_progress_wall=hb.wall(hb.last_progress),
         phase_start_wall=hb.wall(hb.phase_start),
+        still_s=round(now - hb.last_motion, 3),  # since it last moved in any way its heartbeat shows (DESIGN §3)
+        last_motion_wall=hb.wall(hb.last_motion),
     )
     return record
 

@@ -44,6 +44,7 @@ class Coordination:
         self.hosts: dict[str, Any] = {}  # node -> {"host", "ranks"}: where each node's ranks live
         self._lock = threading.Lock()
         self._inbox: list[dict[str, Any]] = []  # remote incidents, silences: taken by the supervisor's loop
+        self._motion: Optional[tuple[float, str]] = None  # (when, on this clock, another node last moved; which)
         self._answers: dict[int, dict[str, Any]] = {}
         self._answered = threading.Condition(self._lock)
         self._ref = 0
@@ -115,6 +116,20 @@ class Coordination:
             return None
         return answer["incident"], bool(answer.get("own"))
 
+    def remote_motion(self) -> Optional[tuple[float, str]]:
+        """When another node's ranks last moved (CLOCK_MONOTONIC of this process) and which node, as the hosting
+        node last said: a node whose ranks all wait for a rank of another node that works is not stalled."""
+        return self._motion if self.status == "connected" else None
+
+    def _on_motion(self, nodes: Any) -> None:
+        now = time.monotonic()
+        for entry in nodes if isinstance(nodes, list) else []:
+            if isinstance(entry, list) and len(entry) == 2 and str(entry[0]) != self.label:
+                age = entry[1]
+                if isinstance(age, (int, float)) and 0 <= age < 1e9:
+                    self._motion = (now - float(age), str(entry[0]))
+                return
+
     def take(self) -> list[dict[str, Any]]:
         with self._lock:
             taken, self._inbox = self._inbox, []
@@ -179,7 +194,9 @@ class Coordination:
     def _on(self, msg: dict[str, Any]) -> None:
         ev = msg.get("ev")
         where = f"the coordinator at {self.topo.address}"
-        if ev == "connected":
+        if ev == "motion":
+            self._on_motion(msg.get("nodes"))
+        elif ev == "connected":
             self.status, self.job_id = "connected", str(msg.get("job_id"))
             self._event("coordination", status="connected", job_id=self.job_id, hosting=msg.get("hosting"),
                         address=msg.get("address"), job_host=msg.get("job_host"))  # fmt: skip

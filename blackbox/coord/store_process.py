@@ -21,8 +21,12 @@ from typing import Any, Optional
 # The store's keys, under blackbox/<job key>/:
 #   job                 {"job_id", "nnodes", "host"} set by the hosting node
 #   roster, roster/<k>  join counter and the k-th node to join
-#   beat/<node>         a counter each node bumps every poll (liveness without comparing clocks)
+#   beat/<node>         a counter each node bumps every poll (liveness without comparing clocks), then how many
+#                       seconds ago its ranks last moved in any way (a step, a forward call, I/O, ...)
 #   summary/<node>      the node's last summary (ranks' step, phase, liveness age)
+#   motion              the hosting node's word on where the job moves: [[node, seconds since it moved]], the two
+#                       freshest nodes (so that a node whose ranks all wait for another node's knows it still works);
+#                       one read a node a poll
 #   incident/<n>        the n-th incident; compare_set makes the first poster of a number win
 #   silent              the hosting node's verdict on the others: {node: {"silent_s", "summary"}}
 #   hosts/<node>        the node's host name and its ranks, set once its ranks are known: every node reads every
@@ -81,6 +85,7 @@ class StoreProcess:
                 return False
         store = PrefixStore(f"blackbox/{cfg['job_key']}/", base)
         if cfg["hosting"]:
+            store.set("motion", "[]")  # before `job`: a node that finds the job finds this key too
             store.set("job", json.dumps({"job_id": cfg["run_id"], "nnodes": cfg["nnodes"], "host": cfg["hostname"]}))
         try:
             store.set_timeout(timedelta(seconds=float(cfg["connect_timeout"])))
@@ -136,7 +141,11 @@ class StoreProcess:
         store = self.store
         self.beat += 1
         store.set(f"summary/{self.me}", json.dumps({**self.summary, "time": time.time()}))
-        store.set(f"beat/{self.me}", str(self.beat))
+        moved = self.summary.get("moved_s")
+        store.set(f"beat/{self.me}", f"{self.beat} {moved:.1f}" if isinstance(moved, (int, float)) else str(self.beat))
+        motion = _loads(store.get("motion"))  # where the job last moved, as the hosting node last said
+        if isinstance(motion, list) and motion:
+            emit("motion", nodes=motion)
         while store.check([f"incident/{self.next_incident}"]):
             incident = json.loads(store.get(f"incident/{self.next_incident}"))
             self.next_incident += 1
@@ -194,10 +203,14 @@ class StoreProcess:
             return
         now = time.monotonic()
         verdict: dict[str, Any] = {}
+        moved = self.summary.get("moved_s")
+        motion = [(now - moved, self.me)] if isinstance(moved, (int, float)) else []
         for name, raw in zip(names, _multi_get(store, [f"beat/{n}" for n in names])):
-            peer = self.peers.setdefault(name, {"beat": None, "changed": now})
+            peer = self.peers.setdefault(name, {"beat": None, "changed": now, "moved": None})  # moved: its motion
             if raw != peer["beat"]:
-                peer.update(beat=raw, changed=now)
+                peer.update(beat=raw, changed=now, moved=_moved_at(raw, now))
+            if peer["moved"] is not None:
+                motion.append((peer["moved"], name))
             quiet = now - peer["changed"]
             if quiet > self.silent_after:
                 before = self.silent.get(name)
@@ -205,6 +218,7 @@ class StoreProcess:
                 verdict[name] = {"silent_s": round(quiet, 1), "summary": summary}
         if verdict.keys() != self.silent.keys():
             store.set("silent", json.dumps(verdict))
+        store.set("motion", json.dumps([[name, round(now - at, 1)] for at, name in sorted(motion, reverse=True)[:2]]))
 
     # --- the loop --------------------------------------------------------------------------------
     def read_commands(self) -> None:
@@ -251,6 +265,15 @@ class StoreProcess:
             elif cmd.get("op") == "post":
                 self.post(int(cmd["ref"]), cmd["incident"])
         return False
+
+
+def _moved_at(beat: bytes, now: float) -> Optional[float]:
+    """When (on this clock) a node's ranks last moved, from its beat (`<counter> <seconds ago>`), else None."""
+    parts = beat.split()
+    try:
+        return now - float(parts[1]) if len(parts) == 2 else None
+    except ValueError:
+        return None
 
 
 def _multi_get(store: Any, keys: list[str]) -> list[bytes]:

@@ -11,7 +11,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..status import RunStatus
+from ..detections import human_bytes
+from ..status import RankStatus, RunStatus
 from . import TIME_PHASES, printable
 
 
@@ -22,6 +23,20 @@ def _num(value: Optional[float], fmt: str = "{:.1f}") -> str:
 def _shares(share: dict[str, float]) -> str:
     parts = [f"{p} {share[p]:.0%}" for p in TIME_PHASES if share.get(p, 0) >= 0.005]
     return " ".join(parts) or "-"
+
+
+def _moving(r: RankStatus) -> str:
+    """What moved lately: step or batch, forward calls (their count), the stack, I/O (its rates between two readings,
+    as `top` has them)."""
+    words = []
+    for what in r.moving:
+        if what == "forward":
+            words.append(f"{r.forwards} fwd")
+        elif what == "io" and r.read_per_s is not None and r.written_per_s is not None:
+            words.extend(f"{k} {human_bytes(v)}/s" for k, v in (("r", r.read_per_s), ("w", r.written_per_s)) if v)
+        else:
+            words.append(what)
+    return " ".join(words) or "-"
 
 
 def renderable(s: RunStatus, title: str = "blackbox status") -> RenderableType:
@@ -35,15 +50,17 @@ def renderable(s: RunStatus, title: str = "blackbox status") -> RenderableType:
     if s.command:
         head.append(f"\n{printable(' '.join(s.command))[:300]}")
     table = Table(title_justify="left", expand=False)
-    for col in ("rank", "pid", "step", "steps/s", "phase", "phase s", "idle s", "live s", "where its time goes"):
-        table.add_column(col, justify="left" if col in ("phase", "where its time goes") else "right",
-                         no_wrap=col != "where its time goes")  # fmt: skip
+    left = ("phase", "moving", "where its time goes")
+    for col in ("rank", "pid", "step", "steps/s", "phase", "phase s", "idle s", "live s", "moved s", "moving",
+                "where its time goes"):  # fmt: skip
+        table.add_column(col, justify="left" if col in left else "right",
+                         no_wrap=col not in ("moving", "where its time goes"))  # fmt: skip
     for r in s.ranks:
         style = "bold red" if r.straggler else ("dim" if not r.alive else "")
         phase = printable(r.phase) + (" (straggler)" if r.straggler else "") + ("" if r.alive else f" ({r.state})")
         table.add_row(Text(str(r.rank)), Text(str(r.pid)), Text(str(r.step)), Text(_num(r.steps_per_s, "{:.2f}")),
                       Text(phase), Text(_num(r.phase_s)), Text(_num(r.idle_s)), Text(_num(r.liveness_age_s)),
-                      Text(_shares(r.time_share)), style=style)  # fmt: skip
+                      Text(_num(r.moved_s)), Text(_moving(r)), Text(_shares(r.time_share)), style=style)  # fmt: skip
     parts: list[RenderableType] = [head, table if s.ranks else Text("no rank has a heartbeat yet")]
     if s.gpus:
         parts.append(Text("GPUs: " + " | ".join(
@@ -62,7 +79,7 @@ def renderable(s: RunStatus, title: str = "blackbox status") -> RenderableType:
 
 def render_status(s: RunStatus, out: IO[str], width: Optional[int] = None) -> None:
     if width is None and not out.isatty():  # a log or a pipe: wide enough for a rank a line
-        width = 140
+        width = 160
     console = Console(file=out, highlight=False, markup=False, emoji=False, soft_wrap=False, width=width)
     console.print(renderable(s))
 

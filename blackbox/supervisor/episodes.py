@@ -14,7 +14,7 @@ from .._recorder import protocol as P
 from ..analyze.model import Report
 from ..coord.client import Coordination
 from ..coord.topology import Topology
-from ..detections import CRASH_RULES, HANG_RULES, Detection, Trigger, incident_kind
+from ..detections import CRASH_RULES, HANG_RULES, NOTE_RULES, Detection, Trigger, incident_kind
 from ..errors import EXIT_STALL_ENDED
 from ..redact import redact_text
 from .context import RunContext
@@ -23,6 +23,12 @@ from .process import JobProcess
 from .rules import FatalLines, RankView, Rules
 
 CRASH_WINDOW_S = 60.0  # after a crash was collected, further deaths within this window are the same episode
+_WHAT = {"stall": "stall", "frozen": "frozen rank", "busy": "busy rank (no step)", "gpu_idle": "GPU idle"}
+
+
+def _ending_option(rule: str) -> str:
+    """The option that says whether a hang of this rule ends the job: the busy rule has its own."""
+    return "on_busy" if rule == "busy" else "on_stall"
 
 
 class Episodes:
@@ -43,11 +49,17 @@ class Episodes:
 
     # --- the rules ------------------------------------------------------------------------------------------
     def evaluate(self, views: list[RankView], now: float) -> None:
-        for detection in self.rules.evaluate(views, now):
+        remote = self.coord.remote_motion() if self.coord is not None else None
+        for detection in self.rules.evaluate(views, now, remote):
             self.act(detection)
 
     def act(self, d: Detection) -> None:
         ctx, process = self.ctx, self.process
+        if d.rule in NOTE_RULES:  # a long pause while the job moves: a line and an event, nothing else
+            if process.ending_since is None and not process.interrupted and not process.terminating:
+                ctx.event(d.rule, ranks=list(d.ranks), reason=d.reason, findings=[f.__dict__ for f in d.findings])
+                ctx.say(d.message())
+            return
         if d.rule == "rank_death" and process.terminating:  # the teardown we asked for: a record, no alarm
             ctx.event(d.rule, ranks=list(d.ranks), expected=True)
             return
@@ -69,24 +81,26 @@ class Episodes:
         ctx.event(d.rule, ranks=list(d.ranks), reason=d.reason, findings=[f.__dict__ for f in d.findings])
         ctx.say(d.message())
         for f in d.findings:
-            ctx.say(f"  {f.describe()}: idle {f.idle_s:.0f} s" if d.rule != "rank_death"
-                    else f"  {f.describe()}: {f.exit_status or f.state}")  # fmt: skip
+            ctx.say(f"  {f.describe()}: idle {f.idle_s:.0f} s" + (f"; {f.doing}" if f.doing else "")
+                    if d.rule != "rank_death" else f"  {f.describe()}: {f.exit_status or f.state}")  # fmt: skip
         hang = d.rule in HANG_RULES
-        ending = hang and ctx.cfg.on_stall == "kill"
+        option = _ending_option(d.rule)
+        ending = hang and getattr(ctx.cfg, option) == "kill"
         report = self.collect(Trigger(d.rule), d, job_ends=ending)
         if not hang:
             return
+        flag = "--" + option.replace("_", "-")
         if ending:
-            self.end_after_stall("stall")
+            self.end_after_stall(_WHAT.get(d.rule, d.rule), flag)
             return
         suspects = report.verdict.suspect_ranks if report is not None else list(d.ranks)
         pids = ", ".join(str(r.pid) for r in report.ranks if r.rank in suspects) if report else ", ".join(
             str(f.pid) for f in d.findings)  # fmt: skip
-        ctx.say(f"leaving the job running (--on-stall keep); inspect it with: py-spy dump --pid {pids}")
+        ctx.say(f"leaving the job running ({flag} keep); inspect it with: py-spy dump --pid {pids}")
 
-    def end_after_stall(self, what: str) -> None:
+    def end_after_stall(self, what: str, flag: str = "--on-stall") -> None:
         self.ended_after_stall = True
-        self.process.end_job(f"{what}, --on-stall kill; exit code will be {EXIT_STALL_ENDED}")
+        self.process.end_job(f"{what}, {flag} kill; exit code will be {EXIT_STALL_ENDED}")
 
     def _interrupt_in(self, d: Detection) -> bool:
         """Whether the ranks of a detection ended by an interrupt (Ctrl-C at the terminal reaches every process
@@ -219,9 +233,11 @@ class Episodes:
 
     def publish(self, views: list[RankView], now: float) -> None:
         if self.coord is not None:
+            moved = max((v.moved_at for v in views if v.alive), default=None)  # this node's newest motion
             self.coord.publish({"host": self.ctx.node, "ranks": {str(v.rank): {
                 "step": v.hb.step, "phase": v.hb.phase, "state": v.hb.state, "alive": v.alive,
-                "quiet_s": round(max(0.0, now - v.hb.last_progress), 1)} for v in views}})  # fmt: skip
+                "quiet_s": round(max(0.0, now - v.hb.last_progress), 1)} for v in views},
+                "moved_s": None if moved is None else round(max(0.0, now - moved), 1)})  # fmt: skip
 
     def on_coordination(self) -> None:
         if self.coord is None:
@@ -259,11 +275,13 @@ class Episodes:
         ctx.say(f"node {origin} reports an incident ({incident.get('trigger')}: {str(incident.get('reason'))[:200]}); "
                 f"collecting this node's evidence for incident {iid}")  # fmt: skip
         hang = incident.get("kind") == "hang"
-        ending = hang and ctx.cfg.on_stall == "kill"
+        option = _ending_option(str(incident.get("rule")))
+        ending = hang and getattr(ctx.cfg, option) == "kill"
         trigger = Trigger.from_json(incident.get("triggered_by"), incident.get("trigger")).joined()
         self.collect(trigger, None, job_ends=ending, incident=incident)
         if ending:
-            self.end_after_stall(f"node {origin}'s stall")
+            what = _WHAT.get(str(incident.get("rule")), "hang")
+            self.end_after_stall(f"node {origin}'s {what}", "--" + option.replace("_", "-"))
 
     def close(self) -> None:
         if self.coord is not None:

@@ -74,6 +74,8 @@ class Evidence:
         except Exception as exc:
             ctx.internal_error("collect", exc)
             return None
+        finally:
+            self.watch.io.rebase()  # the dump signal made the ranks write their stacks: not the job's own I/O
 
     def take_in(self, written: Written, trigger: Trigger, alert: bool) -> Optional[Report]:
         """What follows a bundle, on the bundle in memory: the report's one-screen verdict under the bundle path, the

@@ -1,7 +1,9 @@
-"""When to act (DESIGN.md §3): stall, frozen, exception and rank-death rules over heartbeat readings, and which
-console lines mean the job is dying. Which ranks cause an incident is not decided here: the analysis blames, on
-the bundle's evidence (blackbox.analyze.blame). Pure: no I/O, no clock of its own.
-Imports the stdlib, blackbox.config, the shared words and the heartbeat model."""
+"""When to act (DESIGN.md §3): the stall, busy, frozen, exception and rank-death rules over heartbeat readings, the
+slow-phase note, and which console lines mean the job is dying. Progress is anything that moves: a step, a batch, a
+forward call, the main thread's Python stack changing, I/O — never CPU time. A stall is a job in which nothing
+moves; a rank that moves but never steps is the busy rule's; a long pause while something moves is a note. Which
+ranks cause an incident is not decided here: the analysis blames, on the bundle's evidence (blackbox.analyze.blame).
+Pure: no I/O, no clock of its own. Imports the stdlib, blackbox.config, the shared words and the heartbeat model."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..config import AUTO, RunConfig
-from ..detections import Detection, RankFinding, plural_ranks
+from ..detections import Detection, RankFinding, human_bytes, plural_ranks
 from ..heartbeat_reader import HeartbeatState
 
 AUTO_FLOOR_S = 60.0  # `auto` never goes below this
@@ -19,15 +21,21 @@ AUTO_FACTOR = 5.0  # ... and is this many times the slowest step seen
 AUTO_MIN_STEPS = 5  # before this many steps, `auto` uses the start-up timeout
 PHASE_TIMEOUTS = {"checkpoint": "checkpoint_timeout", "eval": "eval_timeout"}
 LIVE_STATES = ("starting", "running")
+MOVING_S = 10.0  # a rank that moved within this long (a quarter of a short timeout) is "moving", else "waiting"
 
 
 @dataclass(frozen=True)
 class RankView:
-    """One rank as the supervisor sees it at one poll."""
+    """One rank as the supervisor sees it at one poll: its heartbeat, whether its process lives, and its I/O as read
+    from /proc (supervisor.iowatch)."""
 
     hb: HeartbeatState
     alive: bool
     exit_status: Optional[str] = None  # "exit code 3" / "signal 9 (SIGKILL)" where the supervisor reaped it
+    io_at: float = 0.0  # the last poll at which its I/O moved (CLOCK_MONOTONIC); 0: never
+    io_read_1m: int = 0  # bytes it read and wrote over about the last minute
+    io_written_1m: int = 0
+    io_in_call: bool = False  # its main thread is inside a read or write system call
 
     @property
     def rank(self) -> int:
@@ -37,43 +45,118 @@ class RankView:
     def died(self) -> bool:
         return not self.alive and self.hb.state in (*LIVE_STATES, "exception")
 
+    @property
+    def moved_at(self) -> float:
+        """The last time this rank made progress of any kind: step, batch, forward call, stack change, I/O."""
+        return max(self.hb.last_motion, self.io_at)
+
+    def doing(self, now: float, recent: float = MOVING_S) -> str:
+        """What it is doing, in a few words: how it moves (what moved within `recent`), or that it waits (where)."""
+        hb = self.hb
+        where = f"collective {hb.collective}" if hb.phase == "collective" and hb.collective != "none" else hb.phase
+        if now - self.moved_at > recent:
+            return f"waits ({where}, still for {now - self.moved_at:.0f} s)"
+        how = []
+        if now - self.io_at <= recent:
+            amounts = (("writing", self.io_written_1m), ("reading", self.io_read_1m))
+            io = [f"{verb} {human_bytes(n)}" for verb, n in amounts if n >= 1_000_000]
+            if io:
+                how.append(" and ".join(io) + " in the last minute")
+            if self.io_in_call:
+                how.append("in a long read or write system call, the kernel moving its bytes")
+            if not io and not self.io_in_call:
+                how.append("doing I/O")
+        if now - hb.forwards_time <= recent:
+            how.append("running its model (forward calls)")
+        if now - hb.last_progress <= recent and hb.batches:
+            how.append("taking batches")
+        if now - hb.stack_time <= recent:
+            how.append("running Python code")
+        return f"{where}: " + (", ".join(how) or "moving")
+
+
+def _recent(timeout: float) -> float:
+    """How recently a rank must have moved to be moving now: MOVING_S, or a quarter of a short timeout."""
+    return min(MOVING_S, timeout / 4)
+
 
 FIRST_BATCH_PHASES = ("data", "checkpoint")
 
 
 def stall_timeout(hb: HeartbeatState, cfg: RunConfig, begun: bool = False) -> tuple[float, str]:
-    """The timeout that applies to this rank now, and the name of the rule that chose it. `begun`: training has
-    begun on some rank (a batch taken): a rank still before its first step, parked in data or checkpoint, is
-    holding up peers that already wait for it — the first-batch timeout, not the start-up one."""
+    """How long nothing may move while this rank is where it is, and the name of the rule that chose it. `begun`:
+    training has begun on some rank (a batch taken): a rank still before its first step, parked in data or
+    checkpoint, is holding up peers that already wait for it — the first-batch timeout, not the start-up one. The
+    checkpoint and eval timeouts do not stretch it: a checkpoint that writes or an evaluation that runs moves; one in
+    which nothing moves is a hang like any other (the busy rule takes the phase timeouts)."""
     if hb.step == 0 and begun and hb.phase in FIRST_BATCH_PHASES:
         return cfg.first_batch_timeout, "first_batch"
     if hb.step == 0 or (cfg.stall_timeout == AUTO and hb.step < AUTO_MIN_STEPS):
+        return cfg.startup_timeout, "startup"
+    return pause_timeout(hb, cfg)
+
+
+def pause_timeout(hb: HeartbeatState, cfg: RunConfig) -> tuple[float, str]:
+    """The length of a pause worth a slow-phase note: the stall timeout of a rank in its stride (auto's formula, or
+    the one given), whatever its step."""
+    if cfg.stall_timeout == AUTO:
+        return max(AUTO_FLOOR_S, AUTO_FACTOR * hb.slowest_step_dt), "auto"
+    return float(cfg.stall_timeout), "stall"
+
+
+def busy_timeout(hb: HeartbeatState, cfg: RunConfig) -> tuple[float, str]:
+    """How long a rank may keep moving without a step or batch: --busy-timeout, or longer where its phase (checkpoint,
+    eval) or its start-up (before its first step: loading, compiling) is allowed longer."""
+    timeout, rule = cfg.busy_timeout, "busy"
+    if hb.step == 0 and cfg.startup_timeout > timeout:
         timeout, rule = cfg.startup_timeout, "startup"
-    elif cfg.stall_timeout == AUTO:
-        timeout, rule = max(AUTO_FLOOR_S, AUTO_FACTOR * hb.slowest_step_dt), "auto"
-    else:
-        timeout, rule = float(cfg.stall_timeout), "stall"
-    phase_option = PHASE_TIMEOUTS.get(hb.phase)
-    if phase_option is not None:
-        phase_timeout = float(getattr(cfg, phase_option))
-        if phase_timeout > timeout:
-            timeout, rule = phase_timeout, hb.phase
+    option = PHASE_TIMEOUTS.get(hb.phase)
+    if option is not None and float(getattr(cfg, option)) > timeout:
+        timeout, rule = float(getattr(cfg, option)), hb.phase
     return timeout, rule
 
 
 class Rules:
-    """Evaluates the rules each poll; each episode is reported once: a stall again only after progress, and a rank
-    that crosses its own timeout while a stall is already reported (the waiting ranks, a moment later) joins that
-    episode rather than making a new incident."""
+    """Evaluates the rules each poll; each episode is reported once. A hang (stall, frozen) is an episode until some
+    rank makes progress (a step or a batch): a rank that crosses its own timeout meanwhile, or a frozen rank after a
+    stall or the stall after a frozen rank, joins it rather than making a new incident."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
-        self._stall_reported: dict[int, float] = {}  # rank -> last_progress value when reported
+        self._stall_reported: dict[int, float] = {}  # rank -> the job's last motion when reported
         self._frozen_reported: dict[tuple[int, int], int] = {}  # (rank, pid) -> liveness counter
+        self._busy_reported: dict[tuple[int, int], float] = {}  # (rank, pid) -> last progress when reported
         self._death_reported: set[tuple[int, int]] = set()  # (rank, pid)
-        self._hang_mark: Optional[float] = None  # the newest progress seen when a stall was reported
+        self._hang_mark: Optional[float] = None  # the newest progress seen when a hang was reported
+        self._steps: dict[tuple[int, int], tuple[int, float]] = {}  # (rank, pid) -> (step, when it was reached)
+        self._begun_at: Optional[float] = None  # when training was first seen begun (a batch or a step)
+        self._pause_reported: Optional[float] = None  # the job's last step when its slow phase was noted
+        self._elsewhere: Optional[tuple[float, str]] = None  # another node moved after every rank here: when, which
 
-    def evaluate(self, views: list[RankView], now: float) -> list[Detection]:
+    def evaluate(self, views: list[RankView], now: float, remote: Optional[tuple[float, str]] = None
+                 ) -> list[Detection]:  # fmt: skip
+        """`remote`: when another node's ranks last moved, and which node (multi-node coordination): a rank that
+        waits for a rank of another node that works is waiting too."""
+        out = self._crashes(views, now)
+        live = [v for v in views if v.alive and v.hb.state in LIVE_STATES]
+        if not live:
+            return out
+        newest = max(v.hb.last_progress for v in live)
+        if self._hang_mark is not None and newest > self._hang_mark:
+            self._hang_mark = None  # a rank progressed: the hang episode is over
+        moved = max(v.moved_at for v in live)  # the job's last motion of any kind
+        self._elsewhere = remote if remote is not None and remote[0] > moved else None
+        if self._elsewhere is not None:
+            moved = self._elsewhere[0]
+        begun = any(v.hb.batches > 0 or v.hb.step > 0 for v in views)
+        out.extend(self._frozen(live, now, moved, newest))
+        out.extend(self._stall(live, now, moved, newest, begun))
+        out.extend(self._busy(live, now))
+        still = any(now - moved > stall_timeout(v.hb, self.cfg, begun)[0] for v in live)
+        out.extend(self._slow_phase(live, now, moved, begun, still))
+        return out
+
+    def _crashes(self, views: list[RankView], now: float) -> list[Detection]:
         out: list[Detection] = []
         # A rank whose main thread raised is about to die, and the launcher will then tear the others down:
         # this is the moment to catch the survivors. Its death afterwards is the same episode.
@@ -94,60 +177,130 @@ class Rules:
                 for v in deaths
             )  # fmt: skip
             out.append(Detection("rank_death", _ids(deaths), reasons, findings))
+        return out
 
-        live = [v for v in views if v.alive and v.hb.state in LIVE_STATES]
+    def _frozen(self, live: list[RankView], now: float, moved: float, newest: float) -> list[Detection]:
+        """A rank whose liveness thread is silent (the GIL held, the process stopped), that reads and writes nothing,
+        in a job where nothing else moves either: a hang of its own kind. A native call that holds the GIL while it
+        writes a checkpoint is working (its I/O moves); one that holds it while a peer still works is let be until
+        that peer stops too."""
+        limit = self.cfg.frozen_timeout
         frozen = []
         for v in live:
             key = (v.rank, v.hb.pid)
-            silent = now - v.hb.liveness_time
-            if silent > self.cfg.frozen_timeout and self._frozen_reported.get(key) != v.hb.liveness:
+            if (now - v.hb.liveness_time > limit and now - moved > limit
+                    and self._frozen_reported.get(key) != v.hb.liveness):  # fmt: skip
                 self._frozen_reported[key] = v.hb.liveness
                 frozen.append(v)
-        if frozen:
-            findings = tuple(
-                self._finding(v, now, now - v.hb.liveness_time, "frozen", self.cfg.frozen_timeout) for v in frozen
-            )
-            out.append(Detection(
-                "frozen", _ids(frozen),
-                "the process exists but its recorder thread has not run: the GIL is held or the process is stopped",
-                findings,
-            ))  # fmt: skip
+        if not frozen:
+            return []
+        findings = tuple(self._finding(v, now, now - v.hb.liveness_time, "frozen", limit) for v in frozen)
+        same = self._hang_mark is not None
+        if not same:
+            self._hang_mark = newest
+        return [Detection(
+            "frozen", _ids(frozen),
+            "the process exists but its recorder thread has not run, it reads and writes nothing and no other rank "
+            "moves: the GIL is held or the process is stopped",
+            findings, same_episode=same,
+        )]  # fmt: skip
 
-        newest = max((v.hb.last_progress for v in live), default=None)
-        if self._hang_mark is not None and newest is not None and newest > self._hang_mark:
-            self._hang_mark = None  # a rank progressed: the stall episode is over
-        begun = any(v.hb.batches > 0 or v.hb.step > 0 for v in views)
+    def _stall(self, live: list[RankView], now: float, moved: float, newest: float, begun: bool) -> list[Detection]:
+        """Nothing moved on any rank for a rank's timeout: that rank is stalled (a rank that waits for a peer that
+        moves is waiting, not stalled)."""
         stalled = []
         for v in live:
             timeout, _ = stall_timeout(v.hb, self.cfg, begun)
-            if now - v.hb.last_progress > timeout:
+            if now - moved > timeout:
                 stalled.append(v)
             else:
-                self._stall_reported.pop(v.rank, None)  # progress again: re-arm
-        fresh = [v for v in stalled if self._stall_reported.get(v.rank) != v.hb.last_progress]
-        if fresh:
-            for v in stalled:
-                self._stall_reported[v.rank] = v.hb.last_progress
-            # the ranks under a longer timeout (checkpoint, eval, start-up) that have not progressed since the
-            # stalled ones stopped belong to the facts: the others may be waiting for them
-            stopped_at = max(v.hb.last_progress for v in stalled)
-            quiet = [v for v in live if v not in stalled and v.hb.last_progress <= stopped_at + 1.0]
-            findings = tuple(self._finding(v, now, now - v.hb.last_progress,
-                                           *stall_timeout(v.hb, self.cfg, begun)[::-1])
-                             for v in stalled + quiet)  # fmt: skip
-            same = self._hang_mark is not None
-            if not same:
-                self._hang_mark = newest
-            ranks = _ids(fresh) if same else _ids(stalled)
-            out.append(Detection("stall", ranks, "", findings, same_episode=same))
-        return out
+                self._stall_reported.pop(v.rank, None)  # motion again: re-arm
+        fresh = [v for v in stalled if self._stall_reported.get(v.rank) != moved]
+        if not fresh:
+            return []
+        for v in stalled:
+            self._stall_reported[v.rank] = moved
+        # the ranks under a longer timeout (start-up) have not moved either: they belong to the facts, the
+        # stalled ones may be waiting for them
+        quiet = [v for v in live if v not in stalled]
+        findings = tuple(self._finding(v, now, now - v.moved_at, *stall_timeout(v.hb, self.cfg, begun)[::-1])
+                         for v in stalled + quiet)  # fmt: skip
+        same = self._hang_mark is not None
+        if not same:
+            self._hang_mark = newest
+        ranks = _ids(fresh) if same else _ids(stalled)
+        return [Detection("stall", ranks, "", findings, same_episode=same)]
+
+    def _busy(self, live: list[RankView], now: float) -> list[Detection]:
+        """A rank that keeps moving but takes no step or batch for its busy timeout: an endless loop, a retry storm.
+        Once per pause of that rank."""
+        busy = []
+        for v in live:
+            limit, _ = busy_timeout(v.hb, self.cfg)
+            key = (v.rank, v.hb.pid)
+            if now - v.moved_at > _recent(stall_timeout(v.hb, self.cfg)[0]) or now - v.hb.last_progress <= limit:
+                continue
+            if self._busy_reported.get(key) != v.hb.last_progress:
+                self._busy_reported[key] = v.hb.last_progress
+                busy.append(v)
+        if not busy:
+            return []
+        others = [v for v in live if v not in busy]
+        recent = _recent(min(stall_timeout(v.hb, self.cfg)[0] for v in live))
+        findings = tuple(self._finding(v, now, now - v.hb.last_progress, *busy_timeout(v.hb, self.cfg)[::-1],
+                                       doing=v.doing(now, recent)) for v in busy)  # fmt: skip
+        findings += tuple(self._finding(v, now, now - v.moved_at, "waiting", doing=v.doing(now, recent))
+                          for v in others)  # fmt: skip
+        head = findings[0]
+        reason = (f"{plural_ranks(_ids(busy))} kept moving but took no step or batch for {head.idle_s:.0f} s "
+                  f"({head.timeout_rule} timeout {head.timeout_s:g} s): an endless loop or a retry storm?")  # fmt: skip
+        return [Detection("busy", _ids(busy), reason, findings)]
+
+    def _slow_phase(self, live: list[RankView], now: float, moved: float, begun: bool, still: bool) -> list[Detection]:
+        """No rank has stepped for longer than a stall timeout, but the job moves: worth a line and an event (which
+        rank, doing what, for how long, who waits), never an incident. Once per pause. The pause counts from the
+        job's last step, or, before the first, from when training began (a batch taken): loading a model is the
+        start-up's, not a pause. `still`: the stall rule has the job."""
+        if begun and self._begun_at is None:
+            self._begun_at = now
+        for v in live:
+            key = (v.rank, v.hb.pid)
+            seen = self._steps.get(key)
+            if seen is None or seen[0] != v.hb.step:
+                self._steps[key] = (v.hb.step, v.hb.last_progress if seen is None else now)
+        stepped = [self._steps[(v.rank, v.hb.pid)][1] for v in live if v.hb.step]
+        last_step = max(stepped) if stepped else (self._begun_at or now)
+        if self._pause_reported is not None and last_step > self._pause_reported:
+            self._pause_reported = None
+        limit = max(pause_timeout(v.hb, self.cfg)[0] for v in live)
+        recent = _recent(limit)
+        if not begun or still or self._pause_reported is not None or now - last_step <= limit or now - moved > recent:
+            return []
+        self._pause_reported = last_step
+        moving = [v for v in live if now - v.moved_at <= recent]
+        waiting = [v for v in live if v not in moving]
+        findings = tuple(self._finding(v, now, now - last_step, pause_timeout(v.hb, self.cfg)[1], limit,
+                                       doing=v.doing(now, recent)) for v in moving + waiting)  # fmt: skip
+        one = len(moving) == 1
+        if moving:
+            parts = [f"{plural_ranks(_ids(moving))} {'has' if one else 'have'} taken no step for "
+                     f"{now - last_step:.0f} s and still {'works' if one else 'work'}"]  # fmt: skip
+        else:  # the motion is another node's
+            node = self._elsewhere[1] if self._elsewhere is not None else "another node"
+            parts = [f"no rank here has taken a step for {now - last_step:.0f} s; node {node} still works"]
+        parts += [f"rank {f.rank}: {f.doing}" for f in findings if f.rank in _ids(moving)]
+        parts.append(f"{plural_ranks(_ids(waiting))} {'waits' if len(waiting) == 1 else 'wait'} for "
+                     f"{'it' if one or not moving else 'them'}" if waiting else "no rank waits")  # fmt: skip
+        return [Detection("slow_phase", _ids(moving), "; ".join(parts) + " (not a stall: blackbox does nothing)",
+                          findings)]  # fmt: skip
 
     @staticmethod
-    def _finding(v: RankView, now: float, idle: float, rule: str, timeout: float = 0.0) -> RankFinding:
+    def _finding(v: RankView, now: float, idle: float, rule: str, timeout: float = 0.0,
+                 doing: str = "") -> RankFinding:  # fmt: skip
         return RankFinding(
             rank=v.rank, pid=v.hb.pid, step=v.hb.step, phase=v.hb.phase, collective=v.hb.collective,
             idle_s=round(idle, 3), timeout_s=timeout, timeout_rule=rule, state=v.hb.state,
-            exit_status=v.exit_status,
+            exit_status=v.exit_status, doing=doing,
         )  # fmt: skip
 
 

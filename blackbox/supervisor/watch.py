@@ -1,5 +1,6 @@
-"""Watching the job: each poll, every rank's heartbeat read into one view (alive or how it ended), each rank's
-recent history kept for the report's timeline, the GPUs sampled (hot, throttling, idle), stragglers named (not an
+"""Watching the job: each poll, every rank's heartbeat read into one view (alive or how it ended, its I/O from /proc),
+each rank's recent history kept for the report's timeline (steps, phases, and what moved: forward calls, stack
+changes, bytes read and written), the GPUs sampled (hot, throttling, idle), stragglers named (not an
 incident: an event and a line) and, when asked, a status line. Reads, never decides on incidents: the rules and
 the episodes do. Imports the stdlib and blackbox's host side."""
 
@@ -19,11 +20,13 @@ from ..heartbeat_reader import HeartbeatState, HeartbeatTable
 from ..safeopen import RunDir
 from .context import RunContext
 from .gpuwatch import GpuWatch
+from .iowatch import IoWatch
 from .process import JobProcess
 from .rules import LIVE_STATES, RankView
 from .stragglers import Stragglers, describe
 
 HISTORY_SAMPLES = 2000  # per rank: the last changes of step, phase or state kept for the report's timeline
+MOTION_SAMPLE_S = 10.0  # while a rank moves without a step, a history sample this often (its bytes, its calls)
 STRAGGLER_FR_MIN = 10  # collectives every rank recorded, at least, before their arrival order is read
 
 
@@ -36,6 +39,8 @@ class Watch:
         self.stepped: set[tuple[int, int]] = set()
         self.history: dict[int, deque[dict[str, object]]] = {}  # rank -> recent changes (for the report)
         self.gpus = GpuWatch()
+        self.io = IoWatch()
+        self._sampled: dict[int, float] = {}  # rank -> when its last history sample was taken
         self._gpu_idle_said = False
         self._status_at: Optional[float] = None  # when the next status line is due
         self._status_steps: dict[int, tuple[float, int]] = {}  # rank -> (time, step) at the last status line
@@ -56,8 +61,9 @@ class Watch:
         return [(pid, hb.start_ticks) for (_, pid), hb in self.known.items()]
 
     # --- the views ------------------------------------------------------------------------------------
-    def read_views(self) -> list[RankView]:
+    def read_views(self, now: Optional[float] = None) -> list[RankView]:
         assert self.table is not None
+        now = time.monotonic() if now is None else now
         views = []
         for hb in self.table.read():
             key = (hb.rank, hb.pid)
@@ -65,25 +71,42 @@ class Watch:
                 self.ctx.event("rank_start", rank=hb.rank, pid=hb.pid, local_rank=hb.local_rank,
                                world_size=hb.world_size, mode=hb.mode)  # fmt: skip
             self.known[key] = hb
-            self._record_history(hb)
             if hb.step >= 1 and key not in self.stepped:
                 self.stepped.add(key)
                 self.ctx.event("first_step", rank=hb.rank, pid=hb.pid)
             status = self.process.exit_status(hb.pid)
             alive = status is None and procfs.is_alive(hb.pid, hb.start_ticks)
-            views.append(RankView(hb, alive, status))
+            io = self.io.sample(hb.rank, hb.pid, now) if alive else self.io.get(hb.rank, hb.pid)
+            read, written = io.last_minute() if io is not None else (0, 0)
+            view = RankView(hb, alive, status, io.moved_at if io is not None else 0.0, read, written,
+                            io is not None and io.in_call)  # fmt: skip
+            self._record_history(view, now)
+            views.append(view)
+        self.io.end_poll()
         return views
 
-    def _record_history(self, hb: HeartbeatState) -> None:
-        """The rank's recent history for the report's timeline: a sample when its step, phase or state
-        changed, bounded per rank."""
-        sample = {"t": round(hb.wall(hb.last_progress if hb.step else hb.phase_start), 3), "step": hb.step,
-                  "phase": hb.phase, "state": hb.state, "phase_t": round(hb.wall(hb.phase_start), 3)}  # fmt: skip
+    def _record_history(self, v: RankView, now: float) -> None:
+        """The rank's recent history for the report's timeline: a sample when its step, phase or state changed, and
+        every MOTION_SAMPLE_S while it moves otherwise (forward calls, stack changes, bytes read and written since
+        it started, when it last moved), bounded per rank."""
+        hb = v.hb
+        sample: dict[str, object] = {
+            "t": round(hb.wall(hb.last_progress if hb.step else hb.phase_start), 3), "step": hb.step,
+            "phase": hb.phase, "state": hb.state, "phase_t": round(hb.wall(hb.phase_start), 3),
+            "at": round(hb.wall(now), 3), "moved_t": round(hb.wall(v.moved_at), 3) if v.moved_at else None,
+            "batches": hb.batches, "forwards": hb.forwards, "stack_changes": hb.stack_changes,
+        }  # fmt: skip
+        io = self.io.get(hb.rank, hb.pid)
+        if io is not None and io.readable:
+            sample.update(read_bytes=io.read, written_bytes=io.written)
         history = self.history.setdefault(hb.rank, deque(maxlen=HISTORY_SAMPLES))
         last = history[-1] if history else None
         key = ("step", "phase", "state", "phase_t")
-        if last is None or tuple(last[k] for k in key) != tuple(sample[k] for k in key):
+        changed = last is None or tuple(last[k] for k in key) != tuple(sample[k] for k in key)
+        moving = last is not None and v.moved_at > hb.last_progress and sample["moved_t"] != last.get("moved_t")
+        if changed or (moving and now - self._sampled.get(hb.rank, 0.0) >= MOTION_SAMPLE_S):
             history.append(sample)
+            self._sampled[hb.rank] = now
 
     # --- GPUs -------------------------------------------------------------------------------------------
     def watch_gpus(self, views: list[RankView], now: float) -> Optional[Detection]:
@@ -102,8 +125,8 @@ class Watch:
             return None
         self._gpu_idle_said = True
         live = [v for v in views if v.alive]
-        if any(now - v.hb.last_progress < idle for v in live):
-            return None  # a rank still progresses: the GPUs are idle for another reason (CPU work, data)
+        if any(now - v.moved_at < idle for v in live):
+            return None  # a rank still moves: the GPUs are idle for another reason (CPU work, data, a checkpoint)
         reason = f"every GPU of the job has been at 0 % utilisation for {idle:.0f} s"
         if views:
             self.ctx.event("gpu_idle", idle_s=round(idle, 1), supporting=True)

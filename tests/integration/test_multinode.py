@@ -178,3 +178,27 @@ def test_a_taken_coordinator_port_leaves_each_node_on_its_own(tmp_path: Path) ->
     assert all(bundles), results[1][1][-3000:]
     assert report(bundles[1][0])["verdict"]["suspect_ranks"] == [3]
     assert manifest(bundles[0][0])["incident"]["id"] != manifest(bundles[1][0])["incident"]["id"]
+
+
+def test_ranks_waiting_for_a_working_rank_of_another_node_are_not_stalled(tmp_path: Path) -> None:
+    # GIVEN a healthy 4-rank job on two nodes: rank 0 (node 0) computes metrics alone for 20 s, longer than the
+    # 6 s stall timeout, while rank 1 (node 0) and ranks 2-3 (node 1) wait for it at a barrier: nothing moves on
+    # node 1 the whole time
+    port = free_ports()
+    nodes = []
+    for node in (0, 1):
+        cmd = [*BLACKBOX, "run", "--run-dir", str(tmp_path / f"node{node}"), "--stall-timeout", str(STALL_S),
+               "--poll-interval", str(POLL_S), "--kill-grace", "5", "--", str(BIN / "torchrun"), "--nnodes", "2",
+               "--node-rank", str(node), "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+               str(port), str(ROOT / "tests" / "programs" / "quiet_job.py"), "metrics"]  # fmt: skip
+        env = job_env(BB_PAUSE_S="20")
+        nodes.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, text=True, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, start_new_session=True))  # fmt: skip
+    results = [finish(p, 180) for p in nodes]
+    # THEN both nodes end by themselves, exit 0: node 1 knew from the coordination that node 0 still worked
+    for node, (code, err) in enumerate(results):
+        assert code == 0, (node, err[-3000:])
+        assert not [e for e in events(tmp_path / f"node{node}") if e["event"] in ("stall", "frozen", "bundle")], err
+    (note,) = [e for e in events(tmp_path / "node1") if e["event"] == "slow_phase"]
+    assert note["reason"].startswith("no rank here has taken a step for") and "node 0 still works" in note["reason"]
+    assert "ranks 2-3 wait for it" in note["reason"], note

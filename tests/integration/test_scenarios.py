@@ -36,6 +36,10 @@ def test_scenario_verdict(gallery: Callable[..., tuple[Path, Any]], name: str, m
         assert not outcome.bundles and "blackbox:" not in outcome.stderr, outcome.stderr[-3000:]
         return
     assert outcome.bundles, outcome.stderr[-3000:]
+    if mode == "run" and "bundles" in spec:  # e.g. a frozen rank ended like a stall: the stall after it is no 2nd
+        assert len(outcome.bundles) == spec["bundles"], outcome.stderr[-3000:]
+    if mode == "run" and "trigger" in spec:  # the rule that fired (an endless Python loop: busy, not stall)
+        assert outcome.bundles[0].name.endswith(f"-{spec['trigger']}.tar.gz"), outcome.bundles
     # the report's analysis in this process (the CLI's JSON of it is tested elsewhere): a second saved per row
     verdict = analyze(read_bundle(str(outcome.bundles[0]))).to_json()["verdict"]
     got, same = compare(name, verdict)

@@ -25,7 +25,7 @@ def run_in_process(run_dir: Path, code: str, said: list[str]) -> int:
 
 def test_a_failing_watcher_is_logged_once_and_the_job_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN a rule engine that raises on every poll
-    def broken(self: Rules, views: object, now: float) -> list[object]:
+    def broken(self: Rules, *args: object) -> list[object]:
         raise RuntimeError("boom in the rules")
 
     monkeypatch.setattr(Rules, "evaluate", broken)

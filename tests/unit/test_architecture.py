@@ -25,7 +25,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "heartbeat_reader": {"_recorder", "safeopen"},
     "bundle": {"__version__", "_recorder", "detections", "errors"},
     "analyze": {"_recorder", "adapters", "bundle", "detections", "frames"},
-    "render": {"analyze", "status"},
+    "render": {"analyze", "detections", "status"},
     "status": {"_recorder", "adapters", "config", "detections", "errors", "events", "heartbeat_reader"},
     "incidents": {"_recorder", "analyze", "bundle", "events"},
     "intake": {"analyze", "bundle", "incidents"},

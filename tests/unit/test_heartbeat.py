@@ -52,6 +52,40 @@ def test_round_trip(tmp_path: Path) -> None:
     assert (state.data_wait_total, state.batches, state.mode) == (1.5, 10, "rank")
 
 
+def test_motion_round_trip_and_older_layouts(tmp_path: Path) -> None:
+    # GIVEN a version-3 page whose liveness thread wrote its motion group (forward calls, stack changes)
+    hb = make_writer(tmp_path)
+    hb.progress(7, 100.0, 0.25, 0.75)
+    hb.motion(42, 103.0, 9, 104.5, P.FORWARDS_COUNTING)
+    # THEN it reads back, and the rank's last motion is the newest of its step, forward call and stack change
+    state = decode(hb.mm)
+    assert state.version == 3
+    assert (state.forwards, state.forwards_time, state.stack_changes, state.stack_time, state.forward_mode) == (
+        42, 103.0, 9, 104.5, "counting")  # fmt: skip
+    assert state.last_motion == 104.5
+    # AND a page of layout 2 or 1 (written by an older recorder) still reads, without motion (and 1 without ledger)
+    for version in (2, 1):
+        P.HEADER.pack_into(hb.mm, 0, P.MAGIC, version, P.HEARTBEAT_SIZE)
+        old = decode(hb.mm)
+        assert old.version == version and old.step == 7 and old.last_motion == 100.0
+        assert (old.forwards, old.stack_changes, old.forward_mode) == (0, 0, "idle")
+        assert bool(old.ledger) == (version == 2)
+
+
+def test_a_torn_motion_group_keeps_the_last_clean_reading(tmp_path: Path) -> None:
+    hb = make_writer(tmp_path)
+    hb.motion(5, 10.0, 3, 11.0, P.FORWARDS_IDLE)
+    clean = decode(hb.mm)
+    words = memoryview(hb.mm).cast("Q")
+    words[P.W_MOTION] = words[P.W_MOTION_END] + 1  # an update began and its writer died
+    words[P.W_FORWARDS] = 999
+    words.release()
+    with pytest.raises(HeartbeatBusy):
+        decode(hb.mm, patience_s=0.0)
+    busy = decode(hb.mm, patience_s=0.0, last=clean)
+    assert busy.busy and busy.forwards == 5 and busy.stack_changes == 3
+
+
 def test_custom_phase_name(tmp_path: Path) -> None:
     hb = make_writer(tmp_path)
     hb.phase(P.PHASE_CUSTOM, 5.0, 0, 0, "warmup-ü".encode())

@@ -83,3 +83,38 @@ def test_an_ended_run_and_bad_paths(tmp_path: Path) -> None:
         find_run(str(tmp_path))
     with pytest.raises(BlackboxError, match="There is no run under"):
         find_run(None, str(tmp_path / "elsewhere"))
+
+
+def test_each_rank_shows_what_moves(tmp_path: Path) -> None:
+    # GIVEN a run whose rank 0 takes no step but its main thread's stack changes and its forward calls are counted,
+    # and whose rank 1 (this process: alive) has done I/O
+    run = make_run(tmp_path, os.getpid())
+    hb = HeartbeatWriter(str(run / "ranks" / "0" / "heartbeat"), pid=os.getpid(), start_ticks=0, rank=0,
+                         local_rank=0, world_size=2, mode="rank")  # fmt: skip
+    now = time.monotonic()
+    hb.progress(40, now - 100, 0.25, 0.3)
+    hb.liveness(9, now)
+    hb.motion(1234, now - 1, 56, now - 0.5, P.FORWARDS_COUNTING)
+    table = open_table(str(run))
+    try:
+        first = read_status(str(run), table, gpus=[])
+        with open(os.devnull, "w") as f:  # this process writes: its I/O moves between two readings (top)
+            f.write("x" * 100_000)
+        second = read_status(str(run), table, first, gpus=[])
+    finally:
+        table.close()
+    # THEN status says what moved, and when: rank 0 by its stack and forward calls, 100 s after its last step
+    r0 = first.ranks[0]
+    assert r0.idle_s >= 100 and r0.moved_s < 5 and r0.moving == ["forward", "stack"]
+    assert (r0.forwards, r0.forward_mode, r0.stack_changes) == (1234, "counting", 56)
+    assert r0.read_bytes is not None and r0.read_bytes > 0  # this process's own counters
+    # AND between two readings (top) the I/O rates, and I/O among what moved
+    r0 = second.ranks[0]
+    assert r0.written_per_s is not None and r0.written_per_s > 0 and "io" in r0.moving
+    out = io.StringIO()
+    render_status(second, out)
+    assert "1234 fwd stack" in out.getvalue() and "B/s" in out.getvalue(), out.getvalue()
+    out = io.StringIO()
+    render_status_json(second, out)
+    data = json.loads(out.getvalue())["ranks"][0]
+    assert data["forwards"] == 1234 and data["moving"] == ["forward", "stack", "io"] and data["moved_at"] > 0

@@ -1,0 +1,168 @@
+"""What moves in a rank besides its steps and batches: the main thread's Python stack changing between two samples,
+and forward calls counted during a pause. Both run on the recorder's liveness thread, one sample a tick (a few µs);
+the training step pays nothing. Stdlib only, Python >= 3.9: loaded inside the job's interpreter."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from . import protocol as P
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs milliseconds at start-up
+if TYPE_CHECKING:  # annotations only
+    from typing import Any
+
+STACK_DEPTH = 32  # innermost frames of the main thread compared between two samples
+# where the interpreter checks for a GIL hand-over between bytecodes (3.9-3.10: a backward jump is JUMP_ABSOLUTE)
+RUNNING_OPS = frozenset(("JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE", "RESUME"))
+FORWARD_HOOK_AFTER_S = 5.0  # a pause (no step, no batch) this long: forward calls are counted until the next one
+
+
+class Motion:
+    """Owned by the recorder, driven by its liveness thread (`tick`), the heartbeat's motion group's only writer.
+
+    The stack: the innermost frames' code objects and instruction offsets, compared with the sample before. A thread
+    blocked in a C call (a collective, a `read`, a CUDA sync) or sleeping at one line shows the same frames at every
+    sample; a thread walking through Python code (evaluation, metrics, a retry loop) does not. A tight loop that
+    calls nothing hands the GIL over at its back-edge every time, so it shows the same frames too: a sample that
+    finds the innermost frame at a loop's back-edge or a function's start (where only a thread running bytecode
+    stops: never one in a C call) counts as a change as well. A thread holding the GIL lets no sample be taken at
+    all: it does not move, and its liveness stops (the frozen rule).
+
+    Forward calls: a global forward pre-hook makes every module call of the job take torch's slower path (about
+    0.9 µs more a call, measured): it is installed only once the rank has gone FORWARD_HOOK_AFTER_S without a step or
+    batch, and removed at the next one, so a training loop never runs with it. Never while torch.compile is in use
+    (`torch.compile` called, or dynamo has converted a frame): dynamo guards on the global hooks, and a hook coming
+    and going would make it recompile. The recorder wraps `torch.compile` to know (DDP imports dynamo without
+    compiling anything)."""
+
+    def __init__(self, rec: Any) -> None:
+        self.rec = rec
+        self.main = threading.main_thread().ident
+        self._signature: tuple[int, ...] = ()
+        self._codes: tuple[Any, ...] = ()  # the signature's code objects, held so that their ids are never reused
+        self._running: dict[int, tuple[Any, frozenset[int]]] = {}  # id(code) -> (code, its RUNNING_OPS offsets)
+        self.stack_changes = 0
+        self.stack_time = 0.0
+        self.forwards = 0  # incremented by the hook in whichever thread runs a module, read here
+        self._forwards_seen = 0
+        self.forwards_time = 0.0
+        self._handle: Any = None
+        self.mode = P.FORWARDS_IDLE
+        self._progress: Any = None  # (steps, batches) at the last tick
+        self._progress_at = 0.0
+        self.compiling = False  # the job called torch.compile: the forward counter stays off for good
+
+    def watch_compile(self, torch: Any) -> None:
+        """Wrap `torch.compile` (the function, as the job and `nn.Module.compile` call it) to learn that the job
+        compiles; the call itself is unchanged."""
+        import functools
+
+        fn = getattr(torch, "compile", None)
+        if fn is None or getattr(fn, "__blackbox_wrapped__", False):
+            return
+
+        @functools.wraps(fn)
+        def compile(*args: Any, **kwargs: Any) -> Any:
+            self.compiling = True
+            return fn(*args, **kwargs)
+
+        compile.__blackbox_wrapped__ = True  # type: ignore[attr-defined]
+        torch.compile = compile
+
+    def tick(self, now: float) -> None:
+        rec = self.rec
+        if "stack_motion" not in rec._failed:
+            try:
+                self._sample(now)
+            except Exception as exc:
+                rec.fail("stack_motion", exc)
+        if "forwards" not in rec._failed:
+            try:
+                self._pace_forwards(now)
+            except Exception as exc:
+                rec.fail("forwards", exc)
+                self.mode = P.FORWARDS_OFF
+                self._unhook()
+        forwards = self.forwards
+        if forwards != self._forwards_seen:
+            self._forwards_seen = forwards
+            self.forwards_time = now
+        rec.hb.motion(forwards, self.forwards_time, self.stack_changes, self.stack_time, self.mode)
+
+    def _sample(self, now: float) -> None:
+        frame = sys._current_frames().get(self.main)  # type: ignore[arg-type]
+        codes: list[Any] = []
+        signature: list[int] = []
+        while frame is not None and len(codes) < STACK_DEPTH:
+            code = frame.f_code
+            codes.append(code)
+            signature.append(id(code))
+            signature.append(frame.f_lasti)
+            frame = frame.f_back
+        frame = None  # no frame outlives the sample: a frame held keeps its locals (tensors) alive
+        sig = tuple(signature)
+        running = bool(codes) and signature[1] in self._running_at(codes[0])
+        if (sig != self._signature and self._signature) or running:  # the first sample has nothing to differ from
+            self.stack_changes += 1
+            self.stack_time = now
+        self._signature = sig
+        self._codes = tuple(codes)
+
+    def _running_at(self, code: Any) -> frozenset[int]:
+        """The offsets in `code` where a thread stops only while it runs bytecode: loop back-edges and the function's
+        start (the interpreter hands the GIL over there); never a call into C."""
+        offsets = self._running.get(id(code))
+        if offsets is None or offsets[0] is not code:
+            import dis
+
+            found = frozenset(i.offset for i in dis.get_instructions(code) if i.opname in RUNNING_OPS)
+            if len(self._running) >= 512:
+                self._running.clear()
+            offsets = self._running[id(code)] = (code, found)
+        return offsets[1]
+
+    def _pace_forwards(self, now: float) -> None:
+        """Install the forward counter in a pause, remove it at the next step or batch (or for good once
+        torch.compile is in use)."""
+        rec = self.rec
+        progress = (rec.step_count, rec._batches)
+        if progress != self._progress:
+            self._progress, self._progress_at = progress, now
+            if self._handle is not None:
+                self._unhook()
+                self.mode = P.FORWARDS_IDLE
+            return
+        torch = rec.torch
+        if torch is None or self.mode == P.FORWARDS_OFF:
+            return
+        if self.compiling or _dynamo_converted():
+            self._unhook()
+            self.mode = P.FORWARDS_OFF
+            return
+        if self._handle is None and now - self._progress_at >= FORWARD_HOOK_AFTER_S:
+            modules = getattr(getattr(torch, "nn", None), "modules", None)
+            register = getattr(getattr(modules, "module", None), "register_module_forward_pre_hook", None)
+            if register is None:
+                raise RuntimeError("this torch has no register_module_forward_pre_hook: forward calls are not counted")
+            self._handle = register(self._count)
+            self.mode = P.FORWARDS_COUNTING
+
+    def _count(self, module: Any, args: Any) -> None:
+        self.forwards += 1
+
+    def _unhook(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            handle.remove()
+
+
+def _dynamo_converted() -> bool:
+    """Whether dynamo has converted any frame in this process (torch.compile, torch._dynamo.optimize, export)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if not isinstance(counters, dict):
+        return False
+    frames = counters.get("frames")
+    return bool(frames and frames.get("total"))

@@ -1,0 +1,93 @@
+"""What moved in each rank in the minute before the bundle, from the supervisor's heartbeat history (`blackbox run`
+keeps it: steps, batches, forward calls, stack changes, bytes read and written, when the rank last moved): the
+report's "rank 0 was writing (412 MB in the last minute) while rank 1 waited". Pure; imports the stdlib and the
+bundle layout and reader (the history is untrusted: every number through `number`)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from ..bundle import layout as L
+from ..bundle.reader import Bundle, number
+from ..detections import human_bytes, plural_ranks
+
+WINDOW_S = 60.0  # "in the last minute"
+MOVING_S = 10.0  # a rank that moved this close to the bundle was moving then
+MAX_NAMED = 4  # moving ranks described one by one; the rest counted
+
+
+def _created(bundle: Bundle) -> Optional[float]:
+    """When the bundle was made (its manifest's `created`), as Unix time."""
+    created = bundle.manifest.get("created")
+    if not isinstance(created, str):
+        return None
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(created).timestamp()
+    except ValueError:
+        return None
+
+
+def _samples(history: Any) -> list[dict[str, float]]:
+    out = []
+    for h in history if isinstance(history, list) else []:
+        if not isinstance(h, dict):
+            continue
+        fields = {k: number(h.get(k)) for k in ("at", "moved_t", "step", "batches", "forwards", "stack_changes",
+                                                "read_bytes", "written_bytes")}  # fmt: skip
+        if fields["at"] is not None:
+            out.append({k: v for k, v in fields.items() if v is not None})
+    return out
+
+
+def _delta(first: dict[str, float], last: dict[str, float], key: str) -> float:
+    return max(0.0, last.get(key, 0.0) - first.get(key, 0.0)) if key in first and key in last else 0.0
+
+
+def rank_motion(history: Any, end: float) -> Optional[dict[str, Any]]:
+    """One rank's last minute before `end` (Unix time): whether it was moving at the end, how long it had been still,
+    and what moved over the minute (None without a history)."""
+    samples = [s for s in _samples(history) if s["at"] <= end + 1.0]
+    if not samples:
+        return None
+    last = samples[-1]
+    first = next((s for s in reversed(samples) if s["at"] <= end - WINDOW_S), samples[0])
+    moved = last.get("moved_t")
+    how = []
+    for key, verb in (("written_bytes", "writing"), ("read_bytes", "reading")):
+        n = _delta(first, last, key)
+        if n >= 1e6:
+            how.append(f"{verb} {human_bytes(n)}")
+    for key, what in (("forwards", "forward calls"), ("batches", "batches"), ("stack_changes", "stack changes")):
+        n = _delta(first, last, key)
+        if n:
+            how.append(f"{n:.0f} {what}")
+    return {"moving": moved is not None and end - moved <= MOVING_S, "still_s": None if moved is None else end - moved,
+            "stepped": _delta(first, last, "step") > 0, "how": how}  # fmt: skip
+
+
+def findings(bundle: Bundle, ranks: list[int]) -> list[tuple[str, str]]:
+    """(text, source): the ranks that were moving without a step when the bundle was taken, how, and who waited —
+    nothing when no rank was (a stall: the per-rank lines say how long each was idle) or without a history."""
+    end = _created(bundle)
+    if end is None:
+        return []
+    motion = {r: m for r in ranks if (m := rank_motion(bundle.json(L.rank_member(r, L.HISTORY)), end)) is not None}
+    working = [r for r, m in sorted(motion.items()) if m["moving"] and not m["stepped"]]
+    if not working:
+        return []
+    parts = []
+    for r in working[:MAX_NAMED]:
+        how = motion[r]["how"]
+        parts.append(f"rank {r} was working without a step" + (f" ({', '.join(how)} in the last minute)" if how
+                                                                  else ""))  # fmt: skip
+    if len(working) > MAX_NAMED:
+        parts.append(f"{len(working) - MAX_NAMED} more ranks too")
+    waiting = [r for r, m in sorted(motion.items()) if not m["moving"]]
+    text = "; ".join(parts)
+    if waiting:
+        stills = [motion[r]["still_s"] for r in waiting if motion[r]["still_s"] is not None]
+        text += f", while {plural_ranks(waiting)} waited" + (f" (still for {min(stills):.0f} s and more)" if stills
+                                                            else "")  # fmt: skip
+    return [(text, f"ranks/{working[0]}/{L.HISTORY} (the supervisor's heartbeat history)")]

@@ -1,0 +1,92 @@
+"""Each rank's I/O as progress, read from /proc (adapters.procfs) at every poll: a checkpoint being written or an index
+being read is a rank at work even when it neither steps nor runs Python code. Counted as motion: any byte through the
+main thread's own read and write system calls (files, pipes, sockets); the main thread woken inside one such call
+(a single long write to slow storage counts its bytes only when it returns); and storage bytes of the whole process
+(a thread writing a checkpoint while the main thread waits for it) once they pass a floor, so that a logger's appends
+and the writeback of the heartbeat page do not make a hung rank look busy. CPU time is never read: a CUDA sync or an
+NCCL wait spins a core while nothing moves. Imports the stdlib and blackbox's /proc adapter."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..adapters import procfs
+
+STORAGE_FLOOR = 1 << 20  # the whole process's storage bytes count as motion from this many ...
+STORAGE_WINDOW_S = 10.0  # ... within this long
+RATE_WINDOW_S = 60.0  # "writing 412 MB in the last minute"
+
+
+@dataclass
+class RankIo:
+    """One rank process's I/O as the supervisor has seen it."""
+
+    moved_at: float = 0.0  # the last poll at which its I/O counted as motion (CLOCK_MONOTONIC); 0: never seen
+    read: int = 0  # bytes through read system calls, the whole process, since it started (rchar)
+    written: int = 0  # bytes through write system calls (wchar)
+    readable: bool = True  # /proc let us read its counters
+    in_call: bool = False  # its main thread is inside a read or write system call now
+    _main: Optional[int] = None  # the main thread's rchar + wchar at the last poll
+    _wakeups: Optional[int] = None  # its wake-ups inside a read or write call at the last poll (None: in none)
+    _base: tuple[float, int] = (0.0, -1)  # (when, storage bytes) the floor counts from
+    _samples: deque[tuple[float, int, int]] = field(default_factory=deque)  # (time, read, written)
+
+    def last_minute(self) -> tuple[int, int]:
+        """Bytes read and written over about the last RATE_WINDOW_S (since the first poll, when younger)."""
+        if not self._samples:
+            return 0, 0
+        _, r0, w0 = self._samples[0]  # the last poll at or before the window's start, or the first one
+        return max(0, self.read - r0), max(0, self.written - w0)
+
+
+class IoWatch:
+    def __init__(self) -> None:
+        self._ranks: dict[tuple[int, int], RankIo] = {}  # (rank, pid)
+        self._rebase = False
+
+    def get(self, rank: int, pid: int) -> Optional[RankIo]:
+        return self._ranks.get((rank, pid))
+
+    def rebase(self) -> None:
+        """The next reading sets the baselines and counts nothing: blackbox's own collection just made the ranks
+        write (the dump signal's stack dump is written by the rank's main thread)."""
+        self._rebase = True
+
+    def end_poll(self) -> None:
+        self._rebase = False
+
+    def sample(self, rank: int, pid: int, now: float) -> RankIo:
+        io = self._ranks.get((rank, pid))
+        if io is None:
+            io = self._ranks[(rank, pid)] = RankIo()
+        proc = procfs.io_counters(pid)
+        main = procfs.io_counters(pid, pid)
+        io.readable = proc is not None
+        if proc is None:
+            return io
+        io.read, io.written = proc.rchar, proc.wchar
+        samples = io._samples
+        samples.append((now, proc.rchar, proc.wchar))
+        while len(samples) > 2 and samples[1][0] < now - RATE_WINDOW_S:
+            samples.popleft()
+        own = main.rchar + main.wchar if main is not None else None
+        wakeups = procfs.rw_wakeups(pid, pid)
+        storage = proc.read_bytes + proc.write_bytes
+        base_t, base_bytes = io._base
+        moved = False
+        if not self._rebase and base_bytes >= 0:
+            moved = own is not None and io._main is not None and own != io._main
+            if wakeups is not None and io._wakeups is not None and wakeups > io._wakeups:
+                moved = True  # woken inside a long read or write: bytes are moving
+            if storage - base_bytes >= STORAGE_FLOOR:
+                moved = True
+        if base_bytes < 0 or self._rebase or moved or now - base_t > STORAGE_WINDOW_S:
+            io._base = (now, storage)
+        io._main = own
+        io._wakeups = wakeups
+        io.in_call = wakeups is not None
+        if moved:
+            io.moved_at = now
+        return io

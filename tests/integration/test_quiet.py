@@ -1,0 +1,178 @@
+"""The quiet gallery and the `auto` timeout, side by side, with blackbox's default rule options (real torchrun, gloo,
+DDP). Quiet: healthy jobs in which rank 0 alone does something ordinary for 75 s — longer than the `auto` stall
+timeout (60 s) — while rank 1 waits for it at a barrier (tests/programs/quiet_job.py): a torch.save to slow storage,
+an evaluation in a forward loop, one over a validation DataLoader, metrics in pure Python, an index read slowly, a
+torch.distributed.checkpoint save, and a first step that compiles at length. Each must end by itself with exit 0,
+no bundle, no incident, no stall line, and its `slow_phase` event naming what rank 0 was doing. Meanwhile real hangs
+of the scenario gallery (a loader blocked on a read, a checkpoint blocked on a FIFO, a stopped rank, the GIL held in
+a native call), failing at step 8 so that `auto`'s 60 s applies, must each be caught about 60 s after their last
+progress, with the gallery's verdict. A quiet job under SIGUSR1 shows that its motion is kept in the heartbeat
+history a bundle carries. Every job runs at once: about two and a half minutes in all."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blackbox.analyze.verdict import analyze
+from blackbox.bundle.reader import read_bundle
+from blackbox.events import read_events
+from tests.conftest import BLACKBOX, PROGRAMS, ROOT, TORCHRUN, job_env
+
+sys.path.insert(0, str(ROOT / "scripts" / "scenarios"))
+import runner
+
+PAUSE_S = 75.0  # rank 0's pause: past the auto timeout (60 s)
+QUIET = {  # case -> what its slow-phase line must say rank 0 was doing
+    "save": "in a long read or write system call",  # torch.save: one long write to a FIFO drained slowly
+    "forward": "running its model (forward calls)",  # each forward one large matmul: the stack never changes
+    "loader": "taking batches",
+    "metrics": "running Python code",
+    "index": "reading",  # 64 KiB, then a sleep: only the I/O moves
+    "dcp": "writing",
+    "compile": "running Python code",  # before any step: the pause counts from the first batch
+}
+HANGS = ("data-hang", "ckpt-hang", "ddp-stopped", "gil-hang")  # the gallery's, failing at step 8 under `auto`
+COLLECTED = "dcp-collected"  # the dcp case again, with a manual bundle taken mid-pause (SIGUSR1 to blackbox)
+
+
+class Job:
+    def __init__(self, name: str, argv: list[str], run_dir: Path, cwd: Path, env: dict[str, str]) -> None:
+        self.name, self.run_dir = name, run_dir
+        with runner.LIVE_LOCK:  # the conftest's reaper spares a job that runs beside the tests
+            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                         text=True, start_new_session=True)  # fmt: skip
+            runner.LIVE.add(self.proc.pid)
+
+    def finish(self, timeout: float) -> tuple[int, str, str]:
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            runner.kill_tree(self.proc.pid)
+            out, err = self.proc.communicate()
+        finally:
+            runner.LIVE.discard(self.proc.pid)
+        return self.proc.returncode, out, err
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [e for e in read_events(str(self.run_dir / "events.jsonl")) if e.get("event") == name]
+
+    def bundles(self) -> list[Path]:
+        return sorted((self.run_dir / "bundles").glob("*.tar.gz"))
+
+
+def quiet(name: str, case: str, base: Path) -> Job:
+    argv = [*BLACKBOX, "run", "--run-dir", str(base / name), "--", TORCHRUN, "--standalone", "--nproc-per-node", "2",
+            str(PROGRAMS / "quiet_job.py"), case]  # fmt: skip  # every option at its default
+    return Job(name, argv, base / name, base, job_env(BB_PAUSE_S=str(PAUSE_S)))
+
+
+def hang(name: str, base: Path) -> Job:
+    # the stall rule's options at their defaults (auto); a short kill grace so that a stopped rank is gone soon
+    argv = [*BLACKBOX, "run", "--run-dir", str(base / name), "--kill-grace", "3", "--", *runner.torchrun_command(name)]
+    return Job(name, argv, base / name, base, {**runner.environment(name), "BB_STEP_AT": "8"})
+
+
+@pytest.fixture(scope="module")
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[tuple[Job, int, str, str]]]]:
+    base = tmp_path_factory.mktemp("quiet")
+    started = {name: quiet(name, name, base) for name in QUIET}
+    started[COLLECTED] = quiet(COLLECTED, "dcp", base)
+    started.update({name: hang(name, base) for name in HANGS})
+    threading.Thread(target=_collect_mid_pause, args=(started[COLLECTED],), daemon=True).start()
+    pool = ThreadPoolExecutor(len(started))
+
+    def finish(job: Job) -> tuple[Job, int, str, str]:
+        return (job, *job.finish(400))
+
+    try:
+        yield {name: pool.submit(finish, job) for name, job in started.items()}
+    finally:
+        for job in started.values():
+            if job.proc.poll() is None:
+                runner.kill_tree(job.proc.pid)
+        pool.shutdown(wait=True)
+
+
+def _collect_mid_pause(job: Job) -> None:
+    """SIGUSR1 to blackbox ("collect now") 70 s into rank 0's pause: the bundle must carry its motion."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and job.proc.poll() is None:
+        if job.events("slow_phase"):
+            time.sleep(10)
+            os.kill(job.proc.pid, signal.SIGUSR1)
+            return
+        time.sleep(0.5)
+
+
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("case", list(QUIET))
+def test_a_long_pause_on_one_rank_is_never_a_stall(jobs: dict[str, Future[tuple[Job, int, str, str]]],
+                                                   case: str) -> None:  # fmt: skip
+    job, code, out, err = jobs[case].result()
+    # THEN the job ends by itself, exit 0, with rank 0's pause really longer than the auto timeout
+    assert code == 0, err[-3000:]
+    paused = [float(line.split()[3]) for line in out.splitlines() if line.startswith("rank 0: paused")]
+    assert paused and paused[0] > 61, out[-2000:]
+    # AND blackbox filed nothing: no bundle, no stall, busy or frozen rule, no incident line
+    assert not job.bundles(), err[-3000:]
+    assert not [e for e in ("stall", "busy", "frozen", "bundle") if job.events(e)], err[-3000:]
+    assert "blackbox: stall" not in err and "evidence bundle" not in err, err[-3000:]
+    # AND one slow-phase event and line: rank 0 at work (and how), rank 1 waiting for it
+    (note,) = job.events("slow_phase")
+    assert note["ranks"] == [0] and "rank 1 waits for it" in note["reason"], note
+    doing = next(f["doing"] for f in note["findings"] if f["rank"] == 0)
+    assert QUIET[case] in doing, (case, doing)
+    lines = [line for line in err.splitlines() if line.startswith("blackbox:")]
+    assert len(lines) == 1 and lines[0].startswith("blackbox: slow phase: rank 0 has taken no step for 6"), lines
+
+
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("name", HANGS)
+def test_auto_still_catches_a_real_hang_about_60_s_after_its_last_progress(
+    jobs: dict[str, Future[tuple[Job, int, str, str]]], name: str
+) -> None:
+    job, code, _, err = jobs[name].result()
+    spec = runner.SCENARIOS[name]
+    # THEN the stall rule fired under `auto` 60 s after the job last moved (a poll's slack), and ended the job
+    assert code == spec["exit"] == 86, err[-3000:]
+    (stall,) = job.events("stall")
+    still = min(f["idle_s"] for f in stall["findings"])
+    assert {f["timeout_rule"] for f in stall["findings"]} == {"auto"} and 60 <= still <= 63, stall
+    assert not job.events("slow_phase"), err[-3000:]  # nothing moved: not a pause
+    # AND the bundle gets the gallery's verdict
+    bundle = job.bundles()[0]
+    got, same = runner.compare(name, analyze(read_bundle(str(bundle))).to_json()["verdict"])
+    assert same, (got, err[-3000:])
+
+
+@pytest.mark.timeout(480)
+def test_the_heartbeat_history_keeps_what_moved(jobs: dict[str, Future[tuple[Job, int, str, str]]]) -> None:
+    job, code, _, err = jobs[COLLECTED].result()
+    # GIVEN a manual bundle taken 10 s after the slow-phase note, while rank 0 still wrote its checkpoint
+    assert code == 0, err[-3000:]  # a bundle on request never ends the job
+    (bundle,) = job.bundles()
+    b = read_bundle(str(bundle))
+    history = b.json("ranks/0/history.json")
+    assert isinstance(history, list)
+    # THEN rank 0's history has samples taken while it moved without a step, its written bytes growing, and
+    # rank 1's shows it still
+    pause = [h for h in history if h["step"] == 8 and h.get("moved_t") and h["moved_t"] > h["t"] + 5]
+    assert len(pause) >= 3, json.dumps(history[-5:])
+    assert pause[-1]["written_bytes"] - pause[0]["written_bytes"] > 5_000_000, pause
+    waiting = b.json("ranks/1/history.json")
+    assert isinstance(waiting, list) and waiting[-1]["phase"] == "collective"
+    # AND the report says so in words
+    texts = [f.text for f in analyze(b).findings if "without a step" in f.text]
+    assert texts and texts[0].startswith("rank 0 was working without a step (writing ") and "rank 1 waited" in texts[0]

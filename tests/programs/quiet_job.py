@@ -1,0 +1,206 @@
+"""A healthy 2-rank DDP job (gloo, CPU) with one long, legitimate pause: after a few steps rank 0 alone does CASE for
+BB_PAUSE_S seconds (default 75: longer than the `auto` stall timeout, 60 s) while rank 1 waits for it at
+`dist.barrier()`; then both take a few more steps and exit 0. The quiet gallery (tests/integration/test_quiet.py)
+runs every case under `blackbox run` with default options: none may be called a stall.
+
+    torchrun --standalone --nproc-per-node 2 tests/programs/quiet_job.py CASE
+
+Cases: save (torch.save to slow storage: a FIFO drained by a slow reader process), forward (evaluation: forward
+passes under no_grad, each one large matmul), loader (evaluation over a validation DataLoader whose samples take a
+moment to load), metrics (metrics in pure Python, no model), index (reading a large file slowly: an index build),
+dcp (torch.distributed.checkpoint save to storage whose every write takes a moment), compile (a first step that takes
+long to compile: before any optimizer step rank 0 spends the pause in Python, as dynamo and inductor do, while rank
+1 waits for it in backward)."""
+
+import contextlib
+import gc
+import io
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+CASE = sys.argv[1]
+PAUSE_S = float(os.environ.get("BB_PAUSE_S", "75"))
+STEPS_BEFORE = 8  # past `auto`'s 5 steps: its 60 s timeout is in force when the pause comes
+CHUNK = 1 << 16
+WORK = tempfile.mkdtemp(prefix="bb-quiet-")
+
+READER = """
+import sys, time
+fifo, delay = sys.argv[1], float(sys.argv[2])
+with open(fifo, "rb") as f:
+    while f.read(65536):
+        time.sleep(delay)
+"""
+
+
+def slow_save(deadline: float) -> None:
+    """torch.save to a FIFO whose reader (another process: a slow network filesystem) takes 64 KiB at a time."""
+    fifo = os.path.join(WORK, "ckpt.pt")
+    os.mkfifo(fifo)
+    size = int((deadline - time.monotonic()) * 10 * CHUNK)  # at 10 chunks a second
+    reader = subprocess.Popen([sys.executable, "-c", READER, fifo, "0.1"])
+    torch.save({"weights": torch.zeros(size // 4)}, fifo)
+    reader.wait()
+
+
+def forward(deadline: float) -> None:
+    """Evaluation alone: forward passes under no_grad, each one large matmul (nearly all of it in one C call)."""
+    evaluator = torch.nn.Sequential(torch.nn.Linear(1536, 1536))
+    x = torch.randn(1536, 1536)
+    total = 0.0
+    with torch.no_grad():
+        while time.monotonic() < deadline:
+            total += float(evaluator(x)[0, 0])
+    print(f"rank 0: eval total {total:.3f}", flush=True)
+
+
+class SlowSamples(Dataset):
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int) -> tuple:
+        time.sleep(0.2)  # a slow disk
+        return torch.randn(8), torch.randn(1)
+
+
+def loader(deadline: float, model: torch.nn.Module) -> None:
+    """Evaluation over a validation DataLoader, taking batches the whole time."""
+    with torch.no_grad():
+        for x, _ in DataLoader(SlowSamples(), batch_size=2):
+            model.module(x)
+            if time.monotonic() >= deadline:
+                break
+
+
+def metrics(deadline: float) -> None:
+    """Metrics in pure Python, without the model: token-level F1 over many pairs."""
+
+    def f1(a: list, b: list) -> float:
+        common = len(set(a) & set(b))
+        return 0.0 if not common else 2 * common / (len(a) + len(b))
+
+    n, score = 0, 0.0
+    while time.monotonic() < deadline:
+        pred = [(n * 7 + i) % 50 for i in range(20)]
+        gold = [(n * 11 + i) % 50 for i in range(20)]
+        score += f1(pred, gold)
+        n += 1
+    print(f"rank 0: mean f1 {score / max(n, 1):.3f}", flush=True)
+
+
+def index(deadline: float) -> None:
+    """An index build: a large file read 64 KiB at a time, slowly (a checksum per block)."""
+    path = os.path.join(WORK, "corpus.bin")
+    with open(path, "wb") as f:
+        f.truncate(int((deadline - time.monotonic()) * 10 * CHUNK))
+    blocks = []
+    with open(path, "rb") as f:
+        while time.monotonic() < deadline:
+            block = f.read(CHUNK)
+            if not block:
+                f.seek(0)
+                continue
+            blocks.append(zlib.crc32(block))
+            time.sleep(0.1)
+    print(f"rank 0: indexed {len(blocks)} blocks", flush=True)
+
+
+class SlowStream(io.RawIOBase):
+    """A file on storage whose every write takes a moment (a busy network filesystem)."""
+
+    def __init__(self, f: io.IOBase, delay: float) -> None:
+        self.f, self.delay = f, delay
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b: bytes) -> int:
+        view = memoryview(b).cast("B")
+        for i in range(0, len(view), CHUNK):
+            time.sleep(self.delay)
+            self.f.write(view[i : i + CHUNK])
+        return len(view)
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    def fileno(self) -> int:
+        return self.f.fileno()
+
+
+def dcp(deadline: float, model: torch.nn.Module) -> None:
+    """torch.distributed.checkpoint save, on rank 0 alone (no_dist), to slow storage."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
+
+    size = int((deadline - time.monotonic()) * 10 * CHUNK)
+
+    class SlowFS(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path, mode):  # type: ignore[no-untyped-def]
+            with super().create_stream(path, mode) as f:
+                yield SlowStream(f, 0.1) if "w" in mode else f
+
+    writer = FileSystemWriter(os.path.join(WORK, "dcp"))
+    writer.fs = SlowFS()
+    dcp.save({"model": model.state_dict(), "extra": torch.zeros(size // 4)}, storage_writer=writer, no_dist=True)
+
+
+def compiling(seconds: float) -> None:
+    """What a compiler does for a long while: walk and rewrite graphs in Python."""
+    deadline = time.monotonic() + seconds
+    graph: dict = {}
+    while time.monotonic() < deadline:
+        for node in range(200):
+            graph[node] = [(node * 31 + k) % 200 for k in range(4)]
+        order = sorted(graph, key=lambda n: sum(graph[n]))
+        graph = {n: graph[n] for n in order[:100]}
+
+
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = TensorDataset(torch.randn((STEPS_BEFORE + 3) * 4, 8), torch.randn((STEPS_BEFORE + 3) * 4, 1))
+    for step, (x, y) in enumerate(DataLoader(data, batch_size=4), 1):
+        if step == 1 and CASE == "compile":  # the first step compiles: rank 0's takes the pause, rank 1's a moment
+            started = time.monotonic()
+            compiling(PAUSE_S if rank == 0 else 1.0)
+            if rank == 0:
+                print(f"rank 0: paused {time.monotonic() - started:.1f} s ({CASE})", flush=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step == STEPS_BEFORE and CASE != "compile":
+            if rank == 0:
+                started = time.monotonic()
+                deadline = started + PAUSE_S
+                work = {"save": slow_save, "forward": forward, "metrics": metrics, "index": index}
+                if CASE in work:
+                    work[CASE](deadline)
+                else:
+                    {"loader": loader, "dcp": dcp}[CASE](deadline, model)
+                print(f"rank 0: paused {time.monotonic() - started:.1f} s ({CASE})", flush=True)
+            dist.barrier()  # rank 1 waits here for rank 0 the whole pause
+    print(f"rank {rank}: done", flush=True)
+    dist.destroy_process_group()
+    gc.collect()  # torch 2.13: a gloo group freed during finalization can abort the process
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""What counts as a rank moving besides its steps: the main thread's Python stack changing between samples (the
+recorder's liveness thread), forward calls counted only during a pause, and I/O read from /proc by the supervisor.
+A thread blocked in a C call or sleeping at one line never counts; CPU time is never read."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+from typing import Any, Optional
+
+import pytest
+
+from blackbox._recorder import motion as M
+from blackbox._recorder import protocol as P
+from blackbox._recorder.heartbeat_writer import HeartbeatWriter
+from blackbox.adapters import procfs
+from blackbox.heartbeat_reader import decode
+from blackbox.supervisor import iowatch
+
+
+class FakeRecorder:
+    """What Motion reads of the recorder: steps, batches, torch, failed hooks, and the heartbeat it writes."""
+
+    def __init__(self, tmp_path: Path, torch: Any = None) -> None:
+        self.hb = HeartbeatWriter(str(tmp_path / "heartbeat"), pid=1, start_ticks=0, rank=0, local_rank=0,
+                                  world_size=1, mode="rank")  # fmt: skip
+        self.step_count = 0
+        self._batches = 0
+        self.torch = torch
+        self._failed: set[str] = set()
+        self.failures: list[tuple[str, BaseException]] = []
+
+    def fail(self, hook: str, exc: BaseException) -> None:
+        self._failed.add(hook)
+        self.failures.append((hook, exc))
+
+
+def sampled(target: Any, tmp_path: Path, samples: int = 12) -> int:
+    """Stack changes seen over `samples` ticks of a Motion watching a thread that runs `target`."""
+    stop = threading.Event()
+    thread = threading.Thread(target=target, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.05)
+        m = M.Motion(FakeRecorder(tmp_path))
+        m.main = thread.ident
+        for i in range(samples):
+            m.tick(100.0 + i)
+            time.sleep(0.02)
+        return m.stack_changes
+    finally:
+        stop.set()
+        thread.join(5)
+
+
+def _blocked_in_c(stop: threading.Event) -> None:
+    stop.wait()  # a lock acquire in C, as a collective or a read waits
+
+
+def _sleeping(stop: threading.Event) -> None:
+    while not stop.is_set():
+        time.sleep(0.5)  # one line, nearly all the time
+
+
+def _walking(stop: threading.Event) -> None:
+    n = 0
+    while not stop.is_set():  # an endless Python loop: metrics, a retry storm
+        n = (n * 31 + 7) % 1000003
+        if n % 3:
+            n += sum(i for i in range(5))
+
+
+def test_a_thread_walking_through_python_moves_one_blocked_or_sleeping_does_not(tmp_path: Path) -> None:
+    assert sampled(_blocked_in_c, tmp_path) == 0
+    assert sampled(_sleeping, tmp_path) <= 2  # a wake-up between two sleeps may land between samples
+    assert sampled(_walking, tmp_path) >= 3  # most samples under no load; a loaded machine runs it less often
+
+
+def test_the_motion_group_reaches_the_heartbeat(tmp_path: Path) -> None:
+    rec = FakeRecorder(tmp_path)
+    m = M.Motion(rec)
+    m.main = threading.get_ident()  # this thread: its stack differs between the two calls below
+    m.tick(10.0)
+    m.tick(11.0)
+    state = decode(rec.hb.mm)
+    assert state.stack_changes == m.stack_changes and state.stack_time in (0.0, 11.0)
+    assert state.forward_mode == "idle"
+
+
+class FakeHandle:
+    def __init__(self, hooks: dict[int, Any], key: int) -> None:
+        self.hooks, self.key = hooks, key
+
+    def remove(self) -> None:
+        self.hooks.pop(self.key, None)
+
+
+def fake_torch() -> Any:
+    """torch as far as Motion uses it: the global forward pre-hook registry, and a `compile` to wrap."""
+    hooks: dict[int, Any] = {}
+
+    def register(hook: Any) -> FakeHandle:
+        key = len(hooks) + 1
+        hooks[key] = hook
+        return FakeHandle(hooks, key)
+
+    module = types.SimpleNamespace(register_module_forward_pre_hook=register)
+    torch = types.SimpleNamespace(nn=types.SimpleNamespace(modules=types.SimpleNamespace(module=module)),
+                                  compile=lambda fn=None, **kw: fn, hooks=hooks)  # fmt: skip
+    return torch
+
+
+def forward(torch: Any, n: int = 1) -> None:
+    for _ in range(n):
+        for hook in list(torch.hooks.values()):
+            hook(object(), ())
+
+
+def test_forward_calls_are_counted_only_during_a_pause(tmp_path: Path) -> None:
+    torch = fake_torch()
+    rec = FakeRecorder(tmp_path, torch)
+    m = M.Motion(rec)
+    # GIVEN a training loop stepping every second: the hook is never installed
+    for t in range(10):
+        rec.step_count += 1
+        m.tick(100.0 + t)
+        forward(torch)
+    assert not torch.hooks and m.forwards == 0 and m.mode == P.FORWARDS_IDLE
+    # WHEN the rank pauses (no step, no batch) for FORWARD_HOOK_AFTER_S, running its model meanwhile
+    for t in range(10, 20):
+        m.tick(100.0 + t)
+        forward(torch, 3)
+    # THEN the hook counts the calls from then on, and the heartbeat says when they last moved
+    assert len(torch.hooks) == 1 and m.mode == P.FORWARDS_COUNTING and m.forwards > 0
+    m.tick(120.0)
+    state = decode(rec.hb.mm)
+    assert state.forwards == m.forwards and state.forwards_time == 120.0 and state.forward_mode == "counting"
+    # AND the next step removes it
+    rec.step_count += 1
+    m.tick(121.0)
+    assert not torch.hooks and m.mode == P.FORWARDS_IDLE
+
+
+def test_the_forward_counter_stays_off_once_the_job_compiles(tmp_path: Path) -> None:
+    torch = fake_torch()
+    rec = FakeRecorder(tmp_path, torch)
+    m = M.Motion(rec)
+    m.watch_compile(torch)
+    for t in range(8):  # a pause: installed
+        m.tick(100.0 + t)
+    assert torch.hooks
+    torch.compile(lambda x: x)  # the job compiles: removed for good, even in the next pause
+    for t in range(8, 30):
+        m.tick(100.0 + t)
+    assert not torch.hooks and m.mode == P.FORWARDS_OFF
+    assert decode(rec.hb.mm).forward_mode == "off"
+
+
+def test_a_torch_without_the_hook_api_switches_the_counter_off_once(tmp_path: Path) -> None:
+    torch = types.SimpleNamespace(nn=None)
+    rec = FakeRecorder(tmp_path, torch)
+    m = M.Motion(rec)
+    for t in range(12):
+        m.tick(100.0 + t)
+    assert [h for h, _ in rec.failures] == ["forwards"] and m.mode == P.FORWARDS_OFF
+
+
+# --- I/O, from /proc ---------------------------------------------------------------------------------------------
+
+
+class FakeProc:
+    def __init__(self) -> None:
+        self.proc = procfs.IoCounters(0, 0, 0, 0)
+        self.main = procfs.IoCounters(0, 0, 0, 0)
+
+    def __call__(self, pid: int, tid: Optional[int] = None) -> procfs.IoCounters:
+        return self.main if tid is not None else self.proc
+
+    def add(self, main: int = 0, storage: int = 0, other_threads: int = 0) -> None:
+        """`main`: bytes through the main thread's writes; `storage`: storage bytes any thread wrote;
+        `other_threads`: bytes through other threads' writes (a logger, a pipe)."""
+        m, p = self.main, self.proc
+        self.main = procfs.IoCounters(m.rchar, m.wchar + main, m.read_bytes, m.write_bytes)
+        self.proc = procfs.IoCounters(p.rchar, p.wchar + main + other_threads, p.read_bytes,
+                                      p.write_bytes + storage)  # fmt: skip
+
+
+def test_io_motion_main_thread_bytes_and_storage_past_a_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeProc()
+    monkeypatch.setattr(procfs, "io_counters", fake)
+    monkeypatch.setattr(procfs, "rw_wakeups", lambda pid, tid: None)
+    w = iowatch.IoWatch()
+    assert w.sample(0, 7, 100.0).moved_at == 0.0  # the first reading is the baseline
+    fake.add(main=10)  # the main thread wrote: a checkpoint to a slow pipe, an index read
+    assert w.sample(0, 7, 101.0).moved_at == 101.0
+    fake.add(other_threads=50_000, storage=8192)  # a logger thread, the heartbeat page written back: not motion
+    assert w.sample(0, 7, 102.0).moved_at == 101.0
+    fake.add(storage=iowatch.STORAGE_FLOOR)  # a thread writing a checkpoint to disk while the main thread waits
+    io = w.sample(0, 7, 103.0)
+    assert io.moved_at == 103.0 and io.written == 10 + 50_000
+    # AND after a collection (the dump signal made the main thread write its stacks) nothing counts once
+    w.rebase()
+    fake.add(main=4096)
+    assert w.sample(0, 7, 104.0).moved_at == 103.0
+    w.end_poll()
+    fake.add(main=1)
+    assert w.sample(0, 7, 105.0).moved_at == 105.0
+
+
+def test_a_long_write_moves_while_its_thread_is_woken_inside_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN the main thread inside one write system call (its bytes count only when it returns)
+    fake, wakeups = FakeProc(), [None, 5, 9, 9, 9]
+    monkeypatch.setattr(procfs, "io_counters", fake)
+    monkeypatch.setattr(procfs, "rw_wakeups", lambda pid, tid: wakeups.pop(0))
+    w = iowatch.IoWatch()
+    # THEN it moves while the kernel wakes it (a slow filesystem taking the bytes), not once the wake-ups stop (a
+    # hung server)
+    assert [w.sample(0, 7, float(t)).moved_at for t in range(5)] == [0.0, 0.0, 2.0, 2.0, 2.0]
+
+
+def test_a_real_write_to_a_slowly_drained_pipe_wakes_its_thread() -> None:
+    r, w = os.pipe()
+    os.set_blocking(r, False)  # this side never blocks, whatever the writer has done
+    tid: list[int] = []
+
+    def writer() -> None:
+        tid.append(threading.get_native_id())
+        os.write(w, b"x" * (4 << 20))  # far more than the pipe holds: blocks until drained
+
+    def drain() -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(r, 65536)
+
+    def wakeups() -> Optional[int]:
+        return procfs.rw_wakeups(os.getpid(), tid[0]) if tid else None
+
+    t = threading.Thread(target=writer, daemon=True)
+    t.start()
+    try:
+        deadline = time.monotonic() + 20
+        before = wakeups()
+        while before is None and time.monotonic() < deadline:  # until it is inside write
+            time.sleep(0.01)
+            before = wakeups()
+        assert before is not None
+        after: Optional[int] = before
+        while (after is None or after <= before) and time.monotonic() < deadline:  # drained a little at a time
+            drain()
+            time.sleep(0.05)
+            after = wakeups()
+        assert after is not None and after > before
+    finally:
+        while t.is_alive():
+            drain()
+            t.join(0.01)
+        os.close(r)
+        os.close(w)
+
+
+def test_io_last_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeProc()
+    monkeypatch.setattr(procfs, "io_counters", fake)
+    monkeypatch.setattr(procfs, "rw_wakeups", lambda pid, tid: None)
+    w = iowatch.IoWatch()
+    for t in range(0, 200):
+        fake.add(main=1_000_000)
+        io = w.sample(0, 7, float(t))
+    assert io.last_minute() == (0, 61_000_000)
+
+
+def test_procfs_reads_this_process_and_its_main_thread() -> None:
+    whole = procfs.io_counters(os.getpid())
+    main = procfs.io_counters(os.getpid(), threading.main_thread().native_id)
+    assert whole is not None and main is not None and whole.rchar > 0 and main.rchar > 0
+    assert procfs.io_counters(2**22 + 12345) is None  # no such process
+    assert sys.platform.startswith("linux")
+
+
+# --- the report: what moved before the bundle -------------------------------------------------------------------
+
+
+def test_the_report_says_who_was_working_without_a_step_and_who_waited(tmp_path: Path) -> None:
+    from blackbox.analyze.verdict import analyze
+    from blackbox.bundle.reader import read_bundle
+    from blackbox.bundle.writer import BundleWriter
+    from blackbox.detections import Trigger
+
+    # GIVEN a bundle taken on request while rank 0 wrote a checkpoint (no step for 70 s) and rank 1 waited for it
+    now = time.time() - 5  # the manifest's `created` is in whole seconds
+    w = BundleWriter("run-1", "node7", Trigger.parse("manual"))
+    written = [{"t": now - 70, "at": now - 70 + k * 10, "step": 8, "phase": "checkpoint", "moved_t": now - 70 + k * 10,
+                "written_bytes": 1_000_000 + k * 70_000_000, "stack_changes": 3} for k in range(8)]  # fmt: skip
+    waiting = [{"t": now - 70, "at": now - 70, "step": 8, "phase": "collective", "moved_t": now - 70,
+                "written_bytes": 5000}]  # fmt: skip
+    w.add_json("ranks/0/history.json", written)
+    w.add_json("ranks/1/history.json", waiting)
+    w.add_json("ranks/2/history.json", [{"at": "soon", "moved_t": [1]}, "junk", 7])  # untrusted: ignored
+    for rank in (0, 1, 2):
+        w.add_json(f"ranks/{rank}/heartbeat.json", {"rank": rank, "pid": 100 + rank, "alive": True, "step": 8})
+    local = [{"rank": r, "pid": 100 + r, "local_rank": r, "recorder": True, "alive": True} for r in (0, 1, 2)]
+    path = w.write(str(tmp_path), {"job": {"local_ranks": local, "world_size": 3}}).path
+    # THEN one finding says it, with the bytes of the last minute
+    texts = [f.text for f in analyze(read_bundle(path)).findings if "without a step" in f.text]
+    assert len(texts) == 1 and re.fullmatch(
+        r"rank 0 was working without a step \(writing 420 MB in the last minute\), "
+        r"while rank 1 waited \(still for 7[45] s and more\)",
+        texts[0],
+    ), texts
