@@ -197,6 +197,11 @@ class ConsoleLog:
         self.sync()
         return read_tail(self.path, limit)
 
+    def idle(self) -> bool:
+        """Everything queued is written."""
+        with self._cond:
+            return not self._queue and not self._busy
+
     def cut(self) -> None:
         """Stop here: what is still queued is dropped (and said so at the end of the log by `close`)."""
         with self._cond:
@@ -485,6 +490,16 @@ def _serve(path: str, max_bytes: int, data_r: int, ctl_r: int, rep_w: int) -> No
                     cut = True
         if data_r in ready and data_open and not cut:
             data_open = drain()
+    while not cut and ctl_open and not log.idle():  # the backlog is being written: a cut may still come
+        if select.select([ctl_r], [], [], 0.1)[0]:
+            try:
+                data = os.read(ctl_r, 65536)
+            except InterruptedError:
+                continue
+            except OSError:
+                data = b""
+            ctl_open = bool(data)
+            cut = any(kind == CUT for kind, _ in ctl_in.feed(data))
     if cut:
         log.cut()
     log.close("blackbox ended while the job's output was still open; what came after is not in this log"

@@ -74,12 +74,15 @@ class Copy:
             if kind in (1, 2):
                 self.lost[kind] = self.lost.get(kind, 0) + len(data)
             return
-        for stream, n in sorted(self.lost.items()):
-            self.buf += frames(GAP, GAP_INFO.pack(stream, n))
-        self.lost.clear()
+        self._say_lost()
         self.buf += FRAME.pack(kind, len(data))
         self.buf += data
         self.flush()
+
+    def _say_lost(self) -> None:
+        for stream, n in sorted(self.lost.items()):
+            self.buf += frames(GAP, GAP_INFO.pack(stream, n))
+        self.lost.clear()
 
     def flush(self) -> None:
         while self.alive and self.buf:
@@ -98,6 +101,7 @@ class Copy:
     def finish(self) -> None:
         """Hand over what is left (the reader is slower, not gone), then close."""
         if self.alive:
+            self._say_lost()  # a loss at the very end is said too
             try:
                 os.set_blocking(self.fd, True)
             except OSError:
