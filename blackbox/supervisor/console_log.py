@@ -1,6 +1,6 @@
 """console.log: the job's output as the terminal saw it, redacted, bounded, and never in the job's way. The tee
 process (tee.py) hands it a copy that can never hold the job; a process of its own, forked from the supervisor (so
-it redacts with the secrets the supervisor knows) and at a lower CPU priority than the job, redacts and writes it.
+it redacts with the secrets the supervisor knows), redacts and writes it in a thread at the lowest CPU priority.
 Imports the stdlib, blackbox.redact, blackbox.safeopen and the tee's frame format."""
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ class ConsoleLog:
     MAX_PENDING = 64 * 1024  # a "line" longer than this is redacted and written in pieces
     MAX_QUEUE = 16 * 1024 * 1024  # bytes the writer may fall behind before output is dropped from the log
 
-    def __init__(self, path: str, on_error: Callable[[str], None], max_bytes: int = DEFAULT_LOG_BYTES) -> None:
+    def __init__(self, path: str, on_error: Callable[[str], None], max_bytes: int = DEFAULT_LOG_BYTES,
+                 nice: int = 0) -> None:  # fmt: skip
         self.path = path
         self.tail_path, self.old_tail_path = tail_paths(path)
         self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
@@ -64,6 +65,8 @@ class ConsoleLog:
         self._busy = False
         self._closing = False
         self._cut = False
+        self._nice = nice  # the writer thread's, while the job runs; the end is written at the closer's priority
+        self._handover = False
         self._thread = threading.Thread(target=self._drain, name="blackbox-console", daemon=True)
         self._thread.start()
 
@@ -90,11 +93,16 @@ class ConsoleLog:
             self._queue.append((stream, lost))
             self._cond.notify()
 
-    def _drain(self) -> None:
+    def _drain(self, niced: bool = True) -> None:
+        if niced and self._nice:
+            with contextlib.suppress(OSError):  # this thread only (Linux): the job's threads come first
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self._nice)
         while True:
             with self._cond:
                 while not self._queue and not self._closing:
                     self._cond.wait()
+                if self._handover and niced:  # the closer's thread takes it from here, at its own priority
+                    return
                 if not self._queue or self._cut:
                     self.dropped_cut += self._queued
                     self._queue.clear()
@@ -213,8 +221,13 @@ class ConsoleLog:
         self.flush_pending(0)
         with self._cond:
             self._closing = True
+            self._handover = bool(self._nice)
             self._cond.notify_all()
         self._thread.join()
+        if self._handover:  # what is left is written at our priority, not the niced writer's
+            self._thread = threading.Thread(target=self._drain, args=(False,), name="blackbox-console", daemon=True)
+            self._thread.start()
+            self._thread.join()
         self._flush_partial()  # after a cut, the partial lines the writer had already taken
         dropped = self.dropped_queue + self.dropped_rolled
         for fd in (self._tail_fd,):
@@ -260,16 +273,18 @@ def read_tail(path: str, limit: int) -> bytes:
 # Commands (supervisor -> log process) and replies, in the tee's frames: kind, length, payload.
 SYNC, FLUSH, CLOSE, CUT, WRITE = b"S"[0], b"F"[0], b"C"[0], b"X"[0], b"W"[0]
 ACK, ERROR = b"A"[0], b"E"[0]
-NICE = 10  # the log yields the CPU to the job: on a busy node it falls behind (and says so), the job does not
+NICE = 19  # the log's writer yields the CPU to the job: on a busy node it falls behind (and says so), the job does
+# not; the rest of it is written at the end at normal priority
 CLOSE_WAIT = 30.0  # seconds the supervisor waits at the end for the log to catch up before cutting it short
 _F_SETPIPE_SZ = 1031
 
 
 class ConsoleLogProcess:
     """The supervisor's handle on console.log, which a process of its own writes (a ConsoleLog inside it): forked
-    at start, so it redacts with every secret the supervisor knows by then, and niced, so that redaction takes the
-    job's CPU last. The tee sends it the job's output (`copy_fd`); the header comes from here before that. It
-    outlives the supervisor: if blackbox dies, it writes what the tee still sends, until the job's output ends."""
+    at start, so it redacts with every secret the supervisor knows by then; its writer thread runs at the lowest
+    CPU priority while the job runs, so that redaction takes the job's CPU last. The tee sends it the job's
+    output (`copy_fd`); the header comes from here before that. It outlives the supervisor: if blackbox dies, it
+    writes what the tee still sends, until the job's output ends."""
 
     def __init__(self, path: str, on_error: Callable[[str], None], max_bytes: int = DEFAULT_LOG_BYTES,
                  say: Optional[Callable[[str], None]] = None) -> None:  # fmt: skip
@@ -428,7 +443,7 @@ def _serve(path: str, max_bytes: int, data_r: int, ctl_r: int, rep_w: int) -> No
             write_all(rep_w, frames(kind, payload))
 
     try:
-        log = ConsoleLog(path, lambda m: reply(ERROR, m.encode()), max_bytes)
+        log = ConsoleLog(path, lambda m: reply(ERROR, m.encode()), max_bytes, nice=NICE)
     except OSError as exc:
         reply(ERROR, f"console.log cannot be written: {exc.strerror}".encode())
         return
@@ -508,7 +523,7 @@ def _serve(path: str, max_bytes: int, data_r: int, ctl_r: int, rep_w: int) -> No
 
 def _detach(keep: set[int]) -> None:
     """The log's process holds nothing of the supervisor's: not our stdout or stderr (a pipeline's reader must
-    see its end when the job's output ends), no other file, none of blackbox's signals; and it runs niced."""
+    see its end when the job's output ends), no other file, none of blackbox's signals."""
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
@@ -524,8 +539,6 @@ def _detach(keep: set[int]) -> None:
         signal.signal(getattr(signal, name), signal.SIG_DFL)
     with contextlib.suppress(ValueError, OSError):
         signal.set_wakeup_fd(-1)
-    with contextlib.suppress(OSError):
-        os.nice(NICE)
     with contextlib.suppress(Exception):
         import ctypes
 

@@ -21,8 +21,9 @@ GAP = 16  # payload GAP_INFO: the copy lost this many bytes of this stream here 
 GAP_INFO = struct.Struct("<BQ")
 END = 17  # every source is closed: the job's output has all been read
 READ_SIZE = 65536
-TRICKLE = 4096  # a read smaller than this is a trickle: wait a moment for more before the next one
-TRICKLE_WAIT = 0.004  # seconds: far less than a person notices; a full pty (18 KiB) or pipe never waits on it
+COPY_WAIT = 0.02  # seconds a copy's bytes may wait to be sent with more: the job's output passes at once, as
+# through `cat`, while console.log's process and the supervisor wake at most fifty times a second, not once a line
+COPY_BATCH = 256 * 1024  # ... or until this many bytes wait
 LOG_LIMIT = 16 * 1024 * 1024  # bytes a copy may fall behind before it loses output (and says so)
 WATCH_LIMIT = 4 * 1024 * 1024
 PIPE_SIZE = 1024 * 1024  # F_SETPIPE_SZ for the pipes we create: fewer wakeups, more slack
@@ -77,7 +78,6 @@ class Copy:
         self._say_lost()
         self.buf += FRAME.pack(kind, len(data))
         self.buf += data
-        self.flush()
 
     def _say_lost(self) -> None:
         for stream, n in sorted(self.lost.items()):
@@ -179,32 +179,32 @@ class Tee:
         poller = select.poll()
         for src in self.live:
             poller.register(src, select.POLLIN)
-        waiting: dict[int, Copy] = {}  # the copies registered for POLLOUT, by their fd
+        waiting: dict[int, Copy] = {}  # copies whose reader was slow: registered for POLLOUT, by their fd
+        since: Optional[float] = None  # when the copies' oldest unsent bytes came
         while self.live:
-            for copy in self.copies:
-                want = copy.alive and bool(copy.buf)
-                if want and copy.fd not in waiting:
+            timeout = -1.0 if since is None else max(0.0, since + COPY_WAIT - time.monotonic()) * 1000
+            for fd, _ in poller.poll(timeout):
+                if fd in self.live:
+                    if self.pump(fd) < 0:
+                        poller.unregister(fd)
+                    elif since is None:
+                        since = time.monotonic()
+                elif fd in waiting:
+                    waiting[fd].flush()
+            pending = [c for c in self.copies if c.alive and c.buf]
+            if pending and (time.monotonic() - (since or 0.0) >= COPY_WAIT or
+                            max(len(c.buf) for c in pending) >= COPY_BATCH):  # fmt: skip
+                for copy in pending:
+                    copy.flush()
+                since = None
+            for copy in self.copies:  # a copy that could not take it all is written as soon as it can
+                if copy.alive and copy.buf and since is None and copy.fd not in waiting:
                     poller.register(copy.fd, select.POLLOUT)
                     waiting[copy.fd] = copy
             for fd, copy in list(waiting.items()):
                 if not (copy.alive and copy.buf):
                     poller.unregister(fd)
                     del waiting[fd]
-            got = 0
-            for fd, _ in poller.poll():
-                if fd in self.live:
-                    n = self.pump(fd)
-                    if n < 0:
-                        poller.unregister(fd)
-                        got = TRICKLE
-                    else:
-                        got += n
-                elif fd in waiting:
-                    waiting[fd].flush()
-            if 0 < got < TRICKLE:
-                # A trickle (a log line a step): let it gather, so that the copies' readers wake once for many
-                # lines. A burst fills reads to the brim and never waits here.
-                time.sleep(TRICKLE_WAIT)
         if self.watch is not None:
             self.watch.put(END, b"")
         for copy in sorted(self.copies, key=lambda c: c is not self.watch):  # the watch first: it is waited on
