@@ -13,7 +13,7 @@ from typing import Callable, Optional
 from .._recorder import protocol as P
 from ..config import RunConfig
 from ..events import EventLog
-from .console_log import ConsoleLog
+from .console_log import ConsoleLogProcess
 from .rundir import INJECT_DIR, flight_recorder_env
 
 
@@ -27,7 +27,7 @@ class RunContext:
         self.node = node
         self.run_dir = run_dir
         self.events: Optional[EventLog] = None
-        self.console: Optional[ConsoleLog] = None
+        self.console: Optional[ConsoleLogProcess] = None
         self.watching = True  # False once the watch itself failed: the job goes on unwatched
         self.bundles: list[str] = []  # the bundles this node wrote, in order
         self._say = say

@@ -1,69 +1,97 @@
-"""Starting the launcher transparently: its own process group, the terminal handed to it when we have one,
-stdout/stderr teed through a pty (where ours is a terminal) or a pipe, to ours and to console.log.
-Imports the stdlib and the console log."""
+"""Starting the launcher transparently: its own process group, the terminal handed to it when we have one, its
+stdout and stderr through a pty (where ours is a terminal) or a pipe to the tee process (tee.py), which carries them
+to ours and hands copies to console.log's process and to the watch here. Imports the stdlib, the console log and
+the tee's frame format."""
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import signal
 import subprocess
+import sys
 import termios
 import threading
+import time
 from collections.abc import Mapping
 from typing import Callable, Optional
 
-from .console_log import ConsoleLog, write_all
+from .console_log import ConsoleLogProcess, fcntl_pipe_size
+from .tee import END, PIPE_SIZE, FrameReader
 
 Sink = Callable[[bytes, int], None]  # (data, stream: 1 stdout or 2 stderr)
+TEE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tee.py")
 
 
-class _Tee(threading.Thread):
-    def __init__(self, src: int, dst: int, console: ConsoleLog, watchers: list[Sink]) -> None:
-        super().__init__(name=f"blackbox-tee-{dst}", daemon=True)
-        self.src, self.dst, self.console, self.watchers = src, dst, console, watchers
+class _Watch(threading.Thread):
+    """The supervisor's copy of the job's output, from the tee: each piece to the watchers (fatal lines)."""
+
+    def __init__(self, fd: int, watchers: list[Sink]) -> None:
+        super().__init__(name="blackbox-watch-output", daemon=True)
+        self.fd, self.watchers = fd, watchers
+        self.ended = threading.Event()  # the tee read the job's output to its end (or is gone)
 
     def run(self) -> None:
-        dst_ok = True
-        while True:
-            try:
-                data = os.read(self.src, 65536)
-            except OSError as exc:
-                if exc.errno == errno.EINTR:
-                    continue
-                break  # EIO: the pty's last writer is gone
-            if not data:
-                break
-            if dst_ok:
+        frames_in = FrameReader()
+        try:
+            while True:
                 try:
-                    write_all(self.dst, data)
-                except BrokenPipeError:
-                    # Our reader went away (`| head`): let the job meet the closed pipe as it would have.
-                    dst_ok = False
-                    break
+                    data = os.read(self.fd, PIPE_SIZE)
+                except InterruptedError:
+                    continue
                 except OSError:
-                    dst_ok = False
-            self.console.write(data, self.dst)
-            for watch in self.watchers:
-                with contextlib.suppress(Exception):
-                    watch(data, self.dst)
-        os.close(self.src)
+                    data = b""
+                if not data:
+                    break
+                for kind, payload in frames_in.feed(data):
+                    if kind == END:
+                        self.ended.set()
+                    elif kind in (1, 2):
+                        for watch in self.watchers:
+                            with contextlib.suppress(Exception):
+                                watch(payload, kind)
+        finally:
+            os.close(self.fd)
+            self.ended.set()
 
 
 class Launched:
-    """The launcher process and the threads that carry its output."""
+    """The launcher process, and the tee process that carries its output."""
 
-    def __init__(self, popen: subprocess.Popen[bytes], tees: list[_Tee], tty_fd: Optional[int]) -> None:
+    def __init__(self, popen: subprocess.Popen[bytes], tee: Optional[subprocess.Popen[bytes]],
+                 watch: Optional[_Watch], tty_fd: Optional[int], tee_error: str = "") -> None:  # fmt: skip
         self.popen = popen
         self.pid = popen.pid
-        self.tees = tees
+        self.tee = tee
+        self.tee_error = tee_error  # why there is no tee (the job's output went straight to ours)
+        self._watch = watch
         self._tty_fd = tty_fd  # the terminal we handed to the job, to take back at the end
 
-    def join_output(self, timeout: float) -> None:
-        for t in self.tees:
-            t.join(timeout)
+    @property
+    def helper_pids(self) -> list[int]:
+        """blackbox's own processes for this job's output: never the job's."""
+        return [self.tee.pid] if self.tee is not None else []
+
+    def join_output(self, timeout: float) -> bool:
+        """Wait (at most `timeout`) until the tee has read the job's output to its end and handed it on. False
+        when something of the job still holds its output open."""
+        if self.tee is None or self._watch is None:
+            return True
+        deadline = time.monotonic() + timeout
+        if not self._watch.ended.wait(timeout):
+            return False
+        try:
+            self.tee.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass  # it still hands the last of the output to console.log's process, which reads it to its end
+        return True
+
+    def resize(self) -> None:
+        """Our terminal changed size: the tee passes it on to the job's ptys."""
+        if self.tee is not None and self.tee.poll() is None:
+            with contextlib.suppress(OSError):
+                os.kill(self.tee.pid, signal.SIGWINCH)
 
     def restore_terminal(self) -> None:
         if self._tty_fd is None:
@@ -102,22 +130,48 @@ def _open_stream(our_fd: int) -> tuple[int, int]:
             return master, slave
         except OSError:
             pass
-    return os.pipe()
+    r, w = os.pipe()
+    with contextlib.suppress(OSError):
+        fcntl_pipe_size(w, PIPE_SIZE)  # a chatty job wakes the tee less often
+    return r, w
 
 
 def resize_ptys(launched: Launched) -> None:
-    for t in launched.tees:
-        with contextlib.suppress(OSError):
-            if os.isatty(t.src) and os.isatty(t.dst):
-                size = fcntl.ioctl(t.dst, termios.TIOCGWINSZ, b"\0" * 8)
-                fcntl.ioctl(t.src, termios.TIOCSWINSZ, size)
+    launched.resize()
 
 
-def spawn(argv: list[str], env: Mapping[str, str], console: ConsoleLog, watchers: list[Sink]) -> Launched:
-    """Start `argv` in its own process group. Raises OSError (ENOENT, EACCES) as exec reports it."""
+def _start_tee(out_r: int, err_r: int, log_fd: int, watch_fd: int) -> subprocess.Popen[bytes]:
+    """The tee process: our interpreter, isolated (-I -S: nothing of the job's or the user's Python set-up)."""
+    fds = (out_r, err_r, log_fd, watch_fd)
+    return subprocess.Popen([sys.executable, "-I", "-S", TEE_SCRIPT, *(str(fd) for fd in fds)],
+                            stdin=subprocess.DEVNULL, pass_fds=[fd for fd in fds if fd >= 0])  # fmt: skip
+
+
+def spawn(argv: list[str], env: Mapping[str, str], console: ConsoleLogProcess, watchers: list[Sink]) -> Launched:
+    """Start `argv` in its own process group, its output through the tee. Raises OSError (ENOENT, EACCES) as exec
+    reports it."""
     tty_fd = _foreground_tty()
     out_r, out_w = _open_stream(1)
     err_r, err_w = _open_stream(2)
+    watch_r, watch_w = os.pipe()
+    tee: Optional[subprocess.Popen[bytes]] = None
+    watch: Optional[_Watch] = None
+    tee_error = ""
+    try:
+        tee = _start_tee(out_r, err_r, console.copy_fd(), watch_w)
+    except OSError as exc:  # the job still runs, its output straight to ours
+        tee_error = f"the tee process could not be started ({exc.strerror or exc})"
+    for fd in (out_r, err_r, watch_w):
+        os.close(fd)
+    console.handed_over()
+    if tee is None:
+        os.close(watch_r)
+        for fd in (out_w, err_w):
+            os.close(fd)
+        out_w, err_w = 1, 2
+    else:
+        watch = _Watch(watch_r, watchers)
+        watch.start()
 
     def child_setup() -> None:  # runs in the child between fork and exec
         os.setpgid(0, 0)
@@ -132,18 +186,19 @@ def spawn(argv: list[str], env: Mapping[str, str], console: ConsoleLog, watchers
             argv, env=dict(env), stdout=out_w, stderr=err_w, preexec_fn=child_setup, close_fds=True
         )
     except BaseException:
-        for fd in (out_r, out_w, err_r, err_w):
-            os.close(fd)
+        if tee is not None:
+            for fd in (out_w, err_w):
+                os.close(fd)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                tee.wait(5.0)  # it sees the end of the output at once
         raise
-    os.close(out_w)
-    os.close(err_w)
+    if tee is not None:
+        os.close(out_w)
+        os.close(err_w)
     if tty_fd is not None:
         # Hand the terminal to the job (the shell's job control sees us; Ctrl-C reaches the job as it
         # would without blackbox) and never stop for writing to it from the background.
         signal.signal(signal.SIGTTOU, signal.SIG_IGN)
         with contextlib.suppress(OSError):
             os.tcsetpgrp(tty_fd, popen.pid)
-    tees = [_Tee(out_r, 1, console, watchers), _Tee(err_r, 2, console, watchers)]
-    for t in tees:
-        t.start()
-    return Launched(popen, tees, tty_fd)
+    return Launched(popen, tee, watch, tty_fd, tee_error)

@@ -209,7 +209,7 @@ class JobProcess:
     def not_the_jobs(self, pid: int) -> bool:
         """blackbox's own helpers: the coordination helper, and the --on-incident commands with what they
         started (each runs in a session of its own)."""
-        if pid in set(self._helpers()):
+        if pid in set(self._helpers()) or pid in self.output_pids():
             return True
         with alerts.SESSIONS_LOCK:
             sessions = set(alerts.SESSIONS)
@@ -219,6 +219,12 @@ class JobProcess:
             return pid in sessions or os.getsid(pid) in sessions
         except OSError:
             return False
+
+    def output_pids(self) -> list[int]:
+        """blackbox's processes that carry the job's output: the tee and console.log's writer."""
+        pids = list(self.launched.helper_pids) if self.launched is not None else []
+        console = self.ctx.console
+        return pids + ([console.pid] if console is not None else [])
 
     # --- ending -----------------------------------------------------------------------------------------
     def end_job(self, reason: str) -> None:

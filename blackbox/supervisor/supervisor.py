@@ -27,7 +27,7 @@ from ..errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, Blac
 from ..events import EventLog
 from ..redact import add_known_secret, add_known_secrets, redact_argv, redact_url
 from ..storage.urls import add_url_secrets
-from .console_log import ConsoleLog
+from .console_log import ConsoleLogProcess
 from .context import RunContext
 from .episodes import Episodes
 from .evidence import Evidence
@@ -51,6 +51,7 @@ class Supervisor:
         self.evidence = Evidence(self.ctx, self.process, self.watch)
         self.metrics: Optional[Metrics] = None
         self._wake_fd: Optional[int] = None
+        self._output_ended = False  # the tee read the job's output to its end: console.log is finished, not left
 
     @property
     def episodes(self) -> Episodes:
@@ -83,7 +84,7 @@ class Supervisor:
             if self.metrics is not None:
                 self.metrics.close()
             if ctx.console is not None:
-                ctx.console.close()
+                ctx.console.close(wait=self._output_ended)
             if ctx.events is not None:
                 ctx.events.close()
 
@@ -106,8 +107,9 @@ class Supervisor:
             add_url_secrets(ctx.cfg.upload)
         ctx.run_dir = prepare_run_dir(ctx.run_dir)
         ctx.events = EventLog(os.path.join(ctx.run_dir, P.EVENTS_LOG))
-        ctx.console = ConsoleLog(os.path.join(ctx.run_dir, P.CONSOLE_LOG), lambda m: ctx.say_once("console", m),
-                                 max(1, ctx.cfg.console_log_max) * 1024 * 1024)  # fmt: skip
+        # console.log's own process is forked here, before any thread of ours exists, with every secret known
+        ctx.console = ConsoleLogProcess(os.path.join(ctx.run_dir, P.CONSOLE_LOG), lambda m: ctx.say_once("console", m),
+                                        max(1, ctx.cfg.console_log_max) * 1024 * 1024, ctx.say)  # fmt: skip
         self.watch.open()
         facts = self._header()
         cfg = ctx.cfg
@@ -220,7 +222,11 @@ class Supervisor:
             self.ctx.event("end", exit_code=code, error=str(exc))
             raise BlackboxError(f"The command `{self.ctx.argv[0]}` could not be started: {exc.strerror}.",
                                 exit_code=code) from None  # fmt: skip
-        self.ctx.event("launched", pid=launched.pid, executable=exe)
+        self.ctx.event("launched", pid=launched.pid, executable=exe, tee_pid=launched.tee.pid if launched.tee else None)
+        if launched.tee_error:
+            self.ctx.say(f"{launched.tee_error}: the job's output goes straight to ours, without console.log or the "
+                         "watch for fatal lines")  # fmt: skip
+            self._output_ended = True
 
     def _watch_console(self, data: bytes, stream: int) -> None:
         """Runs in an output thread: fatal lines wake the loop at once."""
@@ -328,7 +334,9 @@ class Supervisor:
             process.end_survivors(f"the launcher (pid {process.launched.pid}) {describe_status(status)}")
         elif process.ending_since is not None:
             process.end_survivors("the job is being ended")
-        process.launched.join_output(2.0)  # the last words of the job reach console.log before any bundle
+        # the last words of the job reach console.log before any bundle (unless something of the job still holds
+        # its output open: the tee and console.log's process then go on carrying it after we are gone)
+        self._output_ended = process.launched.join_output(2.0)
         if ctx.console is not None:
             ctx.console.flush_pending()
         if ctx.watching:

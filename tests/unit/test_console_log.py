@@ -1,16 +1,21 @@
 """console.log: never in the job's way (writes only queue; a thread redacts and writes), bounded on disk (the head,
-then the newest output rolling through the tail files), secrets redacted across writes. Real files, no job."""
+then the newest output rolling through the tail files), secrets redacted across writes; its own process, which
+goes on when the supervisor is gone and is cut short, with a note, when it cannot catch up. Real files, no job."""
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from blackbox.supervisor import console_log
-from blackbox.supervisor.console_log import ConsoleLog
+from blackbox.supervisor.console_log import ConsoleLog, ConsoleLogProcess
+from blackbox.supervisor.tee import GAP, GAP_INFO, frames
+from tests.conftest import wait_for
 
 
 def test_a_stuck_writer_never_holds_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -79,3 +84,73 @@ def test_a_full_disk_stops_the_log_not_the_job(tmp_path: Path, monkeypatch: pyte
     log.write(b"another line\n")  # still returns
     log.close()
     assert errors and "No space left on device" in errors[0]
+
+
+# --- console.log's own process ----------------------------------------------------------------------------------
+def start_tee_side(log: ConsoleLogProcess) -> int:
+    """What the tee holds: the write end of the log's copy (handed over, as the supervisor does)."""
+    fd = os.dup(log.copy_fd())
+    log.handed_over()
+    return fd
+
+
+def test_the_log_process_writes_the_header_then_the_job_output_and_says_where_a_copy_lost_some(
+    tmp_path: Path,
+) -> None:
+    # GIVEN console.log's process, a header, and the job's output as the tee sends it (a gap in the middle)
+    errors: list[str] = []
+    log = ConsoleLogProcess(str(tmp_path / "console.log"), errors.append)
+    log.write(b"# header\n# ---\n")
+    copy = start_tee_side(log)
+    token = "hf_" + "b" * 34
+    os.write(copy, frames(1, b"step 1 loss 0.5 with " + token[:9].encode()))
+    os.write(copy, frames(GAP, GAP_INFO.pack(1, 12345)))
+    os.write(copy, frames(2, b"a warning\n") + frames(1, b"step 9 " + token.encode() + b"\n"))
+    # WHEN the supervisor reads its tail (a collection), then the output ends and the run closes
+    log.sync()
+    tail = log.tail(10_000)
+    os.close(copy)
+    log.close()
+    # THEN everything is there, in order, redacted, with the gap said where it happened
+    text = (tmp_path / "console.log").read_text()
+    assert text.startswith("# header\n# ---\nstep 1 loss 0.5 with hf_bbbbbb\n# blackbox: 12345 bytes of the job's "
+                           "stdout are missing here")  # fmt: skip
+    assert "a warning\nstep 9 <redacted>\n" in text and token not in text and not errors
+    assert b"# blackbox: 12345 bytes" in tail
+    with pytest.raises(ChildProcessError):  # ended, and reaped by close
+        os.waitpid(log.pid, 0)
+
+
+def test_a_log_that_cannot_catch_up_is_cut_short_at_the_end_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN console.log's process whose redaction is stuck, and a short wait at the end
+    monkeypatch.setattr(console_log, "StreamRedactor", lambda: lambda text: time.sleep(5) or text)
+    monkeypatch.setattr(console_log, "CLOSE_WAIT", 3.0)
+    said: list[str] = []
+    log = ConsoleLogProcess(str(tmp_path / "console.log"), lambda m: None, say=said.append)
+    copy = start_tee_side(log)
+    os.write(copy, frames(1, b"first line\n") + frames(1, b"second line\n" * 100))
+    os.close(copy)
+    # WHEN the run ends
+    t0 = time.monotonic()
+    log.close()
+    # THEN blackbox waited a bounded time, said why, and the log says what it could not write
+    assert time.monotonic() - t0 < 15
+    assert said and "writing the rest of console.log" in said[0]
+    wait_for(lambda: b"were still to be written when blackbox ended" in (tmp_path / "console.log").read_bytes(),
+             60, "the note")  # fmt: skip
+
+
+def test_the_log_process_goes_on_by_itself_when_the_supervisor_is_gone(tmp_path: Path) -> None:
+    # GIVEN console.log's process with output still coming from the tee
+    log = ConsoleLogProcess(str(tmp_path / "console.log"), lambda m: None)
+    copy = start_tee_side(log)
+    os.write(copy, frames(1, b"before\n"))
+    # WHEN the supervisor goes away without a word (SIGKILL: its end of the commands pipe just closes)
+    os.close(log._ctl_w)
+    # THEN the log still takes the job's output to its end, then ends by itself
+    os.write(copy, frames(1, b"after\n"))
+    os.close(copy)
+    wait_for(lambda: os.waitpid(log.pid, os.WNOHANG)[0], 30, "the log's process to end")
+    assert (tmp_path / "console.log").read_text() == "before\nafter\n"

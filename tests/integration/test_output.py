@@ -1,0 +1,129 @@
+"""The job's output path through `blackbox run`: a tee process of its own carries it, console.log's process (niced)
+redacts and writes a copy. Neither a stuck console log, a stopped supervisor nor a supervisor killed with SIGKILL
+can hold or break the job's output."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from blackbox.events import read_events
+from tests.conftest import BLACKBOX, PROGRAMS, TORCHRUN, job_env, wait_for
+
+CHATTY = str(PROGRAMS / "chatty_ranks.py")
+
+
+def read_until(fd: int, out: bytearray, done: object, timeout: float) -> None:
+    """Read `fd` into `out` until `done(out)` holds, its end, or `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not done(out) and time.monotonic() < deadline:  # type: ignore[operator]
+        if not select.select([fd], [], [], 0.1)[0]:
+            continue
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: a pty's last writer is gone
+            chunk = b""
+        if not chunk:
+            return
+        out.extend(chunk)
+
+
+def expected(rank: int, lines: int) -> list[str]:
+    return [f"rank {rank} line {i}" for i in range(lines)] + [f"rank {rank} done"]
+
+
+@pytest.mark.parametrize("terminal", [False, True], ids=["pipe", "pty"])
+def test_the_job_outlives_a_supervisor_killed_with_sigkill(tmp_path: Path, terminal: bool) -> None:
+    # GIVEN a 2-rank torchrun job printing a numbered line every 0.05 s per rank under `blackbox run`, whose stdout
+    # is a pipe or a terminal (then the job gets a pty of its own)
+    run_dir, lines = tmp_path / "run", 60
+    if terminal:
+        read_fd, their_out = os.openpty()
+        attrs = termios.tcgetattr(their_out)
+        attrs[1] &= ~termios.OPOST  # the bytes as written: no \n -> \r\n on the way to us
+        termios.tcsetattr(their_out, termios.TCSANOW, attrs)
+    else:
+        read_fd, their_out = os.pipe()
+    proc = subprocess.Popen(
+        [*BLACKBOX, "run", "--run-dir", str(run_dir), "--", TORCHRUN, "--standalone", "--nproc-per-node", "2",
+         CHATTY, str(lines), "0.05"],
+        cwd=tmp_path, env=job_env(), stdin=subprocess.DEVNULL, stdout=their_out, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    os.close(their_out)
+    out = bytearray()
+    try:
+        read_until(read_fd, out, lambda b: b"rank 0 line 5\n" in b and b"rank 1 line 5\n" in b, 120)
+        assert b"rank 1 line 5\n" in out and b"rank 0 line 5\n" in out, bytes(out)
+        launched = wait_for(lambda: [e for e in read_events(str(run_dir / "events.jsonl")) if e["event"] ==
+                                     "launched"], 10, "the launched event")  # fmt: skip
+        launcher = int(launched[0]["pid"])  # type: ignore[index]
+        # WHEN blackbox itself is killed with SIGKILL mid-run (the OOM killer, a mistaken kill -9)
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(10) == -signal.SIGKILL
+        # THEN the job runs on to its end and every line it printed reaches the original stdout, in order
+        read_until(read_fd, out, lambda b: False, 120)
+        got = out.decode().splitlines()
+        for rank in (0, 1):
+            assert [line for line in got if line.startswith(f"rank {rank} ")] == expected(rank, lines)
+        # AND the launcher ends by itself, exit code 0 to whoever waits for it now (this test: a child subreaper)
+        _, status = os.waitpid(launcher, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        # AND console.log's process, on its own now, writes the rest of the job's output and ends (as the tee did)
+        ours = [p.pid for p in psutil.Process().children() if p.name() in ("blackbox-log", "blackbox-tee")]
+        assert len(ours) == 2
+        for pid in ours:
+            wait_for(lambda: os.waitpid(pid, os.WNOHANG)[0], 30, f"blackbox's process {pid} to end")  # noqa: B023
+        console = (run_dir / "console.log").read_text().splitlines()
+        for rank in (0, 1):
+            assert [line for line in console if line.startswith(f"rank {rank} ")] == expected(rank, lines)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait()
+        os.close(read_fd)
+
+
+def test_a_stopped_console_log_or_supervisor_never_holds_the_job(tmp_path: Path) -> None:
+    # GIVEN a job that prints 42 MB as fast as it can once told to go, under `blackbox run`
+    run_dir, go, lines = tmp_path / "run", tmp_path / "go", 400_000
+    code = (f"import os, sys, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+            f"for i in range({lines}):\n    sys.stdout.write(f'line {{i:07d}} ' + 'x' * 90 + '\\n')\n")  # fmt: skip
+    proc = subprocess.Popen([*BLACKBOX, "run", "--run-dir", str(run_dir), "--", sys.executable, "-c", code],
+                            cwd=tmp_path, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None
+    stopped: list[int] = []
+    try:
+        log = wait_for(lambda: [p for p in psutil.Process(proc.pid).children() if p.name() == "blackbox-log"], 30,
+                       "console.log's process")  # fmt: skip
+        # WHEN console.log's process and the supervisor itself stop dead (as a redactor stuck on a pathological
+        # line, or a supervisor starved of CPU, would) before the job prints
+        stopped = [log[0].pid, proc.pid]  # type: ignore[index]
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        go.touch()
+        # THEN the job's output still all arrives, in order, at the speed of the pipe we read
+        out = bytearray()
+        read_until(proc.stdout.fileno(), out, lambda b: b.endswith(b"line %07d " % (lines - 1) + b"x" * 90 + b"\n"),
+                   120)  # fmt: skip
+        assert out.count(b"\n") == lines and out.startswith(b"line 0000000 ")
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    # AND once they go on, blackbox ends as the job did, and console.log says where output is missing and how much
+    rest, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert rest == b""
+    console = (run_dir / "console.log").read_bytes()
+    assert b"\nline 0000000 " in console
+    assert b"bytes of the job's stdout are missing here: they came faster than the log could take them" in console
+    assert b"came faster than the log could take them; the terminal had all of it" in console
