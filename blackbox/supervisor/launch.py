@@ -113,14 +113,18 @@ def resize_ptys(launched: Launched) -> None:
                 fcntl.ioctl(t.src, termios.TIOCSWINSZ, size)
 
 
-def spawn(argv: list[str], env: Mapping[str, str], console: ConsoleLog, watchers: list[Sink]) -> Launched:
-    """Start `argv` in its own process group. Raises OSError (ENOENT, EACCES) as exec reports it."""
+def spawn(argv: list[str], env: Mapping[str, str], console: ConsoleLog, watchers: list[Sink],
+          unblock: Optional[set[int]] = None) -> Launched:  # fmt: skip
+    """Start `argv` in its own process group (with `unblock`: signals blackbox blocks, unblocked for it). Raises
+    OSError (ENOENT, EACCES) as exec reports it."""
     tty_fd = _foreground_tty()
     out_r, out_w = _open_stream(1)
     err_r, err_w = _open_stream(2)
 
     def child_setup() -> None:  # runs in the child between fork and exec
         os.setpgid(0, 0)
+        if unblock:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
         if tty_fd is not None:
             signal.signal(signal.SIGTTOU, signal.SIG_IGN)
             with contextlib.suppress(OSError):
