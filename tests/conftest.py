@@ -67,12 +67,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                                 red=True)  # fmt: skip
 
 
+KEEP_ALIVE: set[int] = set()  # pids of services a module-scoped fixture runs (a test Slurm): spared, with their children
+
+
 def _reap_descendants() -> None:
-    """Kill and reap every process the test left, except a gallery job still running beside the tests."""
+    """Kill and reap every process the test left, except a gallery job still running beside the tests and the
+    services in KEEP_ALIVE."""
     me = psutil.Process()
     runner = sys.modules.get("runner")
     with getattr(runner, "LIVE_LOCK", contextlib.nullcontext()):
-        keep: set[int] = set(getattr(runner, "LIVE", ()))
+        keep: set[int] = set(getattr(runner, "LIVE", ())) | KEEP_ALIVE
         procs = []
         for p in me.children(recursive=True):
             with contextlib.suppress(psutil.Error):

@@ -58,12 +58,17 @@ def _comm(pid: int) -> str:
 
 def run_dir_of(pattern: Optional[str], default_base: str, task: slurm.Task) -> str:
     """The node's run directory: `--run-dir` with Slurm's filename patterns expanded (%j job, %s step, %n node index,
-    %N node name, %% a percent), or by default <runs>/slurm-<job>.<step>/<node name>: the same for every task of
-    the node, another on every node."""
+    %N node name, %r requeue count, %% a percent; a requeued job's run goes in `restart<N>/` below unless %r says
+    where), or by default <runs>/slurm-<job>.<step>[-r<N>]/<node name>: the same for every task of the node,
+    another on every node."""
     if not pattern:
         return os.path.join(default_base, f"slurm-{task.key}", task.node)
-    values = {"j": task.job_id, "s": task.step_id, "n": str(task.node_index), "N": task.node, "%": "%"}
-    return re.sub(r"%([jsnN%])", lambda m: values[m.group(1)], pattern)
+    values = {"j": task.job_id, "s": task.step_id, "n": str(task.node_index), "N": task.node, "%": "%",
+              "r": str(task.restarts)}  # fmt: skip
+    path = re.sub(r"%([jsnNr%])", lambda m: values[m.group(1)], pattern)
+    if task.restarts and "%r" not in pattern:  # a requeued job's run is a new run: beside, never over, the last
+        path = os.path.join(path, f"restart{task.restarts}")
+    return path
 
 
 class NodeShare:

@@ -81,6 +81,8 @@ class Supervisor:
         if leading:
             self._find_topology()
         self._episodes = Episodes(ctx, self.process, self.evidence, self.topology)
+        if self.node is not None:  # the node's other tasks exit 86 too
+            self._episodes.on_stall_end = self.node.mark_stall_ended
         if self.node is None or self.node.first:
             self._prepare()
         else:
