@@ -171,8 +171,13 @@ def start(root: Path, nodes: int = 2, timeout: float = 60) -> Cluster:
     ports = [free_port() for _ in range(nodes + 1)]
     cluster = Cluster(root, names)
     cluster.conf.write_text(_conf(root, names, ports[0], ports[1:], plugins))
-    # GPUs declared by count only (no device files): jobs may ask for --gpus-per-node as on a GPU cluster
-    (root / "gres.conf").write_text("".join(f"NodeName={n} Name=gpu Count=8\n" for n in names))
+    # GPUs (stand-in device files): jobs may ask for --gpus-per-node as on a GPU cluster
+    for n in names:
+        (root / "spool" / n).mkdir(exist_ok=True)
+        (root / "dev" / n).mkdir(parents=True, exist_ok=True)
+        for i in range(8):
+            (root / "dev" / n / f"gpu{i}").touch()
+    (root / "gres.conf").write_text("".join(f"NodeName={n} Name=gpu File={root}/dev/{n}/gpu[0-7]\n" for n in names))
     env = cluster.env()
 
     def daemon(*cmd: str) -> None:
