@@ -67,7 +67,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                                 red=True)  # fmt: skip
 
 
-KEEP_ALIVE: set[int] = set()  # pids of services a module-scoped fixture runs (a test Slurm): spared, with their children
+KEEP_ALIVE: set[int] = set()  # pids of services a module-scoped fixture runs (a test Slurm), spared with their children
 
 
 def _reap_descendants() -> None:

@@ -157,8 +157,8 @@ def start(root: Path, nodes: int = 2, timeout: float = 60) -> Cluster:
     missing = _missing()
     plugins = _plugin_dir()
     if missing or plugins is None:
-        raise Unavailable(f"Slurm is not installed ({', '.join(missing) or 'no auth_munge plugin'} missing): "
-                          "`make test` installs Debian's slurmctld, slurmd, slurm-client and munge as root")  # fmt: skip
+        raise Unavailable(f"Slurm is not installed ({', '.join(missing) or 'no auth_munge plugin'} missing): `make "
+                          "test` installs Debian's slurmctld, slurmd, slurm-client and munge as root")  # fmt: skip
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o755)
     for sub in ("state", "spool", "munge"):
@@ -181,9 +181,9 @@ def start(root: Path, nodes: int = 2, timeout: float = 60) -> Cluster:
     env = cluster.env()
 
     def daemon(*cmd: str) -> None:
-        log = open(root / f"{Path(cmd[0]).name}-{len(cluster.procs)}.out", "wb")
-        cluster.procs.append(subprocess.Popen(list(cmd), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True))  # fmt: skip
+        with open(root / f"{Path(cmd[0]).name}-{len(cluster.procs)}.out", "wb") as log:
+            cluster.procs.append(subprocess.Popen(list(cmd), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                                  start_new_session=True))  # fmt: skip
 
     try:
         daemon("munged", "--foreground", "--force", f"--socket={root / 'munge.socket'}", f"--key-file={key}",
