@@ -58,12 +58,15 @@ def discover_node(job_id: str) -> Job:
     SLURM_PROCID in a step task), not a launcher (torchrun's agent), not a `blackbox` supervisor, and not a
     child of a rank (its DataLoader workers inherit its variables)."""
     mine = {os.getpid(), os.getppid()}
+    here = os.environ.get("SLURMD_NODENAME")  # several slurmd may share a host: only this node's processes
     found: dict[int, tuple[dict[str, str], list[str]]] = {}
     for pid in _all_pids():
         if pid in mine:
             continue
         env = _env(pid)
         if env is None or slurm.job_id_of(env) != job_id or env.get("BLACKBOX_SLURM_COLLECT") == "1":
+            continue
+        if here and env.get("SLURMD_NODENAME", here) != here:
             continue
         found[pid] = (env, procfs.cmdline(pid))
     if not found:
