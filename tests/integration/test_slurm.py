@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import tarfile
 import time
@@ -24,6 +23,8 @@ import pytest
 
 from tests import conftest
 from tests.conftest import BIN, BLACKBOX, ROOT, job_env, wait_for
+from tests.integration.test_multinode import events, finish, report
+from tests.slurm_cluster import free_port
 
 TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
 EXAMPLE = ROOT / "scripts" / "slurm_example.sbatch"
@@ -32,29 +33,8 @@ FAST = {"BLACKBOX_STALL_TIMEOUT": "4", "BLACKBOX_POLL_INTERVAL": "0.5", "BLACKBO
 NEVER = "/nonexistent/bb-never"  # BB_FAIL_WHEN that never comes: steps of 0.1 s until the job is ended
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def events(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "events.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def named(run_dir: Path, name: str) -> list[dict[str, Any]]:
     return [e for e in events(run_dir) if e["event"] == name]
-
-
-def report(*paths: Path) -> dict[str, Any]:
-    res = subprocess.run([*BLACKBOX, "report", *map(str, paths), "--format", "json", "--no-fr-analyzer",
-                          "--no-index"], capture_output=True, text=True, env=job_env(), timeout=120)  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    data: dict[str, Any] = json.loads(res.stdout)
-    return data
 
 
 def node_facts(bundle: Path) -> dict[str, Any]:
@@ -105,15 +85,8 @@ class Jobs:
         text = self.cluster.run("scontrol", "show", "job", "-o", job_id, check=False)
         return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", text))
 
-    def finish(self, name: str, timeout: float = 120) -> tuple[int, str, str]:
-        proc = self.srun[name]
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-        return proc.returncode, out, err
+    def finish(self, name: str) -> tuple[int, str]:
+        return finish(self.srun[name])
 
 
 @pytest.fixture(scope="module")
@@ -162,7 +135,7 @@ def run_dir_of(base: Path, name: str) -> Path:
 
 
 def test_ranks_srun_starts_share_one_supervisor_and_get_the_gallery_verdict(jobs: Jobs) -> None:
-    code, out, err = jobs.finish("hang")
+    code, err = jobs.finish("hang")
     assert code == 86, err[-3000:]
     run_dir = run_dir_of(jobs.base, "hang")
     # one supervisor watched both tasks' ranks: one bundle, both ranks, the gallery's verdict
@@ -223,7 +196,7 @@ def test_scancel_is_a_preemption_with_the_jobs_own_exit_code(jobs: Jobs) -> None
     wait_for(lambda: len(named(run_dir, "first_step")) == 2, 60, "both ranks to step")
     job = jobs.job_id("cancel")
     jobs.cluster.run("scancel", job)
-    code, out, err = jobs.finish("cancel")
+    code, err = jobs.finish("cancel")
     wait_for(lambda: named(run_dir, "end"), 30, "the run's end")
     pre = named(run_dir, "preemption")
     assert len(pre) == 1 and pre[0]["signal"] == "SIGTERM", pre
@@ -289,16 +262,6 @@ def start_task(tmp: Path, task: int, port: int, run_dir: Path) -> subprocess.Pop
            str(TRAIN), "data-hang", "1"]  # fmt: skip
     return subprocess.Popen(cmd, cwd=tmp, env=task_env(task, port, tmp / "fail-now"), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
-
-
-def finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[int, str]:
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
-    return proc.returncode, err
 
 
 def holder(run_dir: Path) -> Optional[int]:

@@ -71,12 +71,17 @@ def test_the_run_directory_of_a_nodes_tasks(tmp_path: Path) -> None:
     assert node.run_dir_of(None, "runs", again) == "runs/slurm-1234.0-r2/gpu004"
 
 
-def test_the_nodes_lock_passes_from_task_to_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def shares(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[node.NodeShare, node.NodeShare]:
+    """Two tasks of one node, their lock files under tmp_path."""
     monkeypatch.setattr(node.tempfile, "gettempdir", lambda: str(tmp_path))
     task = slurm.task_of(TASK_ENV)
     assert task is not None
-    run_dir = str(tmp_path / "run")
-    a, b = node.NodeShare(task, run_dir), node.NodeShare(task, run_dir)
+    return node.NodeShare(task, str(tmp_path / "run")), node.NodeShare(task, str(tmp_path / "run"))
+
+
+def test_the_nodes_lock_passes_from_task_to_task(shares: tuple[node.NodeShare, node.NodeShare]) -> None:
+    a, b = shares
     a.join()
     b.join()
     assert a.try_lead() and a.first  # nobody led this run before
@@ -91,12 +96,9 @@ def test_the_nodes_lock_passes_from_task_to_task(tmp_path: Path, monkeypatch: py
     assert not Path(a.lock_path).exists() and not Path(a.members_path).exists()
 
 
-def test_a_dead_holder_is_told_from_a_handed_over_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(node.tempfile, "gettempdir", lambda: str(tmp_path))
-    task = slurm.task_of(TASK_ENV)
-    assert task is not None
-    run_dir = str(tmp_path / "run")
-    a, b = node.NodeShare(task, run_dir), node.NodeShare(task, run_dir)
+def test_a_dead_holder_is_told_from_a_handed_over_one(shares: tuple[node.NodeShare, node.NodeShare],
+                                                       tmp_path: Path) -> None:  # fmt: skip
+    a, b = shares
     assert a.try_lead()
     assert a._fd is not None
     import os
@@ -104,7 +106,7 @@ def test_a_dead_holder_is_told_from_a_handed_over_one(tmp_path: Path, monkeypatc
     os.close(a._fd)  # what a SIGKILL does: the lock is gone, its record still says "leading"
     a._fd, a.leading = None, False
     assert b.try_lead() and b.took_over_from_dead()
-    other = node.NodeShare(task, str(tmp_path / "another-run"))  # a stale lock of another run says nothing
+    other = node.NodeShare(b.task, str(tmp_path / "another-run"))  # a stale lock of another run says nothing
     b.release()
     assert other.try_lead() and other.first
     other.close()
