@@ -38,8 +38,10 @@ def named(run_dir: Path, name: str) -> list[dict[str, Any]]:
 
 
 def node_facts(bundle: Path) -> dict[str, Any]:
+    from blackbox.bundle import layout
+
     with tarfile.open(bundle) as tar:
-        f = tar.extractfile("node/node.json")
+        f = tar.extractfile(layout.NODE)
         assert f is not None
         data: dict[str, Any] = json.load(f)
         return data
