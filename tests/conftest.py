@@ -68,6 +68,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 KEEP_ALIVE: set[int] = set()  # pids of services a module-scoped fixture runs (a test Slurm), spared with their children
+KEEP_ALIVE_IF: list[Callable[[psutil.Process], bool]] = []  # ... and what such a service daemonised (slurmstepd)
 
 
 def _reap_descendants() -> None:
@@ -80,7 +81,7 @@ def _reap_descendants() -> None:
         procs = []
         for p in me.children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                if p.pid in keep or any(a.pid in keep for a in p.parents()):
+                if p.pid in keep or any(a.pid in keep for a in p.parents()) or any(f(p) for f in KEEP_ALIVE_IF):
                     continue
                 procs.append(p)
     for p in procs:

@@ -445,7 +445,7 @@ class Supervisor:
             self.node.release()
             if not self.node.leave():
                 event = "task_end"
-            elif ctx.events is None:
+            if ctx.events is None:  # a task that never watched: its end is in the run's log too
                 ctx.events = EventLog(os.path.join(ctx.run_dir, P.EVENTS_LOG))
         ctx.event(event, launcher_status=describe_status(status), job_exit_code=code, exit_code=final,
                   bundles=ctx.bundles, **({"task": self.task.rank} if self.task is not None else {}))  # fmt: skip

@@ -67,6 +67,7 @@ class Jobs:
         self.srun[name] = subprocess.Popen(["srun", f"--job-name={name}", *args], cwd=d, env=self.env(**extra),
                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                            start_new_session=True)  # fmt: skip
+        conftest.KEEP_ALIVE.add(self.srun[name].pid)  # srun's client: the job ends with it
 
     def sbatch(self, name: str, args: list[str], **extra: str) -> str:
         d = self.base / name
@@ -101,6 +102,11 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
     except sc.Unavailable as exc:
         pytest.skip(str(exc))
     conftest.KEEP_ALIVE.update(p.pid for p in cluster.procs)
+
+    def of_a_job(p: Any) -> bool:  # slurmstepd daemonises: it and the jobs' processes are the cluster's
+        return any(a.name().startswith("slurmstepd") for a in [p, *p.parents()])
+
+    conftest.KEEP_ALIVE_IF.append(of_a_job)
     j = Jobs(cluster, root)
     try:
         train = [PY, str(TRAIN)]
@@ -127,7 +133,8 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.communicate()
         cluster.stop()
-        conftest.KEEP_ALIVE.difference_update(p.pid for p in cluster.procs)
+        conftest.KEEP_ALIVE.difference_update([*(p.pid for p in cluster.procs), *(p.pid for p in j.srun.values())])
+        conftest.KEEP_ALIVE_IF.remove(of_a_job)
 
 
 def run_dir_of(base: Path, name: str) -> Path:
@@ -196,7 +203,7 @@ def test_scancel_is_a_preemption_with_the_jobs_own_exit_code(jobs: Jobs) -> None
              "the cancel job to step")  # fmt: skip
     run_dir = run_dir_of(jobs.base, "cancel")
     wait_for(lambda: len(named(run_dir, "first_step")) == 2, 60, "both ranks to step")
-    job = jobs.job_id("cancel")
+    job = str(named(run_dir, "start")[0]["slurm_task"]["job_id"])
     jobs.cluster.run("scancel", job)
     code, err = jobs.finish("cancel")
     wait_for(lambda: named(run_dir, "end"), 30, "the run's end")
