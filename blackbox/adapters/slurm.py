@@ -146,8 +146,10 @@ def show_job(job_id: str, timeout: float, env: Optional[Mapping[str, str]] = Non
     if exe is None:
         return None, "scontrol not found"
     try:
+        # its own session: Slurm signals the task's process group (a preemption's SIGTERM would end scontrol too)
         res = subprocess.run([exe, "show", "job", "-o", job_id], capture_output=True, text=True, timeout=timeout,
-                             env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL)  # fmt: skip
+                             env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL,
+                             start_new_session=True)  # fmt: skip
     except subprocess.TimeoutExpired:
         return None, f"scontrol did not answer within {timeout:g} s"
     except OSError as exc:

@@ -377,8 +377,13 @@ class Supervisor:
             return
 
         def record() -> None:
-            facts, how = slurm.show_job(task.job_id, 5.0, ctx.env)
-            cause = slurm.ending(facts or {})
+            deadline = time.monotonic() + 6.0
+            while True:  # the controller says COMPLETING first, then why (CANCELLED, TIMEOUT, PREEMPTED)
+                facts, how = slurm.show_job(task.job_id, 5.0, ctx.env)
+                cause = slurm.ending(facts or {})
+                if cause or sig == signal.SIGUSR1 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.5)
             if sig == signal.SIGUSR1:
                 what = f"Slurm sent {name} to job {task.job_id} (its --signal warning, or scancel --signal)"
             else:
