@@ -20,7 +20,7 @@ from pathlib import Path
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CPUS_PER_NODE = 8  # declared, not real: jobs side by side on a 2-core machine (config_overrides)
-KILL_WAIT_S = 5
+KILL_WAIT_S = 10
 
 
 class Unavailable(Exception):

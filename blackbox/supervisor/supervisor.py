@@ -57,6 +57,7 @@ class Supervisor:
         self.watch = Watch(self.ctx, self.process)
         self.evidence = Evidence(self.ctx, self.process, self.watch)
         self._wake_fd: Optional[int] = None
+        self._recording: Optional[threading.Thread] = None  # a preemption's record, Slurm asked for its cause
 
     @property
     def episodes(self) -> Episodes:
@@ -377,7 +378,7 @@ class Supervisor:
             return
 
         def record() -> None:
-            deadline = time.monotonic() + 6.0
+            deadline = time.monotonic() + 3.0
             while True:  # the controller says COMPLETING first, then why (CANCELLED, TIMEOUT, PREEMPTED)
                 facts, how = slurm.show_job(task.job_id, 5.0, ctx.env)
                 cause = slurm.ending(facts or {})
@@ -392,7 +393,8 @@ class Supervisor:
                       passed_to=to, slurm=facts, slurm_source=how)  # fmt: skip
             ctx.say(f"{what}: {name} passed on to {to}; recorded as a preemption, not an incident")
 
-        threading.Thread(target=record, name="blackbox-preemption", daemon=True).start()
+        self._recording = threading.Thread(target=record, name="blackbox-preemption", daemon=True)
+        self._recording.start()
 
     def _relay_to_leader(self, sig: int) -> None:
         """ "Collect now" on a task that does not watch the node: the node's supervisor collects."""
@@ -442,6 +444,8 @@ class Supervisor:
         if code != 0 and not ctx.bundles and ctx.watching and not process.interrupted and not process.preempted:
             self.episodes.collect(Trigger("exit"), None)
         self.evidence.finish()
+        if self._recording is not None:
+            self._recording.join(5.0)
         stall_ended = self.node is not None and code != 0 and self.node.stall_ended()  # by the node's supervisor
         final = EXIT_STALL_ENDED if self.episodes.ended_after_stall or stall_ended else code
         event = "end"
