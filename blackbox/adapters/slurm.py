@@ -4,6 +4,7 @@ of a running job. Nothing else parses Slurm's formats. Imports the stdlib only."
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -11,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
 
-# How a job ended, from `scontrol show job`'s JobState, in the words a preemption event uses.
+# How a job ended, from its state (JobState, or the base state in `scontrol --json`'s list), in the words a
+# preemption event uses.
 ENDINGS = {
     "CANCELLED": "cancelled (scancel)",
     "TIMEOUT": "time limit reached",
@@ -20,12 +22,24 @@ ENDINGS = {
     "NODE_FAIL": "a node failed",
     "BOOT_FAIL": "a node failed to boot",
 }
+# ... and from the Reason Slurm sets when it ends a job itself (the state says COMPLETING until every process of the
+# job has ended: blackbox, one of them, never sees the final state).
+REASONS = {
+    "TimeLimit": "time limit reached",
+    "DeadLine": "deadline reached",
+    "NodeDown": "a node failed",
+    "InactiveLimit": "inactive limit reached",
+}
+# ... and a job whose state underneath is an ordinary end while its steps still run: the allocation itself ended.
+ALLOCATION_ENDED = ("COMPLETED", "FAILED", "OUT_OF_MEMORY")
+ALLOCATION_ENDED_WORDS = "the job's allocation ended (its batch script or salloc exited)"
+UNKNOWN = "unknown"
 # The facts of `scontrol show job` a bundle keeps (its node facts), under our names.
 FACTS = {"JobId": "job_id", "JobName": "name", "Partition": "partition", "NodeList": "node_list",
          "NumNodes": "nodes", "NumTasks": "tasks", "TimeLimit": "time_limit", "RunTime": "run_time",
          "Restarts": "requeue_count", "Requeue": "requeue", "JobState": "state", "Reason": "reason",
          "StartTime": "start_time", "EndTime": "end_time", "BatchHost": "batch_host",
-         "ExitCode": "exit_code"}  # fmt: skip
+         "ExitCode": "exit_code", "PreemptTime": "preempt_time"}  # fmt: skip
 
 
 def _int(env: Mapping[str, str], *keys: str) -> Optional[int]:
@@ -133,21 +147,48 @@ def facts(fields: Mapping[str, str]) -> dict[str, object]:
     return out
 
 
-def ending(fields: Mapping[str, object]) -> Optional[str]:
-    """How the job is ending, in words, when Slurm ends it (cancel, time limit, preemption); None while it runs."""
-    state = str(fields.get("state") or "").split()[0] if fields.get("state") else ""
-    return ENDINGS.get(state)
+def ending(fields: Mapping[str, object], restarts: int = 0) -> tuple[str, str]:
+    """(cause, why it is said) of a SIGTERM Slurm sent the job, from its facts asked at that moment (`restarts`: the
+    requeue count the job started with). The cause is one of ENDINGS' and REASONS' words, "requeued", or "unknown"
+    where Slurm does not say: `scontrol show job` says COMPLETING, whatever ended the job, until every process of it
+    has ended, and only `--json` (Slurm 23.11 and later) carries the state underneath (`states`)."""
+    state = str(fields.get("state") or "").split(" ")[0]
+    listed = fields.get("states")
+    states = [str(s) for s in listed] if isinstance(listed, list) else []
+    for s in states:
+        if s in ENDINGS or s in ALLOCATION_ENDED:
+            return ENDINGS.get(s, ALLOCATION_ENDED_WORDS), f"state {'+'.join(states)}"
+    if state in ENDINGS:
+        return ENDINGS[state], f"state {state}"
+    reason = str(fields.get("reason") or "")
+    if reason in REASONS:
+        return REASONS[reason], f"reason {reason}"
+    preempt_time = str(fields.get("preempt_time") or "None")
+    if preempt_time not in ("None", "Unknown", "N/A"):
+        return "preempted", f"preempted at {preempt_time}"
+    count = fields.get("requeue_count")
+    if isinstance(count, int) and count > restarts:
+        return "requeued", f"requeue count {restarts} -> {count}"
+    if state == "RUNNING":
+        return UNKNOWN, ("the job runs on: this step alone is being ended (scancel of the step, srun's "
+                         "--kill-on-bad-exit after another task failed, the step's time limit) or the signal did not "
+                         "come from Slurm")  # fmt: skip
+    if state:
+        return UNKNOWN, (f"Slurm says {state} and reason {reason or 'None'}: not the time limit, not a preemption "
+                         "or requeue, so scancel or the end of the job's allocation; which one, this Slurm does not "
+                         "say while the job's processes live (`scontrol --json` does from 23.11)")  # fmt: skip
+    return UNKNOWN, "no state from Slurm"
 
 
-def show_job(job_id: str, timeout: float, env: Optional[Mapping[str, str]] = None) -> tuple[Optional[dict[str, object]],
-                                                                                          str]:  # fmt: skip
-    """(facts of `scontrol show job JOBID`, how it went); facts None where scontrol is missing, slow or refuses."""
+def _scontrol(what: str, args: list[str], timeout: float, env: Optional[Mapping[str, str]]) -> tuple[Optional[str],
+                                                                                                   str]:  # fmt: skip
+    """(stdout of `scontrol ARGS`, how it went); None where scontrol is missing, slow or refuses."""
     exe = shutil.which("scontrol", path=(env or {}).get("PATH")) or shutil.which("scontrol")
     if exe is None:
         return None, "scontrol not found"
     try:
         # its own session: Slurm signals the task's process group (a preemption's SIGTERM would end scontrol too)
-        res = subprocess.run([exe, "show", "job", "-o", job_id], capture_output=True, text=True, timeout=timeout,
+        res = subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout,
                              env=dict(env) if env is not None else None, stdin=subprocess.DEVNULL,
                              start_new_session=True)  # fmt: skip
     except subprocess.TimeoutExpired:
@@ -156,7 +197,33 @@ def show_job(job_id: str, timeout: float, env: Optional[Mapping[str, str]] = Non
         return None, f"scontrol could not run: {exc.strerror}"
     if res.returncode != 0:
         return None, f"scontrol: {(res.stderr or res.stdout).strip()[:200] or f'exit {res.returncode}'}"
-    return facts(parse_show_job(res.stdout)), "scontrol show job"
+    return res.stdout, what
+
+
+def show_job(job_id: str, timeout: float, env: Optional[Mapping[str, str]] = None) -> tuple[Optional[dict[str, object]],
+                                                                                          str]:  # fmt: skip
+    """(facts of `scontrol show job JOBID`, how it went); facts None where scontrol is missing, slow or refuses."""
+    out, how = _scontrol("scontrol show job", ["show", "job", "-o", job_id], timeout, env)
+    return (facts(parse_show_job(out)) if out is not None else None), how
+
+
+def job_states(text: str) -> Optional[list[str]]:
+    """The job's state words from `scontrol --json show job` (Slurm 23.11 and later: a list, the base state with its
+    flags, `["CANCELLED", "COMPLETING"]`; 23.02: one word); None where the text is no such answer."""
+    try:
+        jobs = json.loads(text).get("jobs")
+        value = jobs[0].get("job_state") if isinstance(jobs, list) and jobs and isinstance(jobs[0], dict) else None
+    except (ValueError, AttributeError):
+        return None
+    if isinstance(value, str):
+        value = [value]
+    return [str(v) for v in value] if isinstance(value, list) and value else None
+
+
+def show_job_states(job_id: str, timeout: float, env: Optional[Mapping[str, str]] = None) -> Optional[list[str]]:
+    """`job_states` of a job, asked of scontrol; None where this Slurm has no `--json` (before 23.02) or refuses."""
+    out, _ = _scontrol("scontrol --json show job", ["--json", "show", "job", job_id], timeout, env)
+    return job_states(out) if out is not None else None
 
 
 def srun_each_node(job_id: str, nodes: list[str], argv: list[str]) -> list[str]:

@@ -36,6 +36,8 @@ from .process import HANDLED, JobProcess, become_subreaper, describe_status, exi
 from .rundir import new_run_id, prepare_run_dir
 from .watch import Watch
 
+RECORD_S = 5.0  # what Slurm says of a SIGTERM it sent is asked within this (its KillWait, 30 s by default, is longer)
+
 
 class Supervisor:
     def __init__(self, argv: list[str], cfg: RunConfig, env: Mapping[str, str], say: Callable[[str], None]):
@@ -377,20 +379,24 @@ class Supervisor:
         if not ctx.watching:
             return
 
-        def record() -> None:
-            deadline = time.monotonic() + 3.0
-            while True:  # the controller says COMPLETING first, then why (CANCELLED, TIMEOUT, PREEMPTED)
-                facts, how = slurm.show_job(task.job_id, 5.0, ctx.env)
-                cause = slurm.ending(facts or {})
-                if cause or sig == signal.SIGUSR1 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.5)
+        def record() -> None:  # asked at once: Slurm sets why before it signals (the state stays COMPLETING)
+            deadline = time.monotonic() + RECORD_S
+            facts, how = slurm.show_job(task.job_id, RECORD_S, ctx.env)
+            cause: Optional[str] = None
+            why: Optional[str] = None
             if sig == signal.SIGUSR1:
                 what = f"Slurm sent {name} to job {task.job_id} (its --signal warning, or scancel --signal)"
             else:
-                what = f"Slurm is ending job {task.job_id} ({cause or 'scancel, time limit or preemption'})"
+                cause, why = slurm.ending(facts, task.restarts) if facts is not None else (slurm.UNKNOWN, how)
+                if cause == slurm.UNKNOWN and facts is not None and facts.get("state") == "COMPLETING":
+                    states = slurm.show_job_states(task.job_id, max(0.5, deadline - time.monotonic()), ctx.env)
+                    if states:  # Slurm 23.11 and later say the state underneath
+                        facts["states"] = states
+                        cause, why = slurm.ending(facts, task.restarts)
+                what = (f"Slurm is ending job {task.job_id} ({cause})" if cause != slurm.UNKNOWN else
+                        f"Slurm sent {name} to job {task.job_id} (why, it does not say: {why})")  # fmt: skip
             ctx.event("preemption", signal=name, job_id=task.job_id, step_id=task.step_id, cause=cause,
-                      passed_to=to, slurm=facts, slurm_source=how)  # fmt: skip
+                      cause_source=why, passed_to=to, slurm=facts, slurm_source=how)  # fmt: skip
             ctx.say(f"{what}: {name} passed on to {to}; recorded as a preemption, not an incident")
 
         self._recording = threading.Thread(target=record, name="blackbox-preemption", daemon=True)
@@ -445,7 +451,7 @@ class Supervisor:
             self.episodes.collect(Trigger("exit"), None)
         self.evidence.finish()
         if self._recording is not None:
-            self._recording.join(5.0)
+            self._recording.join(RECORD_S + 1.0)
         stall_ended = self.node is not None and code != 0 and self.node.stall_ended()  # by the node's supervisor
         final = EXIT_STALL_ENDED if self.episodes.ended_after_stall or stall_ended else code
         event = "end"

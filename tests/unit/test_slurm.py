@@ -39,9 +39,42 @@ def test_scontrol_show_job_facts() -> None:
     facts = slurm.facts(fields)
     assert facts["job_id"] == "1234" and facts["partition"] == "gpu" and facts["node_list"] == "gpu[003-004]"
     assert facts["requeue_count"] == 2 and facts["nodes"] == 2 and facts["time_limit"] == "00:01:00"
-    assert slurm.ending(facts) == "time limit reached"
-    assert slurm.ending({"state": "CANCELLED by 1000"}) == "cancelled (scancel)"
-    assert slurm.ending({"state": "RUNNING"}) is None and slurm.ending({}) is None
+    assert slurm.ending(facts)[0] == "time limit reached"  # asked after the job's processes ended: its final state
+    assert slurm.ending({"state": "CANCELLED by 1000"})[0] == "cancelled (scancel)"
+
+
+# What Slurm 22.05 said at the SIGTERM itself, in the test cluster (blackbox is a process of the job: until it ends,
+# JobState is COMPLETING whatever ended the job): a time limit sets the Reason, a cancel sets nothing.
+AT_TIME_LIMIT = "JobId=4 JobState=COMPLETING Reason=TimeLimit Restarts=0 TimeLimit=00:01:00 EndTime=2026-12-01T17:23:12"
+AT_SCANCEL = "JobId=3 JobState=COMPLETING Reason=None Restarts=0 TimeLimit=UNLIMITED EndTime=2026-12-01T17:21:56"
+# scontrol --json show job, Slurm 23.11 and later (data_parser v0.0.40): the state underneath, with its flags
+JSON_CANCELLED = '{"jobs": [{"job_id": 3, "job_state": ["CANCELLED", "COMPLETING"], "state_reason": "None"}]}'
+
+
+def test_why_slurm_ends_a_job_and_unknown_where_it_does_not_say() -> None:
+    # GIVEN the job's facts at the moment Slurm's SIGTERM arrives
+    def at(text: str, **more: object) -> dict[str, object]:
+        return {**slurm.facts(slurm.parse_show_job(text)), **more}
+
+    # THEN a time limit, a preemption and a requeue are known; a cancel is, where --json gives the state underneath
+    assert slurm.ending(at(AT_TIME_LIMIT)) == ("time limit reached", "reason TimeLimit")
+    assert slurm.ending(at(AT_SCANCEL, preempt_time="2026-12-01T17:21:56"))[0] == "preempted"
+    assert slurm.ending(at(AT_SCANCEL.replace("Restarts=0", "Restarts=2")), restarts=1)[0] == "requeued"
+    assert slurm.ending(at(AT_SCANCEL.replace("Restarts=0", "Restarts=1")), restarts=1)[0] == "unknown"
+    states = slurm.job_states(JSON_CANCELLED)
+    assert states == ["CANCELLED", "COMPLETING"]
+    assert slurm.ending(at(AT_SCANCEL, states=states)) == ("cancelled (scancel)", "state CANCELLED+COMPLETING")
+    assert slurm.ending(at(AT_SCANCEL, states=["COMPLETED", "COMPLETING"]))[0].startswith("the job's allocation")
+    # AND a cancel without --json is unknown, with what Slurm did say; so is a step ended while the job runs
+    cause, why = slurm.ending(at(AT_SCANCEL))
+    assert cause == "unknown" and "COMPLETING" in why and "scancel" in why and "not the time limit" in why
+    cause, why = slurm.ending({"state": "RUNNING", "reason": "None"})
+    assert cause == "unknown" and "this step alone" in why
+    assert slurm.ending({}) == ("unknown", "no state from Slurm")
+    # AND scontrol's answers that are not the job's states are none
+    assert slurm.job_states('{"jobs": [{"job_state": "COMPLETING"}]}') == ["COMPLETING"]  # 23.02: one word
+    assert slurm.job_states("scontrol: unrecognized option '--json'") is None
+    assert slurm.job_states('{"jobs": []}') is None and slurm.job_states("[1]") is None
 
 
 def test_a_task_of_a_step_and_not_a_batch_script() -> None:
