@@ -67,21 +67,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                                 red=True)  # fmt: skip
 
 
-KEEP_ALIVE: set[int] = set()  # pids of services a module-scoped fixture runs (a test Slurm), spared with their children
-KEEP_ALIVE_IF: list[Callable[[psutil.Process], bool]] = []  # ... and what such a service daemonised (slurmstepd)
+# pids of the servers a module shares between its tests (tests/integration/services.py): their fixtures stop them
+SERVICES: set[int] = set()
 
 
 def _reap_descendants() -> None:
     """Kill and reap every process the test left, except a gallery job still running beside the tests and the
-    services in KEEP_ALIVE."""
+    module's shared servers."""
     me = psutil.Process()
     runner = sys.modules.get("runner")
     with getattr(runner, "LIVE_LOCK", contextlib.nullcontext()):
-        keep: set[int] = set(getattr(runner, "LIVE", ())) | KEEP_ALIVE
+        keep: set[int] = set(getattr(runner, "LIVE", ())) | SERVICES
         procs = []
         for p in me.children(recursive=True):
             with contextlib.suppress(psutil.Error):
-                if p.pid in keep or any(a.pid in keep for a in p.parents()) or any(f(p) for f in KEEP_ALIVE_IF):
+                if p.pid in keep or any(a.pid in keep for a in p.parents()):
                     continue
                 procs.append(p)
     for p in procs:

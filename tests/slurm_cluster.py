@@ -3,12 +3,19 @@ on 127.0.0.1 on ports of their own) from Debian's `slurm-wlm` packages, configur
 always stopped. `make test` installs the packages (as root, best effort); where they are missing or this is not
 root, `start` raises `Unavailable` with the reason, for the tests to skip with.
 
-    python tests/slurm_cluster.py DIR      # start one by hand (Ctrl-C stops it); SLURM_CONF=DIR/slurm.conf"""
+    python tests/slurm_cluster.py DIR      # start one by hand (Ctrl-C stops it); SLURM_CONF=DIR/slurm.conf
+
+Each slurmd runs under a small reaper of its own (`--reap`): slurmd daemonises every slurmstepd, and a process a
+job step leaves behind (srun in a batch script whose shell died first) is handed to the nearest subreaper — the
+test process itself, which reaps only between tests. Left a zombie there, it keeps the step's process group alive:
+slurmd gives up after 60 s ("Kill task failed") and drains the node."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
+import re
 import shutil
 import signal
 import socket
@@ -21,6 +28,7 @@ from pathlib import Path
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CPUS_PER_NODE = 8  # declared, not real: jobs side by side on a 2-core machine (config_overrides)
 KILL_WAIT_S = 10
+CRED_EXPIRE_S = 10
 
 
 class Unavailable(Exception):
@@ -35,6 +43,16 @@ def free_port() -> int:
 
 def _missing() -> list[str]:
     return [d for d in (*DAEMONS, "sbatch", "srun", "scontrol", "squeue") if shutil.which(d) is None]
+
+
+def slurm_version() -> tuple[int, ...]:
+    """The installed Slurm's release (`scontrol --version`: `slurm 22.05.8`), (0,) where unknown."""
+    try:
+        out = subprocess.run(["scontrol", "--version"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return (0,)
+    found = re.search(r"(\d+)\.(\d+)", out)
+    return (int(found.group(1)), int(found.group(2))) if found else (0,)
 
 
 def _plugin_dir() -> str | None:
@@ -107,7 +125,8 @@ def _conf(root: Path, nodes: list[str], ctld_port: int, node_ports: list[int], p
         f"PluginDir={plugins}",
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        f"AuthInfo=socket={root / 'munge.socket'}",
+        # cred_expire: a requeued job waits this long (+1 s) before it may start again (120 s by default)
+        f"AuthInfo=socket={root / 'munge.socket'},cred_expire={CRED_EXPIRE_S}",
         "SlurmUser=root",
         "SlurmdUser=root",
         f"StateSaveLocation={root / 'state'}",
@@ -180,9 +199,10 @@ def start(root: Path, nodes: int = 2, timeout: float = 60) -> Cluster:
     (root / "gres.conf").write_text("".join(f"NodeName={n} Name=gpu File={root}/dev/{n}/gpu[0-7]\n" for n in names))
     env = cluster.env()
 
-    def daemon(*cmd: str) -> None:
+    def daemon(*cmd: str, reaped: bool = False) -> None:
+        argv = [sys.executable, __file__, "--reap", *cmd] if reaped else list(cmd)
         with open(root / f"{Path(cmd[0]).name}-{len(cluster.procs)}.out", "wb") as log:
-            cluster.procs.append(subprocess.Popen(list(cmd), env=env, stdout=log, stderr=subprocess.STDOUT,
+            cluster.procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                                   start_new_session=True))  # fmt: skip
 
     try:
@@ -192,7 +212,7 @@ def start(root: Path, nodes: int = 2, timeout: float = 60) -> Cluster:
         _wait(lambda: (root / "munge.socket").exists(), 10, "munged's socket", cluster)
         daemon("slurmctld", "-D", "-i", "-f", str(cluster.conf))
         for name in names:
-            daemon("slurmd", "-D", "-N", name, "-f", str(cluster.conf))
+            daemon("slurmd", "-D", "-N", name, "-f", str(cluster.conf), reaped=True)
 
         def idle() -> bool:
             out = cluster.run("sinfo", "-h", "-N", "-o", "%N %t", check=False, timeout=10)
@@ -219,7 +239,33 @@ def _wait(ok: object, timeout: float, what: str, cluster: Cluster) -> None:
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}:\n{cluster.log_tail()}")
 
 
-if __name__ == "__main__":
+def reap(argv: list[str]) -> int:
+    """Run `argv` as a child subreaper: every orphan below it is waited for at once. SIGTERM and SIGINT are passed
+    on; returns when `argv` has ended."""
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    child = subprocess.Popen(argv)
+    ended = False
+
+    def forward(sig: int, _frame: object) -> None:
+        if not ended:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    while True:
+        try:
+            pid, status = os.wait()
+        except ChildProcessError:
+            return 0
+        if pid == child.pid:
+            ended = True
+            return os.waitstatus_to_exitcode(status)
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--reap"]:
+    sys.exit(reap(sys.argv[2:]))
+elif __name__ == "__main__":
     c = start(Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 2)
     print(f"export SLURM_CONF={c.conf}", flush=True)
     try:
