@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup test test-fast lint docs demo bench clean browser services
+.PHONY: setup test test-fast lint docs demo bench clean browser services slurm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,18 @@ services:
 		{ apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1 || { apt-get update >/dev/null 2>&1 && \
 		apt-get install -y --no-install-recommends prometheus >/dev/null 2>&1; }; }; } || true
 
-test: $(STAMP) browser services
+# The Slurm tests start a real Slurm of their own (tests/slurm_cluster.py); as root with apt, Debian's packages are
+# installed when missing (best effort: without them those tests are skipped and say why).
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge
+slurm:
+	@{ command -v slurmctld && command -v slurmd && command -v sbatch && command -v munged; } >/dev/null 2>&1 || \
+		{ [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+		echo "installing Slurm (Debian packages) for the Slurm tests" && \
+		{ DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $(SLURM_PACKAGES) >/dev/null 2>&1 || \
+		{ apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+		--no-install-recommends $(SLURM_PACKAGES) >/dev/null 2>&1; }; }; } || true
+
+test: $(STAMP) browser services slurm
 	$(PY) -m pytest
 
 # The unit tests alone: pure logic on golden and generated bundles, no torch import, no job started (seconds).

@@ -8,7 +8,7 @@ import struct
 # --- environment -----------------------------------------------------------------------------------
 ENV_RUN_DIR = "BLACKBOX_RECORD_DIR"  # set by the supervisor for the job: the run directory (activates the recorder)
 ENV_RUN_ID = "BLACKBOX_RUN_ID"  # set by the supervisor for the job: its run id
-ENV_RECORDER = "BLACKBOX_RECORDER"  # set by an active recorder for its children: "<pid>:<mode>"
+ENV_RECORDER = "BLACKBOX_RECORDER"  # set by an active recorder for its children: "<pid>:<mode>:<rank>"
 ENV_LIVENESS_INTERVAL = "BLACKBOX_LIVENESS_INTERVAL"  # seconds between liveness bumps (default 0.5)
 ENV_DISABLE = "BLACKBOX_DISABLE"  # "1": never activate (an escape hatch for users)
 ENV_CUDA_MEMORY_HISTORY = "BLACKBOX_CUDA_MEMORY_HISTORY"  # entries of CUDA memory history to keep (unset: off)
@@ -45,6 +45,7 @@ RANK_SINGLE_CLAIM = "single.pid"  # rank 0's claim by a process without RANK (MO
 
 MODE_RANK = "rank"  # RANK and LOCAL_RANK were in the environment
 MODE_SINGLE = "single"  # a single process without RANK, recorded as rank 0
+MODE_SLURM = "slurm"  # a task srun started, without RANK: SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NUM_TASKS
 
 
 # --- heartbeat layout (version 3; a reader reads versions 1 and 2 too: 1 has no time ledger, 1-2 no motion) ------
@@ -89,7 +90,7 @@ FORWARDS_COUNTING = 1  # a pause: the hook counts module calls
 FORWARDS_OFF = 2  # never installed: torch.compile is in use (a hook would change what it compiles), or it failed
 FORWARD_MODES = ("idle", "counting", "off")
 
-MODE_CODES = {MODE_RANK: 0, MODE_SINGLE: 1}
+MODE_CODES = {MODE_RANK: 0, MODE_SINGLE: 1, MODE_SLURM: 2}
 
 # --- states ------------------------------------------------------------------------------------------
 STATE_STARTING = 0  # activated, no step yet

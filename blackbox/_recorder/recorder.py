@@ -80,7 +80,7 @@ class Recorder:
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
-        os.environ[P.ENV_RECORDER] = "%d:%s" % (self.pid, self.mode)
+        os.environ[P.ENV_RECORDER] = "%d:%s:%d" % (self.pid, self.mode, self.rank)
         self.guard("exit", lambda: atexit.register(self._on_exit))
         self.lastwords.install()
         self.guard("fork", lambda: os.register_at_fork(after_in_child=self._after_fork))
@@ -270,7 +270,7 @@ class Recorder:
                 if not self.enabled:
                     return
                 counter += 1
-                if self.mode == P.MODE_SINGLE and self._taken_over():
+                if self.mode in (P.MODE_SINGLE, P.MODE_SLURM) and self._taken_over():
                     return
                 now = _monotonic()
                 self.hb.liveness(counter, now)
@@ -295,6 +295,8 @@ class Recorder:
         records, it has replaced this process's heartbeat. This process is their launcher: it steps aside."""
         try:
             current = os.stat(self.hb_path).st_ino
+        except FileNotFoundError:  # a Slurm task's spawned rank of another number retired this one (retire_parent)
+            current = 0 if self.mode == P.MODE_SLURM else self.hb_ino
         except OSError:
             return False
         if current == self.hb_ino:
@@ -797,6 +799,8 @@ def defer(run_dir: str) -> None:
     rank in code: record it as that rank once it has joined the process group. Until then, and if it never
     does (a helper, a compile worker), it costs one import watcher."""
 
+    parent = os.environ.get(P.ENV_RECORDER, "")
+
     def wrap(dist: Any) -> None:
         original = getattr(dist, "init_process_group", None)
         if original is None or getattr(original, "_blackbox", False):
@@ -807,7 +811,8 @@ def defer(run_dir: str) -> None:
             try:
                 rank, world = dist.get_rank(), dist.get_world_size()
                 local = int(os.environ.get("LOCAL_RANK", rank))
-                activate(run_dir, rank, local, world, P.MODE_RANK)
+                if activate(run_dir, rank, local, world, P.MODE_RANK) is not None:
+                    retire_parent(run_dir, parent, rank)
             except Exception:
                 pass  # never the job's problem
             return result
@@ -817,6 +822,24 @@ def defer(run_dir: str) -> None:
         dist.init_process_group = init_process_group
 
     _watch_imports({"torch.distributed": wrap})
+
+
+def retire_parent(run_dir: str, parent: str, rank: int) -> None:
+    """The Slurm task that started this rank (torch.multiprocessing.spawn in one task per node) recorded as rank
+    SLURM_PROCID until now: it is their launcher, not that rank. Its heartbeat goes (its recorder sees that and
+    steps aside); a rank of the same number has replaced it already."""
+    pid, _, rest = parent.partition(":")
+    mode, _, parent_rank = rest.partition(":")
+    if mode != P.MODE_SLURM or not parent_rank.isdigit() or int(parent_rank) == rank:
+        return
+    path = os.path.join(run_dir, P.RANKS_DIR, parent_rank, P.RANK_HEARTBEAT)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(P.OFF_IDENT + 8)
+        if len(head) == P.OFF_IDENT + 8 and str(int.from_bytes(head[P.OFF_IDENT :], "little", signed=True)) == pid:
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def _claim_single(run_dir: str) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 from .._recorder import protocol as P
-from ..adapters import gpu, host, procfs, pyspy, stacks, torchelastic
+from ..adapters import gpu, host, procfs, pyspy, slurm, stacks, torchelastic
 from ..bundle import layout as L
 from ..bundle.writer import BundleWriter, Step, Written
 from ..detections import Detection, Trigger
@@ -418,6 +418,9 @@ class Collector:
             "interfaces": host.interfaces,
             "resolves": lambda: host.resolve(job.node),  # in its thread: a resolver that hangs costs the budget only
         }  # fmt: skip
+        slurm_job = slurm.job_id_of(job.env)
+        if slurm_job is not None:  # the job's Slurm facts: id, partition, nodes, time limit, requeue count
+            probes["slurm"] = lambda: slurm.show_job(slurm_job, self.options.dump_timeout, job.env)
         return {name: pool.submit(fn) for name, fn in probes.items()}
 
     def write_node(self, futures: dict[str, Future[Any]], w: BundleWriter, deadline: float) -> None:
@@ -435,6 +438,8 @@ class Collector:
         kernel, kernel_how = got.get("kernel", (None, "kernel probe not done"))
         git, diffstat = got.get("git", (None, None))
         packages, packages_how = got.get("packages", (None, "package probe not done"))
+        slurm_facts, slurm_how = got.get("slurm", (None, None))
+        task = slurm.task_of(job.env)
         w.add_json(L.NODE, {
             "hostname": job.node, "ips": got.get("ips"), "interfaces": got.get("interfaces"),
             "hostname_resolves": got.get("resolves"), "collector_pid": os.getpid(), "cwd": job.cwd,
@@ -443,6 +448,10 @@ class Collector:
             "rank_gpus": {str(r): g for r, g in job.rank_gpus[0].items()}, "rank_gpus_method": job.rank_gpus[1],
             "kernel_messages_source": kernel_how,
             "git": None if git is None else {**git.__dict__, "describe": git.describe()},
+            **({"slurm": {**(slurm_facts or {}), "source": slurm_how,
+                          **({"step_id": task.step_id, "node_index": task.node_index, "node": task.node,
+                              "tasks_on_node": task.tasks_here} if task else {})}}
+               if slurm_how is not None else {}),
         })  # fmt: skip
         w.add_json(L.NODE_ENV, redact_env(job.env))
         if kernel:

@@ -142,10 +142,10 @@ def topology(argv: list[str], env: Mapping[str, str], coord: str = "", coord_por
         nnodes_text, node_text = opt("--nnodes"), opt("--node-rank")
         source = "torchrun's options"
         if nnodes_text is None and env.get("SLURM_NNODES"):
-            tasks = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS")
-            if tasks and tasks != env["SLURM_NNODES"]:
-                return None  # several tasks a node: srun starts each rank itself, the supervisors are not per node
-            nnodes_text, node_text, source = env.get("SLURM_NNODES"), env.get("SLURM_NODEID"), "Slurm's environment"
+            # one task a node (torchrun in each), or several (srun starts every rank): one supervisor a node either
+            # way, the node's tasks share it (supervisor.node)
+            nnodes_text = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES")
+            node_text, source = env.get("SLURM_NODEID"), "Slurm's environment"
         if opt("--standalone") is not None and not coord:
             return None
         nnodes = _max_nodes(nnodes_text) if nnodes_text else 1
@@ -162,8 +162,9 @@ def topology(argv: list[str], env: Mapping[str, str], coord: str = "", coord_por
     if not endpoint and opt("--master-addr"):
         endpoint = f"{opt('--master-addr')}:{opt('--master-port') or TORCHRUN_MASTER_PORT}"
         launcher_port = TORCHRUN_MASTER_PORT
-    if not endpoint and env.get("SLURM_JOB_NODELIST"):
-        first = first_host(env["SLURM_JOB_NODELIST"])
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+    if not endpoint and nodelist:
+        first = first_host(nodelist)
         endpoint = f"{first}:{env.get('MASTER_PORT') or TORCHRUN_MASTER_PORT}" if first else None
         launcher_port = TORCHRUN_MASTER_PORT
     if not endpoint and env.get("MASTER_ADDR"):

@@ -46,6 +46,7 @@ class Episodes:
         self._last_crash: Optional[tuple[float, str]] = None  # (when, bundle) of the last crash collection
         self._incidents: dict[str, str] = {}  # incident id -> the bundle this node wrote for it
         self._local_incidents = 0
+        self.on_stall_end: Optional[Callable[[], None]] = None  # told before the job is ended after a stall
 
     # --- the rules ------------------------------------------------------------------------------------------
     def evaluate(self, views: list[RankView], now: float) -> None:
@@ -62,6 +63,9 @@ class Episodes:
             return
         if d.rule == "rank_death" and process.terminating:  # the teardown we asked for: a record, no alarm
             ctx.event(d.rule, ranks=list(d.ranks), expected=True)
+            return
+        if process.preempted:  # Slurm is ending the job: its ranks' deaths and errors are that ending
+            ctx.event(d.rule, ranks=list(d.ranks), reason=d.reason, expected=True, preempted=True)
             return
         if process.interrupted or (d.rule in ("exception", "rank_death") and self._interrupt_in(d)):
             process.say_interrupted()
@@ -100,6 +104,8 @@ class Episodes:
 
     def end_after_stall(self, what: str, flag: str = "--on-stall") -> None:
         self.ended_after_stall = True
+        if self.on_stall_end is not None:
+            self.on_stall_end()
         self.process.end_job(f"{what}, {flag} kill; exit code will be {EXIT_STALL_ENDED}")
 
     def _interrupt_in(self, d: Detection) -> bool:
@@ -264,7 +270,7 @@ class Episodes:
                   "reason": incident.get("reason")}  # fmt: skip
         if iid in self._incidents:
             return
-        if not self.process.running or self.process.ending_since is not None:
+        if not self.process.running or self.process.ending_since is not None or self.process.preempted:
             ctx.event("remote_incident", **fields, action="none: this node's job is ending")
             return
         recent = self.recent_crash()

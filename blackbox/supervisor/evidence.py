@@ -33,6 +33,7 @@ class Evidence:
         self.alerts = Alerts(ctx.cfg.on_incident, ctx.cfg.notify_url, ctx.event, ctx.say_once)
         self._intakes: list[Intake] = []  # bundles taken in, whose index may still be written
         self.uploads = Uploads(ctx) if ctx.cfg.upload else None
+        self.console: Optional[Any] = None  # the console tail to bundle, when not only ctx.console's (Slurm tasks)
 
     def write(self, trigger: Trigger, detection: Optional[Detection], job_ends: bool, incident: dict[str, object],
               coordination: Optional[dict[str, object]]) -> Optional[Written]:  # fmt: skip
@@ -68,7 +69,7 @@ class Evidence:
             cfg = ctx.cfg
             options = CollectOptions(dump_timeout=cfg.dump_timeout, budget=cfg.collect_budget, native=cfg.pyspy_native,
                                      locals=cfg.pyspy_locals, job_ends=job_ends)  # fmt: skip
-            collector = Collector(job, self.watch.table, ctx.console, options)
+            collector = Collector(job, self.watch.table, self.console or ctx.console, options)
             out = os.path.join(ctx.run_dir, P.BUNDLES_DIR)
             return collector.collect(trigger, detection, ctx.events, out).written
         except Exception as exc:

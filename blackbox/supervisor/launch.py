@@ -147,9 +147,10 @@ def _start_tee(out_r: int, err_r: int, log_fd: int, watch_fd: int) -> subprocess
                             stdin=subprocess.DEVNULL, pass_fds=[fd for fd in fds if fd >= 0])  # fmt: skip
 
 
-def spawn(argv: list[str], env: Mapping[str, str], console: ConsoleLogProcess, watchers: list[Sink]) -> Launched:
-    """Start `argv` in its own process group, its output through the tee. Raises OSError (ENOENT, EACCES) as exec
-    reports it."""
+def spawn(argv: list[str], env: Mapping[str, str], console: ConsoleLogProcess, watchers: list[Sink],
+          unblock: Optional[set[int]] = None) -> Launched:  # fmt: skip
+    """Start `argv` in its own process group, its output through the tee (with `unblock`: signals blackbox
+    blocks, unblocked for it). Raises OSError (ENOENT, EACCES) as exec reports it."""
     tty_fd = _foreground_tty()
     out_r, out_w = _open_stream(1)
     err_r, err_w = _open_stream(2)
@@ -175,6 +176,8 @@ def spawn(argv: list[str], env: Mapping[str, str], console: ConsoleLogProcess, w
 
     def child_setup() -> None:  # runs in the child between fork and exec
         os.setpgid(0, 0)
+        if unblock:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, unblock)
         if tty_fd is not None:
             signal.signal(signal.SIGTTOU, signal.SIG_IGN)
             with contextlib.suppress(OSError):

@@ -115,12 +115,15 @@ class JobProcess:
         self.ending_since: Optional[float] = None  # blackbox is ending the job (SIGTERM sent at this time)
         self.kill_deadline: Optional[float] = None
         self.interrupted = False  # the user interrupted the job (Ctrl-C): what follows is no incident
+        self.preempted = False  # Slurm is ending the job (cancel, time limit, preemption): what follows is no incident
+        self.shared_node = False  # a Slurm task sharing its node's watch: the ranks read are mostly other tasks'
+        self.unblock: set[int] = set()  # signals blackbox blocks, unblocked for the job
 
     # --- starting -------------------------------------------------------------------------------------
     def start(self, env: Mapping[str, str], watchers: list[Sink]) -> Launched:
         """Start the launcher; OSError (ENOENT, EACCES) as exec reports it."""
         assert self.ctx.console is not None
-        self.launched = spawn(self.ctx.argv, env, self.ctx.console, watchers)
+        self.launched = spawn(self.ctx.argv, env, self.ctx.console, watchers, self.unblock)
         return self.launched
 
     @property
@@ -191,9 +194,10 @@ class JobProcess:
         return status
 
     # --- which processes are the job's ------------------------------------------------------------------
-    def job_processes(self) -> list[tuple[int, int]]:
+    def job_processes(self, all_ranks: bool = True) -> list[tuple[int, int]]:
         """(pid, start ticks) of every live process of the job: our descendants (orphans are handed to us, a
-        subreaper) and the ranks whose heartbeats we read. Nothing else is ever signalled."""
+        subreaper) and the ranks whose heartbeats we read (with `all_ranks` False, on a node shared by several Slurm
+        tasks, our own descendants only: the other tasks' ranks are theirs). Nothing else is ever signalled."""
         procs: dict[int, int] = {}
         for pid in procfs.descendants(os.getpid()):
             if self.not_the_jobs(pid):
@@ -201,7 +205,7 @@ class JobProcess:
             st = procfs.proc_stat(pid)
             if st is not None:
                 procs[pid] = st.start_ticks
-        for pid, ticks in self._ranks():
+        for pid, ticks in self._ranks() if all_ranks or not self.shared_node else ():
             if procfs.is_alive(pid, ticks):
                 procs[pid] = ticks
         return sorted(procs.items())
@@ -241,6 +245,11 @@ class JobProcess:
         if self.launcher_status is None:
             with contextlib.suppress(OSError):
                 os.kill(self.launched.pid, signal.SIGTERM)
+        if self.shared_node:  # the node's other tasks' ranks: their own blackbox passes their exit on
+            mine = set(procfs.descendants(os.getpid()))
+            for pid, ticks in self._ranks():
+                if pid not in mine:
+                    procfs.signal_if_same(pid, ticks, signal.SIGTERM)
 
     def kill_when_due(self, now: float) -> None:
         """The grace period after blackbox's SIGTERM is over: SIGKILL to every job process."""
@@ -254,9 +263,9 @@ class JobProcess:
         for pid, ticks in self.job_processes():
             procfs.signal_if_same(pid, ticks, sig)
 
-    def end_survivors(self, why: str) -> None:
+    def end_survivors(self, why: str, all_ranks: bool = True) -> None:
         """Job processes left behind when the launcher is gone (it died of a signal, or the job is being ended)."""
-        survivors = self.job_processes()
+        survivors = self.job_processes(all_ranks)
         if not survivors:
             return
         self.ctx.say(f"{why}; ending {len(survivors)} job process(es) left behind: pids "

@@ -19,11 +19,11 @@ from typing import Callable, Optional
 
 from .. import __version__
 from .._recorder import protocol as P
-from ..adapters import gpu, host
+from ..adapters import gpu, host, procfs
 from ..config import RUNS_DIR, RunConfig
 from ..coord.topology import Topology, topology
 from ..detections import Trigger
-from ..errors import EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
+from ..errors import EXIT_CANT_CREATE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
 from ..events import EventLog
 from ..redact import add_known_secret, add_known_secrets, redact_argv, redact_url
 from ..storage.urls import add_url_secrets
@@ -33,16 +33,27 @@ from .episodes import Episodes
 from .evidence import Evidence
 from .launch import resize_ptys
 from .metrics import Metrics
+from .node import TASK_CONSOLE, NodeConsole, NodeShare, SlurmSignals, run_dir_of, this_task
 from .process import HANDLED, JobProcess, become_subreaper, describe_status, exit_code_of, resolve_command, run_plain
 from .rundir import new_run_id, prepare_run_dir
 from .watch import Watch
 
+RECORD_S = 5.0  # what Slurm says of a SIGTERM it sent is asked within this (its KillWait, 30 s by default, is longer)
+
 
 class Supervisor:
     def __init__(self, argv: list[str], cfg: RunConfig, env: Mapping[str, str], say: Callable[[str], None]):
-        run_id = new_run_id()
+        run_id, node = new_run_id(), host.hostname()
         run_dir = os.path.abspath(cfg.run_dir or os.path.join(RUNS_DIR, run_id))
-        self.ctx = RunContext(argv, cfg, env, say, run_id, host.hostname(), run_dir)
+        # A task srun started: the node's tasks share one run directory and one watch (supervisor.node)
+        self.task = this_task(env, node) if sys.platform.startswith("linux") else None
+        self.node: Optional[NodeShare] = None
+        self.usr1 = SlurmSignals()
+        if self.task is not None:
+            run_id, node = f"slurm-{self.task.key}", self.task.node
+            run_dir = os.path.abspath(run_dir_of(cfg.run_dir, RUNS_DIR, self.task))
+            self.node = NodeShare(self.task, run_dir)
+        self.ctx = RunContext(argv, cfg, env, say, run_id, node, run_dir)
         self.topology: Optional[Topology] = None  # this node's place in a multi-node job (None: one node)
         self._episodes: Optional[Episodes] = None
         self.process = JobProcess(self.ctx, lambda: self.watch.rank_processes(),
@@ -52,6 +63,7 @@ class Supervisor:
         self.metrics: Optional[Metrics] = None
         self._wake_fd: Optional[int] = None
         self._output_ended = False  # the tee read the job's output to its end: console.log is finished, not left
+        self._recording: Optional[threading.Thread] = None  # a preemption's record, Slurm asked for its cause
 
     @property
     def episodes(self) -> Episodes:
@@ -66,12 +78,26 @@ class Supervisor:
             ctx.say(f"cannot watch on {sys.platform} (blackbox reads /proc, which only Linux has); "
                     "running the job unwatched")  # fmt: skip
             return run_plain(ctx.argv, exe)
-        self._find_topology()
+        leading = True
+        if self.node is not None:
+            self.usr1.block()  # before any thread starts: SIGUSR1 is read with its sender (Slurm's is the job's)
+            self.process.unblock, self.process.shared_node = self.usr1.unblocked, True
+            self.node.join()
+            leading = self.node.try_lead()
+            ctx.watching = leading
+        if leading:
+            self._find_topology()
         self._episodes = Episodes(ctx, self.process, self.evidence, self.topology)
-        self._prepare()
+        if self.node is not None:  # the node's other tasks exit 86 too
+            self._episodes.on_stall_end = self.node.mark_stall_ended
+        if self.node is None or self.node.first:
+            self._prepare()
+        else:
+            self._prepare_task()
         become_subreaper()
         try:
             with self._signals() as wakeup_fd:
+                self.usr1.start(self._deliver)
                 self.episodes.start_coordination(self._wake)
                 self._launch(exe)
                 self._loop(wakeup_fd)
@@ -87,6 +113,8 @@ class Supervisor:
                 ctx.console.close(wait=self._output_ended)
             if ctx.events is not None:
                 ctx.events.close()
+            if self.node is not None:
+                self.node.close()
 
     def _find_topology(self) -> None:
         cfg = self.ctx.cfg
@@ -112,6 +140,9 @@ class Supervisor:
                                         max(1, ctx.cfg.console_log_max) * 1024 * 1024, ctx.say)  # fmt: skip
         self.watch.open()
         facts = self._header()
+        if self.task is not None:
+            facts["slurm_task"] = self.task.__dict__
+            self.evidence.console = NodeConsole(ctx.console, ctx.run_dir)
         cfg = ctx.cfg
         ctx.event(
             "start", run_id=ctx.run_id, node=ctx.node, pid=os.getpid(), command=redact_argv(ctx.argv),
@@ -142,6 +173,53 @@ class Supervisor:
                 ctx.listeners.append(metrics.on_event)
         except Exception as exc:
             ctx.internal_error("metrics", exc)
+
+    def _prepare_task(self) -> None:
+        """A task of a node whose run directory another task prepared: its own console log; the watch only when it
+        leads (the node's first leader died before this task started)."""
+        ctx, task = self.ctx, self.task
+        assert task is not None and self.node is not None
+        add_known_secrets(ctx.env, ctx.argv, os.getcwd())
+        if ctx.cfg.upload:
+            add_url_secrets(ctx.cfg.upload)
+        try:
+            for sub in ("", P.RANKS_DIR, P.BUNDLES_DIR):
+                os.makedirs(os.path.join(ctx.run_dir, sub), mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise BlackboxError(f"Cannot use `{ctx.run_dir}` as the run directory: {exc.strerror or exc}.",
+                                hint="Pass --run-dir (or BLACKBOX_RUN_DIR) pointing at a writable directory.",
+                                exit_code=EXIT_CANT_CREATE) from None  # fmt: skip
+        ctx.console = ConsoleLogProcess(os.path.join(ctx.run_dir, TASK_CONSOLE % task.local_rank),
+                                        lambda m: ctx.say_once("console", m),
+                                        max(1, ctx.cfg.console_log_max) * 1024 * 1024, ctx.say)  # fmt: skip
+        if self.node.leading:
+            self._take_over()
+
+    def _take_over(self) -> None:
+        """This task now watches the node's ranks: the task that did ended (handed over) or died (said aloud)."""
+        ctx, node, task = self.ctx, self.node, self.task
+        assert node is not None and task is not None and ctx.console is not None
+        ctx.events = ctx.events or EventLog(os.path.join(ctx.run_dir, P.EVENTS_LOG))
+        if self.watch.table is None:
+            self.watch.open()
+        self.evidence.console = NodeConsole(ctx.console, ctx.run_dir)
+        self._find_topology()
+        self.episodes.topology = self.topology
+        ctx.watching = True
+        before = node.before
+        ctx.event("watch_taken", task=task.rank, pid=os.getpid(), previous_task=before.get("task"),
+                  previous_pid=before.get("pid"), handed_over=not node.took_over_from_dead())  # fmt: skip
+        if node.took_over_from_dead():
+            ctx.say(f"the blackbox supervisor of this node's ranks (task {before.get('task')}, pid "
+                    f"{before.get('pid')}) ended without handing over; task {task.rank} (pid {os.getpid()}) "
+                    "watches them now")  # fmt: skip
+        if self._wake_fd is not None:
+            self.episodes.start_coordination(self._wake)
+
+    def _deliver(self, sig: int) -> None:
+        """A signal read by a thread (SIGUSR1 with its sender): for the loop, as the handler would."""
+        self.process.pending.append(sig)
+        self._wake()
 
     def _header(self) -> dict[str, object]:
         """console.log's header: which host, which IP, which GPU and how hot, which code. Git and GPU
@@ -239,6 +317,8 @@ class Supervisor:
         next_poll = time.monotonic() + min(ctx.cfg.poll_interval, 0.5)
         while True:
             process.reap()
+            if self.node is not None and not self.node.leading and process.running and self.node.try_lead():
+                self._guarded("takeover", self._take_over)
             if not process.running:
                 with contextlib.suppress(Exception):  # signals acted on in the handler are still said and logged
                     self._handle_signals()
@@ -275,9 +355,18 @@ class Supervisor:
                 if process.launched is not None:
                     resize_ptys(process.launched)
                 continue
+            if sig == signal.SIGUSR1 and self.usr1.sent_by_slurm():  # the job's own (--signal, scancel --signal)
+                self._slurm_signal(sig)
+                continue
+            if sig == signal.SIGUSR1 and self.node is not None and not self.node.leading:
+                self._relay_to_leader(sig)
+                continue
             if sig == signal.SIGUSR1:  # "collect now": never passed on (torchrun dies of it)
                 self.ctx.event("signal", signal="SIGUSR1", action="collect")
                 self.episodes.collect(Trigger("manual"), None)
+                continue
+            if sig == signal.SIGTERM and self.task is not None and not process.terminating:
+                self._slurm_signal(sig)  # in a Slurm task: a cancel, the time limit, a preemption
                 continue
             if sig == signal.SIGINT:
                 process.sigints_handled += 1
@@ -297,8 +386,65 @@ class Supervisor:
                 # The launcher will now tear the ranks down: keep what they were doing first (a job that hung
                 # until the scheduler's time limit is a stall nobody saw).
                 process.terminating = True
-                self.episodes.collect(Trigger("signal"), None, job_ends=True)
+                if self.ctx.watching:
+                    self.episodes.collect(Trigger("signal"), None, job_ends=True)
             process.forward(sig)
+
+    def _slurm_signal(self, sig: int) -> None:
+        """A signal Slurm sent the job: passed on unchanged at once and recorded (by the node's supervisor) as a
+        preemption, not an incident. SIGTERM: the job is being ended (scancel, time limit, preemption); SIGUSR1:
+        the job's own warning (`--signal=USR1@90`), for its checkpoint handler — never torchrun's (it dies of it):
+        under torchrun it goes to the ranks themselves."""
+        from ..adapters import slurm, torchelastic
+
+        ctx, process, task = self.ctx, self.process, self.task
+        assert task is not None and process.launched is not None
+        name = signal.Signals(sig).name
+        if sig == signal.SIGUSR1:
+            launcher = process.launched.pid
+            targets = procfs.children(launcher) if torchelastic.is_launcher(ctx.argv) else [launcher]
+            for pid in targets:
+                st = procfs.proc_stat(pid)
+                if st is not None:
+                    procfs.signal_if_same(pid, st.start_ticks, sig)
+            to = f"the ranks (pids {', '.join(map(str, targets))})" if targets != [launcher] else "the job"
+        else:
+            process.terminating = process.preempted = True
+            process.forward(sig)
+            to = "the job"
+        if not ctx.watching:
+            return
+
+        def record() -> None:  # asked at once: Slurm sets why before it signals (the state stays COMPLETING)
+            deadline = time.monotonic() + RECORD_S
+            facts, how = slurm.show_job(task.job_id, RECORD_S, ctx.env)
+            cause: Optional[str] = None
+            why: Optional[str] = None
+            if sig == signal.SIGUSR1:
+                what = f"Slurm sent {name} to job {task.job_id} (its --signal warning, or scancel --signal)"
+            else:
+                cause, why = slurm.ending(facts, task.restarts) if facts is not None else (slurm.UNKNOWN, how)
+                if cause == slurm.UNKNOWN and facts is not None and facts.get("state") == "COMPLETING":
+                    states = slurm.show_job_states(task.job_id, max(0.5, deadline - time.monotonic()), ctx.env)
+                    if states:  # Slurm 23.11 and later say the state underneath
+                        facts["states"] = states
+                        cause, why = slurm.ending(facts, task.restarts)
+                what = (f"Slurm is ending job {task.job_id} ({cause})" if cause != slurm.UNKNOWN else
+                        f"Slurm sent {name} to job {task.job_id} (why, it does not say: {why})")  # fmt: skip
+            ctx.event("preemption", signal=name, job_id=task.job_id, step_id=task.step_id, cause=cause,
+                      cause_source=why, passed_to=to, slurm=facts, slurm_source=how)  # fmt: skip
+            ctx.say(f"{what}: {name} passed on to {to}; recorded as a preemption, not an incident")
+
+        self._recording = threading.Thread(target=record, name="blackbox-preemption", daemon=True)
+        self._recording.start()
+
+    def _relay_to_leader(self, sig: int) -> None:
+        """ "Collect now" on a task that does not watch the node: the node's supervisor collects."""
+        assert self.node is not None
+        pid = self.node.holder().get("pid")
+        if isinstance(pid, int) and pid > 0 and pid != os.getpid():
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
 
     def _poll_guarded(self) -> None:
         if not self.ctx.watching:
@@ -331,7 +477,7 @@ class Supervisor:
         code = exit_code_of(status)
         died_of_signal = os.waitstatus_to_exitcode(status) < 0
         if died_of_signal and process.ending_since is None:
-            process.end_survivors(f"the launcher (pid {process.launched.pid}) {describe_status(status)}")
+            process.end_survivors(f"the launcher (pid {process.launched.pid}) {describe_status(status)}", False)
         elif process.ending_since is not None:
             process.end_survivors("the job is being ended")
         # the last words of the job reach console.log before any bundle (unless something of the job still holds
@@ -342,10 +488,21 @@ class Supervisor:
         if ctx.watching:
             with contextlib.suppress(Exception):
                 self._poll_guarded()  # deaths at the very end still get their record
-        if code != 0 and not ctx.bundles and ctx.watching and not process.interrupted:
+        if code != 0 and not ctx.bundles and ctx.watching and not process.interrupted and not process.preempted:
             self.episodes.collect(Trigger("exit"), None)
         self.evidence.finish()
-        final = EXIT_STALL_ENDED if self.episodes.ended_after_stall else code
-        ctx.event("end", launcher_status=describe_status(status), job_exit_code=code, exit_code=final,
-                  bundles=ctx.bundles)  # fmt: skip
+        if self._recording is not None:
+            self._recording.join(RECORD_S + 1.0)
+        stall_ended = self.node is not None and code != 0 and self.node.stall_ended()  # by the node's supervisor
+        final = EXIT_STALL_ENDED if self.episodes.ended_after_stall or stall_ended else code
+        event = "end"
+        if self.node is not None:  # the watch passes to another task of the node; the last one out ends the run
+            self.episodes.close()
+            self.node.release()
+            if not self.node.leave():
+                event = "task_end"
+            if ctx.events is None:  # a task that never watched: its end is in the run's log too
+                ctx.events = EventLog(os.path.join(ctx.run_dir, P.EVENTS_LOG))
+        ctx.event(event, launcher_status=describe_status(status), job_exit_code=code, exit_code=final,
+                  bundles=ctx.bundles, **({"task": self.task.rank} if self.task is not None else {}))  # fmt: skip
         return final

@@ -4,6 +4,7 @@ scenario must get is in scenarios.json beside this file; tests/integration/test_
 under `blackbox run`.
 
     torchrun --standalone --nproc-per-node 2 scripts/scenarios/train.py SCENARIO RANK[,RANK...] [MODEL]
+    srun --ntasks 2 python scripts/scenarios/train.py SCENARIO RANK   (ranks from SLURM_PROCID, MASTER_ADDR/PORT set)
 
 MODEL is how the gradients are reduced, as real jobs do it: `plain` (the default: the job's own dist.all_reduce
 from Python), `ddp` (DistributedDataParallel: the reducer's all_reduce from C++ inside backward()) or `fsdp`
@@ -141,7 +142,10 @@ def drop_root(worker_id: int) -> None:
 
 def main() -> None:
     # comm-timeout: the process group itself gives up on a collective after 5 s
-    dist.init_process_group("gloo", **({"timeout": timedelta(seconds=5)} if SCENARIO == "comm-timeout" else {}))
+    options = {"timeout": timedelta(seconds=5)} if SCENARIO == "comm-timeout" else {}
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:  # srun started every rank itself, no torchrun
+        options.update(rank=int(os.environ["SLURM_PROCID"]), world_size=int(os.environ["SLURM_NTASKS"]))
+    dist.init_process_group("gloo", **options)
     rank = dist.get_rank()
     torch.manual_seed(1234 + rank)
     jitter = random.Random(rank)

@@ -43,7 +43,11 @@ def test_slurm_environment_and_override() -> None:
     t = topology(["bash", "launch.sh"], env)
     assert t is not None and (t.nnodes, t.node_rank, t.host, t.port, t.hosting) == (3, 0, "gpu007", 30500, True)
     assert t.job_key.startswith("77")
-    assert topology(["python", "train.py"], {**env, "SLURM_NTASKS": "24"}) is None  # srun starts every rank itself
+    # srun starts every rank itself (8 tasks a node): the node's tasks share one supervisor, which coordinates
+    t = topology(["python", "train.py"], {**env, "SLURM_NTASKS": "24", "SLURM_NODEID": "2", "SLURM_STEP_ID": "0",
+                                          "SLURM_STEP_NODELIST": "gpu[008-010]"})  # fmt: skip
+    assert t is not None and (t.nnodes, t.node_rank, t.host, t.hosting) == (3, 2, "gpu008", False)
+    assert t.job_key.startswith("77:0")
     t = topology(["bash", "launch.sh"], env, coord="head:4000")
     assert t is not None and (t.host, t.port, t.source) == ("head", 4000, "--coord")
     t = topology(TORCHRUN, {}, coord_port=31000)

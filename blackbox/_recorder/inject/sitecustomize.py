@@ -8,6 +8,10 @@ import sys
 _RUN_DIR = "BLACKBOX_RECORD_DIR"
 _RECORDER = "BLACKBOX_RECORDER"
 _DISABLE = "BLACKBOX_DISABLE"
+# A task that srun started (a job step: a batch script has no SLURM_STEP_ID) takes its rank from Slurm when
+# the job has not set RANK: one task per GPU, as Megatron-LM, NeMo and Lightning start them.
+_SLURM_STEP = "SLURM_STEP_ID"
+_SLURM_RANK = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
 # Command lines of launchers: they start ranks and are never ranks themselves.
 _LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 _LAUNCHER_SCRIPTS = ("torchrun", "accelerate", "deepspeed", "composer")
@@ -39,23 +43,37 @@ def _blackbox_is_launcher() -> bool:
     return False
 
 
+def _blackbox_slurm_rank(env: "os._Environ[str]") -> "tuple[int, int, int] | None":
+    """(rank, local rank, world size) of a task of a Slurm job step, else None."""
+    step = env.get(_SLURM_STEP, "")
+    if not step.isdigit() or env.get(_SLURM_RANK[0]) is None or env.get(_SLURM_RANK[1]) is None:
+        return None
+    try:
+        return int(env[_SLURM_RANK[0]]), int(env[_SLURM_RANK[1]]), int(env.get(_SLURM_RANK[2]) or env.get(
+            _SLURM_RANK[3]) or 0)  # fmt: skip
+    except ValueError:
+        return None
+
+
 def _blackbox_mode(env: "os._Environ[str]") -> "str | None":
-    """'rank', 'single', 'deferred' or None: whether this process records, decided from its environment alone.
-    'deferred': a new interpreter started by a single-process recorder (torch.multiprocessing.spawn, a
-    multiprocessing 'spawn' child): it records as a rank only if it calls init_process_group."""
+    """'rank', 'slurm', 'single', 'deferred' or None: whether this process records, decided from its environment
+    alone. 'slurm': a task srun started, without RANK: its rank is SLURM_PROCID. 'deferred': a new interpreter
+    started by a single-process or Slurm-task recorder (torch.multiprocessing.spawn, a multiprocessing 'spawn'
+    child): it records as a rank only if it calls init_process_group."""
     if not env.get(_RUN_DIR) or env.get(_DISABLE) == "1":
         return None
-    parent_pid, _, parent_mode = env.get(_RECORDER, "").partition(":")
+    parent_pid, _, parent = env.get(_RECORDER, "").partition(":")  # "<pid>:<mode>:<rank>"
+    parent_mode = parent.partition(":")[0]
     inherited = bool(parent_pid) and parent_pid != str(os.getpid())
     if env.get("RANK") is not None and env.get("LOCAL_RANK") is not None:
         # A child of an active rank (DataLoader worker, helper) inherits RANK: it is not a second rank.
         # A child of a single-process recorder that has RANK was started by a launcher we did not know.
         return None if inherited and parent_mode == "rank" else "rank"
     if inherited:
-        return "deferred" if parent_mode == "single" else None
+        return "deferred" if parent_mode in ("single", "slurm") else None
     if _blackbox_is_launcher():
         return None
-    return "single"
+    return "slurm" if _blackbox_slurm_rank(env) is not None else "single"
 
 
 def _blackbox_load(name: str, path: str, package_dir: "str | None" = None) -> object:
@@ -93,6 +111,8 @@ def _blackbox_activate(mode: str, env: "os._Environ[str]") -> None:
         if mode == "rank":
             rank, local_rank = int(env["RANK"]), int(env["LOCAL_RANK"])
             world_size = int(env.get("WORLD_SIZE", "0") or 0)
+        elif mode == "slurm":
+            rank, local_rank, world_size = _blackbox_slurm_rank(env) or (0, 0, 1)
         else:
             rank, local_rank, world_size = 0, 0, 1
         recorder.activate(run_dir, rank, local_rank, world_size, mode)  # type: ignore[attr-defined]
