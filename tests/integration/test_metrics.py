@@ -47,6 +47,10 @@ def test_prometheus_scrapes_a_healthy_and_a_stalled_run(tmp_path: Path) -> None:
         try:
             # WHEN Prometheus scrapes them
             wait_for(lambda: len(values(prom, f"blackbox_rank_step{{{healthy_at}}} > 3")) == 2, 120, "healthy steps")
+            # (from the moment rank 1 is in its read for good: before it, a slow first step on a busy machine reads
+            # as seconds since progress too, and the next step sets them back)
+            console = tmp_path / "stalled" / "console.log"
+            wait_for(lambda: console.exists() and b"rank 1: failing now" in console.read_bytes(), 120, "the hang")
             idle = f'blackbox_rank_seconds_since_progress{{{stalled_at}, rank="1"}}'
             first = wait_for(lambda: values(prom, f"{idle} > 2"), 120, "the stalled rank's series")
             # THEN the stalled rank's seconds since progress grow from one scrape to the next
