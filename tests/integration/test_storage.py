@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import BLACKBOX, PROGRAMS, bundles, job_env, wait_for
-from tests.integration.services import BUCKET, SECRET, S3Server, free_port, seaweed_s3
+from tests.integration.services import BUCKET, KEY_ID, SECRET, S3Server, free_port, seaweed_s3
 from tests.integration.test_multinode import finish, free_ports, has_event, manifest, report, start_node, stepping
 
 
@@ -228,7 +228,7 @@ def test_what_is_uploaded_holds_no_secret_and_a_colleague_sees_it_before(tmp_pat
     # GIVEN a job that prints and raises its secrets, with a config file holding more, and the S3 credentials
     config = tmp_path / "train.yaml"
     config.write_text("lr: 0.1\napi_token: cfg-upl0ad-token-5f4e3d2c1b\npassword: cfg-upl0ad-passw0rd\n")
-    values = [*SEEDED.values(), "cfg-upl0ad-token-5f4e3d2c1b", "cfg-upl0ad-passw0rd", SECRET]
+    values = [*SEEDED.values(), "cfg-upl0ad-token-5f4e3d2c1b", "cfg-upl0ad-passw0rd", SECRET, KEY_ID]
     prefix = f"s3://{BUCKET}/seen"
     cmd = ["run", "--upload", prefix, "--", sys.executable, str(PROGRAMS / "secrets_job.py"), "--config", str(config)]
 

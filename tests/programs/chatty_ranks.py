@@ -1,5 +1,7 @@
 """A rank that prints numbered lines, one every INTERVAL seconds, then `done`: its output is checked line by
-line. Usage: chatty_ranks.py LINES INTERVAL"""
+line. Each line is one write (print() writes the text and its newline apart when PYTHONUNBUFFERED is set, as
+on this machine, and two ranks sharing one stdout then interleave mid-line, with or without blackbox).
+Usage: chatty_ranks.py LINES INTERVAL"""
 
 import os
 import sys
@@ -8,6 +10,8 @@ import time
 rank = os.environ.get("RANK", "0")
 lines, interval = int(sys.argv[1]), float(sys.argv[2])
 for i in range(lines):
-    print(f"rank {rank} line {i}", flush=True)
+    sys.stdout.write(f"rank {rank} line {i}\n")
+    sys.stdout.flush()
     time.sleep(interval)
-print(f"rank {rank} done", flush=True)
+sys.stdout.write(f"rank {rank} done\n")
+sys.stdout.flush()
