@@ -72,16 +72,32 @@ def _seq(status: dict[Any, Any], key: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else -1
 
 
+def _gloo_retired(dump: dict[str, Any]) -> dict[str, int]:
+    """Per group id, the highest gloo collective the dump marks retired: gloo's `last_completed_collective` lags
+    (it is updated lazily), while a retired gloo entry is one whose work has finished on this rank."""
+    out: dict[str, int] = {}
+    for e in dump.get("entries") or []:
+        if not (isinstance(e, dict) and e.get("retired") is True and not e.get("is_p2p")
+                and str(e.get("profiling_name", "")).startswith("gloo:")):  # fmt: skip
+            continue
+        seq = _seq(e, "collective_seq_id")
+        gid = str(e.get("pg_id"))
+        if seq > out.get(gid, -1):
+            out[gid] = seq
+    return out
+
+
 def pg_status(rank: int, dump: dict[str, Any]) -> list[GroupStatus]:
     """Each group's last enqueued / started / completed collective, as the dump says (untrusted: what is not a
-    table of numbers is left out)."""
+    table of numbers is left out), gloo's lagging completed count raised to its retired entries."""
     groups = dump.get("pg_status")
+    retired = _gloo_retired(dump)
     out = []
     for group, status in sorted(groups.items(), key=lambda kv: str(kv[0])) if isinstance(groups, dict) else []:
         if isinstance(status, dict):
-            out.append(GroupStatus(rank, str(group), _seq(status, "last_enqueued_collective"),
-                                   _seq(status, "last_started_collective"),
-                                   _seq(status, "last_completed_collective")))  # fmt: skip
+            enqueued = _seq(status, "last_enqueued_collective")
+            completed = max(_seq(status, "last_completed_collective"), min(retired.get(str(group), -1), enqueued))
+            out.append(GroupStatus(rank, str(group), enqueued, _seq(status, "last_started_collective"), completed))
     return out
 
 

@@ -119,6 +119,24 @@ def test_the_stuck_collective_is_the_lowest_not_completed_not_the_furthest() -> 
     assert fr.stuck(stale, {"0": [0, 1]})[0].untraced == [1]
 
 
+def test_gloos_lagging_completed_count_is_raised_to_its_retired_entries() -> None:
+    # GIVEN a gloo rank's dump that says completed 4 of 8 enqueued, while entries 5..8 are retired (gloo updates the
+    # count lazily: this rank finished them and went on to user code), and no dump of its peer (it was exiting)
+    entries = [{"pg_id": 0, "process_group": ("0", "default_pg"), "collective_seq_id": n, "p2p_seq_id": 0,
+                "profiling_name": "gloo:all_reduce", "state": "scheduled", "retired": True, "is_p2p": False}
+               for n in range(1, 9)]  # fmt: skip
+    dump = {"pg_status": {"0": {"last_enqueued_collective": 8, "last_started_collective": -1,
+                                "last_completed_collective": 4}}, "entries": entries}  # fmt: skip
+    # THEN it has completed all 8: nothing is pending on it, it waits in no collective
+    (status,) = fr.pg_status(1, dump)
+    assert (status.last_enqueued, status.last_completed) == (8, 8)
+    assert fr.stuck([status], {"0": [0, 1]}) == []
+    # AND an NCCL entry's retired flag changes nothing (its count is the watchdog's own), nor a gloo one not retired
+    nccl = {**dump, "entries": [{**e, "profiling_name": "nccl:all_reduce"} for e in entries]}
+    pending = {**dump, "entries": [{**e, "retired": e["collective_seq_id"] <= 4} for e in entries]}
+    assert [fr.pg_status(1, d)[0].last_completed for d in (nccl, pending)] == [4, 4]
+
+
 # --- 3. what a collective timeout is --------------------------------------------------------------------------------
 def test_only_a_collectives_timeout_is_a_comm_timeout() -> None:
     kind = comm_log.error_kind
