@@ -38,7 +38,7 @@ from .process import HANDLED, JobProcess, become_subreaper, describe_status, exi
 from .rundir import new_run_id, prepare_run_dir
 from .watch import Watch
 
-RECORD_S = 5.0  # what Slurm says of a SIGTERM it sent is asked within this (its KillWait, 30 s by default, is longer)
+RECORD_S = 8.0  # what Slurm says of a SIGTERM it sent is asked within this (its KillWait, 30 s by default, is longer)
 
 
 class Supervisor:
@@ -418,6 +418,9 @@ class Supervisor:
         def record() -> None:  # asked at once: Slurm sets why before it signals (the state stays COMPLETING)
             deadline = time.monotonic() + RECORD_S
             facts, how = slurm.show_job(task.job_id, RECORD_S, ctx.env)
+            while facts is None and deadline - time.monotonic() > 1.0:  # a controller busy ending jobs: ask again
+                time.sleep(0.5)
+                facts, how = slurm.show_job(task.job_id, deadline - time.monotonic(), ctx.env)
             cause: Optional[str] = None
             why: Optional[str] = None
             if sig == signal.SIGUSR1:

@@ -208,6 +208,7 @@ def test_scancel_is_a_preemption_with_the_jobs_own_exit_code(jobs: Jobs) -> None
     # and a cancel sets no Reason: only `scontrol --json` (Slurm 23.11 and later) says CANCELLED underneath. Before
     # that, why is unknown, and said to be, with what Slurm did say (not the time limit, not a preemption).
     slurm = pre[0]["slurm"]
+    assert slurm is not None, pre  # slurm_source says why scontrol gave nothing
     assert slurm["state"] == "COMPLETING" and slurm["reason"] == "None" and slurm["job_id"] == job, pre
     if slurm_version() >= (23, 11):
         assert pre[0]["cause"] == "cancelled (scancel)" and "CANCELLED" in slurm["states"], pre
