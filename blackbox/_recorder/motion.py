@@ -4,6 +4,7 @@ the training step pays nothing. Stdlib only, Python >= 3.9: loaded inside the jo
 
 from __future__ import annotations
 
+import opcode
 import sys
 import threading
 
@@ -16,6 +17,8 @@ if TYPE_CHECKING:  # annotations only
 STACK_DEPTH = 32  # innermost frames of the main thread compared between two samples
 # where the interpreter checks for a GIL hand-over between bytecodes (3.9-3.10: a backward jump is JUMP_ABSOLUTE)
 RUNNING_OPS = frozenset(("JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE", "RESUME"))
+# Their numbers in this interpreter, read at import (in the main thread): no `dis` imported on the liveness thread.
+_RUNNING_CODES = frozenset(opcode.opmap[name] for name in RUNNING_OPS if name in opcode.opmap)
 FORWARD_HOOK_AFTER_S = 5.0  # a pause (no step, no batch) this long: forward calls are counted until the next one
 
 
@@ -115,9 +118,8 @@ class Motion:
         start (the interpreter hands the GIL over there); never a call into C."""
         offsets = self._running.get(id(code))
         if offsets is None or offsets[0] is not code:
-            import dis
-
-            found = frozenset(i.offset for i in dis.get_instructions(code) if i.opname in RUNNING_OPS)
+            raw = code.co_code  # two bytes an instruction (3.6 and later): the opcode, then its argument
+            found = frozenset(i for i in range(0, len(raw) - 1, 2) if raw[i] in _RUNNING_CODES)
             if len(self._running) >= 512:
                 self._running.clear()
             offsets = self._running[id(code)] = (code, found)

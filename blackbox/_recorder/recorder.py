@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # annotations only
 
 _monotonic = time.monotonic
 METRICS_KEPT = 256
+EXIT_JOIN_S = 1.0  # seconds the exiting job waits at most for the liveness thread to end its tick
 
 
 class Recorder:
@@ -64,6 +65,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._liveness_interval = _float_env(P.ENV_LIVENESS_INTERVAL, 0.5)
         self._stop = threading.Event()
+        self._liveness: Optional[threading.Thread] = None
         # what a dump or a last-words record says besides the stacks
         self._group_seq: dict[int, int] = {}  # per process group (id of the group object; 0 = default)
         # (path, shape, dtype) of a recent batch's tensors (each loader's first, then every SHAPES_EVERY-th one)
@@ -90,8 +92,8 @@ class Recorder:
             "random": lambda m: self.guard("seeds", self._wrap_seed, m, "random.seed"),
             "torch.distributed.checkpoint": lambda m: self.guard("checkpoint", _wrap_dcp, self, m),
         })  # fmt: skip
-        t = threading.Thread(target=self._liveness_loop, name="blackbox-liveness", daemon=True)
-        t.start()
+        self._liveness = threading.Thread(target=self._liveness_loop, name="blackbox-liveness", daemon=True)
+        self._liveness.start()
 
     def _after_fork(self) -> None:
         # A forked child (a DataLoader worker) shares the heartbeat mapping: it must never write to it.
@@ -101,6 +103,13 @@ class Recorder:
     def _on_exit(self) -> None:
         if self.enabled and os.getpid() == self.pid:
             self._stop.set()
+            # The liveness thread ends before the interpreter tears itself down: a daemon thread still importing
+            # (its first ticks load the redactor) or reading frames then crashes the exiting job (SIGSEGV, one
+            # short-lived rank in ten on a busy machine). A tick takes milliseconds; one stuck on a hung
+            # filesystem is not waited for long.
+            liveness = self._liveness
+            if liveness is not None and liveness is not threading.current_thread():
+                liveness.join(EXIT_JOIN_S)
             self._flush()
             if not self._raised:  # exit handlers run after an uncaught exception too: keep what it was
                 self.hb.state(P.STATE_EXITED)
