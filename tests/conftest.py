@@ -37,9 +37,10 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["BLACKBOX_HOME"] = tempfile.mkdtemp(prefix="bb-home-")
 
 
-# Modules whose tests mostly wait (paced jobs, pauses longer than the stall timeout, Slurm's time limit, nodes that
-# fall silent): `make test` runs them beside the rest (pytest-xdist, `-n 2 --dist loadgroup`), the rest one by one.
-BESIDE = {"test_stragglers.py", "test_quiet.py", "test_slurm.py", "test_multinode.py"}
+# Modules whose tests take minutes by design (paced straggler jobs; pauses longer than the stall timeout): `make test`
+# runs them one by one beside the rest (pytest-xdist, `-n 2 --dist loadgroup`), the rest one by one on the other
+# worker. Their own rules are checked under that load; the timing-tight ones (Slurm's time limit) stay with the rest.
+BESIDE = {"test_stragglers.py", "test_quiet.py"}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
