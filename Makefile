@@ -41,7 +41,7 @@ slurm:
 		--no-install-recommends $(SLURM_PACKAGES) >/dev/null 2>&1; }; }; } || true
 
 test: $(STAMP) browser services slurm
-	$(PY) -m pytest -n 2 --dist loadgroup
+	$(PY) -m pytest
 
 # The unit tests alone: pure logic on golden and generated bundles, no torch import, no job started (seconds).
 test-fast: $(STAMP)

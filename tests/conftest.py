@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib.util
-import json
 import os
 import signal
 import subprocess
@@ -37,17 +35,10 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["BLACKBOX_HOME"] = tempfile.mkdtemp(prefix="bb-home-")
 
 
-# Modules whose tests take minutes by design (paced straggler jobs; pauses longer than the stall timeout): `make test`
-# runs them one by one beside the rest (pytest-xdist, `-n 2 --dist loadgroup`), the rest one by one on the other
-# worker. Their own rules are checked under that load; the timing-tight ones (Slurm's time limit) stay with the rest.
-BESIDE = {"test_stragglers.py", "test_quiet.py"}
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:  # every integration test spawns real processes: `-m "not slow"` is the unit suite
         if INTEGRATION in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.slow)
-        item.add_marker(pytest.mark.xdist_group("beside" if Path(str(item.fspath)).name in BESIDE else "main"))
     gpu = [item for item in items if "gpu" in item.keywords]
     if gpu and not _has_cuda():  # torch is imported only when a gpu test is to run: the unit suite never does
         skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
@@ -66,11 +57,7 @@ def _has_cuda() -> bool:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """The unit suite is pure: a session of unit tests only that imported torch fails (`make test-fast` stays
-    seconds, and a unit test that needs torch belongs in tests/integration). An xdist worker hands its gallery rows
-    to the controller, which prints the table."""
-    workeroutput = getattr(session.config, "workeroutput", None)
-    if workeroutput is not None:
-        workeroutput["gallery_rows"] = json.dumps(GALLERY_ROWS)
+    seconds, and a unit test that needs torch belongs in tests/integration)."""
     items = getattr(session, "items", [])
     if items and all(UNIT in Path(str(item.fspath)).parents for item in items) and "torch" in sys.modules:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -198,15 +185,6 @@ def gallery(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Pat
     return run
 
 
-if importlib.util.find_spec("xdist") is not None:
-
-    def pytest_testnodedown(node: Any, error: Any) -> None:
-        """xdist's controller: the gallery rows a worker ran."""
-        rows = getattr(node, "workeroutput", {}).get("gallery_rows")
-        if rows:
-            GALLERY_ROWS.extend(tuple(row) for row in json.loads(rows))
-
-
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not GALLERY_ROWS:
         return
@@ -220,6 +198,18 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:
     return tmp_path / "run"
+
+
+def kill_tree(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL `proc` and every process under it, then reap it and read what is left of its pipes. Killing
+    `blackbox run` alone is not enough: the job outlives it by design, and its tee holds the output pipes open."""
+    with contextlib.suppress(psutil.Error):
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        for p in tree:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+    proc.kill()
+    proc.communicate()
 
 
 def send(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:

@@ -38,7 +38,8 @@ from .process import HANDLED, JobProcess, become_subreaper, describe_status, exi
 from .rundir import new_run_id, prepare_run_dir
 from .watch import Watch
 
-RECORD_S = 8.0  # what Slurm says of a SIGTERM it sent is asked within this (its KillWait, 30 s by default, is longer)
+RECORD_S = 5.0  # what Slurm says of a SIGTERM it sent is asked within this, again while it refuses (its KillWait,
+# 30 s by default, must leave the supervisor time to end after it: the record is joined before the run ends)
 
 
 class Supervisor:

@@ -19,7 +19,7 @@ import pytest
 from blackbox.adapters import flight_recorder as fr
 from blackbox.bundle.reader import read_bundle
 from blackbox.heartbeat_reader import HeartbeatState, decode
-from tests.conftest import ROOT, TORCHRUN, bundles, run_blackbox
+from tests.conftest import ROOT, TORCHRUN, bundles, kill_tree, run_blackbox
 
 JOB = str(ROOT / "scripts" / "scenarios" / "train.py")
 Gallery = Callable[[str], tuple[Path, Any]]  # the session's gallery runs (conftest.gallery)
@@ -202,8 +202,7 @@ def test_user_sigusr1_handler_is_kept_behind_faulthandler(tmp_path: Path) -> Non
             seen += line
         assert "Current thread" in (run_dir / "ranks" / "1" / "stacks-0.txt").read_text()  # ... after the dump
     finally:
-        proc.kill()
-        proc.communicate()
+        kill_tree(proc)
 
 
 def test_blackbox_never_fires_the_jobs_own_sigusr1_handler(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import BIN, BLACKBOX, ROOT, job_env, send, wait_for
+from tests.conftest import BIN, BLACKBOX, ROOT, job_env, kill_tree, send, wait_for
 from tests.integration.services import Prometheus, free_port, prometheus
 
 TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
@@ -80,8 +80,7 @@ def test_prometheus_scrapes_a_healthy_and_a_stalled_run(tmp_path: Path) -> None:
                 try:
                     job.communicate(timeout=60)
                 except subprocess.TimeoutExpired:
-                    job.kill()
-                    job.communicate()
+                    kill_tree(job)
 
 
 def test_the_shipped_prometheus_rules_pass_promtool() -> None:

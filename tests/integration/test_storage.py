@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import BLACKBOX, PROGRAMS, bundles, job_env, wait_for
+from tests.conftest import BLACKBOX, PROGRAMS, bundles, job_env, kill_tree, wait_for
 from tests.integration.services import BUCKET, KEY_ID, SECRET, S3Server, free_port, seaweed_s3
 from tests.integration.test_multinode import finish, free_ports, has_event, manifest, report, start_node, stepping
 
@@ -190,8 +190,7 @@ def test_a_failing_storage_costs_one_line_and_nothing_of_the_job(tmp_path: Path,
         silent.close()
         for proc, _ in procs.values():
             if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+                kill_tree(proc)
     for name, (out, err, took) in outputs.items():
         proc = procs[name][0]
         # THEN the job's exit code passes through, and its output kept its pace throughout
