@@ -406,11 +406,11 @@ def classify(root: int, procs: dict[int, tuple[int, list[str], str]]) -> dict[in
 
 def thread_label(role: str, pid: int, tid: int, comm: str) -> str:
     """A thread's name in the ledger: the main thread by role, others by name, numbers folded (pt_autograd_0
-    and _1 are one row); blackbox's liveness thread by its full name (the kernel keeps 15 characters)."""
+    and _1 are one row); blackbox's liveness thread by its full name (it calls itself blackbox-live there)."""
     if tid == pid:
         return "main thread (the step)" if role == "rank" else "main thread"
     name = re.sub(r"[0-9]+", "N", comm.strip()) or "?"
-    return "blackbox-liveness" if name == "blackbox-livene" else name
+    return "blackbox-liveness" if name in ("blackbox-live", "blackbox-livene") else name
 
 
 def is_blackbox(role: str, thread: str) -> bool:

@@ -4,6 +4,11 @@ their CPU between two snapshots summed per row, blackbox's own rows told from th
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from scripts.bench_overhead import classify, is_blackbox, ledger, parse_schedstat, thread_label
 
 PY = "/venv/bin/python"
@@ -49,7 +54,7 @@ def test_threads_named_numbers_folded_liveness_in_full() -> None:
     assert thread_label("rank", 14, 14, "pt_main_thread\n") == "main thread (the step)"
     assert thread_label("supervisor", 10, 10, "blackbox") == "main thread"
     assert thread_label("rank", 14, 30, "pt_autograd_1\n") == "pt_autograd_N"
-    assert thread_label("rank", 14, 31, "blackbox-livene\n") == "blackbox-liveness"
+    assert thread_label("rank", 14, 31, "blackbox-live\n") == "blackbox-liveness"
     # a thread blackbox starts inside a rank is blackbox's; the job's own threads are not
     assert is_blackbox("rank", "blackbox-liveness") and not is_blackbox("rank", "pt_autograd_N")
 
@@ -64,3 +69,22 @@ def test_ledger_sums_deltas_per_row() -> None:
     rows = ledger(before, after)
     # THEN the ranks' rows add up, the new thread counts from zero, the gone one is left out
     assert rows == {main: (7000, 60), ("supervisor", "blackbox-straggler"): (300, 20)}
+
+
+def test_the_liveness_thread_is_named_in_the_kernel(tmp_path: Path) -> None:
+    # GIVEN a process with the recorder active, as a rank
+    from blackbox._recorder import protocol as P
+    from blackbox.supervisor.rundir import INJECT_DIR
+
+    code = ("import glob, time\n"
+            "for _ in range(100):\n"
+            "    names = [open(p).read().strip() for p in glob.glob('/proc/self/task/*/comm')]\n"
+            "    if 'blackbox-live' in names: break\n"
+            "    time.sleep(0.02)\n"
+            "print(names)\n")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "RANK", "LOCAL_RANK"))}
+    env.update({"PYTHONPATH": INJECT_DIR, P.ENV_RUN_DIR: str(tmp_path), "RANK": "0", "LOCAL_RANK": "0"})
+    # WHEN it lists its threads' names
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60).stdout
+    # THEN its liveness thread is there by name (top -H, py-spy and the overhead bench's ledger see it)
+    assert "'blackbox-live'" in out, out
