@@ -9,12 +9,16 @@
    whole-job timings on a shared 2-core machine resolve a few per cent at best, so
 5. each part is also measured where it resolves far below 1 %: the hooks in ns per call, the liveness thread's
    CPU from /proc's schedstat, the flight recorder on the cheapest collective (two buffer sizes), the
-   supervisor's CPU while the steps run; their sum, as a share of the step, is the whole's cost.
-Prints a Markdown table; the README quotes it."""
+   supervisor's CPU while the steps run; their sum, as a share of the step, is the whole's cost;
+6. alternated pairs of plain torchrun and `blackbox run` (in-loop step time, median pair ratio), each run with a
+   ledger of every thread and process (/proc schedstat: CPU and wait for a CPU, per step), side by side with the
+   part-by-part sum: the rank's work measured in isolation plus blackbox's own threads and processes from the ledger.
+Prints Markdown tables; docs/benchmarks.md quotes them. `--only-sum` runs only what 6 needs (minutes)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import re
@@ -25,7 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -53,6 +57,9 @@ for i, (x, y) in enumerate(loader):
 dist.barrier()
 wall, cpu = (time.perf_counter() - t0) / steps, (time.process_time() - c0) / steps
 print("STEPTIME %d %.9f %.9f" % (dist.get_rank(), wall, cpu), flush=True)
+hold, t1 = os.environ.get("BENCH_HOLD"), time.monotonic()  # wait, idle, while the bench reads every thread's CPU
+while hold and not os.path.exists(hold) and time.monotonic() - t1 < 30:
+    time.sleep(0.005)
 dist.destroy_process_group()
 import gc  # torch 2.13: a gloo group still held in a reference cycle is otherwise freed during interpreter
 # finalization, where its runloop thread aborts the process ("terminate called without an active
@@ -339,6 +346,232 @@ def _median_ci(values: list[float], resamples: int = 4000) -> tuple[float, float
     return statistics.median(values), medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
+# --- the ledger: every thread and process of one run, its CPU and its wait for a CPU, while the steps ran --------
+
+Task = tuple[int, int]  # (pid, tid)
+Times = tuple[int, int]  # (ns on a CPU, ns runnable but waiting for one), from /proc/…/schedstat
+BLACKBOX_ROLES = ("supervisor", "tee process", "console.log process")
+
+
+def parse_schedstat(text: str) -> Optional[Times]:
+    """One /proc/PID/task/TID/schedstat line ("on-CPU ns, run-queue wait ns, timeslices"); None if unreadable."""
+    fields = text.split()
+    if len(fields) < 2 or not (fields[0].isdigit() and fields[1].isdigit()):
+        return None
+    return int(fields[0]), int(fields[1])
+
+
+def _is_torchrun(argv: list[str]) -> bool:
+    return any(os.path.basename(a) == "torchrun" or a == "torch.distributed.run" for a in argv[:3])
+
+
+def classify(root: int, procs: dict[int, tuple[int, list[str], str]]) -> dict[int, str]:
+    """Who each process of a run is. `procs`: pid -> (ppid, argv, comm) for the process the bench started and
+    its descendants. The torchrun agent's children are the ranks (their own children: "rank's child"); under
+    `blackbox run` the root is the supervisor, and whatever else descends from it is blackbox's: the tee, the
+    console.log process (named blackbox-log), anything new by its name."""
+    agents = {p for p, (ppid, argv, _) in procs.items()
+              if _is_torchrun(argv) and not _is_torchrun(procs.get(ppid, (0, [], ""))[1])}  # fmt: skip
+
+    def under(pid: int, ancestors: set[int]) -> Optional[int]:
+        seen = set()
+        while pid in procs and pid not in seen:
+            seen.add(pid)
+            if pid in ancestors:
+                return pid
+            pid = procs[pid][0]
+        return None
+
+    out: dict[int, str] = {}
+    ranks = {p for p, (ppid, _, _) in procs.items() if ppid in agents}
+    for pid, (_, argv, comm) in procs.items():
+        if pid in agents:
+            out[pid] = "torchrun agent"
+        elif pid in ranks:
+            out[pid] = "rank"
+        elif under(pid, ranks) is not None:
+            out[pid] = "rank's child"
+        elif under(pid, agents) is not None:
+            out[pid] = "torchrun agent's child"
+        elif pid == root:
+            out[pid] = "supervisor"
+        elif any(os.path.basename(a) == "tee.py" for a in argv[:4]):
+            out[pid] = "tee process"
+        elif comm == "blackbox-log":
+            out[pid] = "console.log process"
+        else:
+            out[pid] = f"blackbox's {comm or '?'}"
+    return out
+
+
+def thread_label(role: str, pid: int, tid: int, comm: str) -> str:
+    """A thread's name in the ledger: the main thread by role, others by name, numbers folded (pt_autograd_0
+    and _1 are one row); blackbox's liveness thread by its full name (it calls itself blackbox-live there)."""
+    if tid == pid:
+        return "main thread (the step)" if role == "rank" else "main thread"
+    name = re.sub(r"[0-9]+", "N", comm.strip()) or "?"
+    return "blackbox-liveness" if name in ("blackbox-live", "blackbox-livene") else name
+
+
+def is_blackbox(role: str, thread: str) -> bool:
+    """blackbox's own CPU: its processes, and its threads inside the job's processes."""
+    return role in BLACKBOX_ROLES or role.startswith("blackbox's") or thread.startswith("blackbox")
+
+
+def ledger(before: dict[Task, tuple[str, str, Times]], after: dict[Task, tuple[str, str, Times]],
+           ) -> dict[tuple[str, str], Times]:  # fmt: skip
+    """(role, thread) -> the CPU and wait each took between two snapshots, summed over the processes of that role
+    (a task started in between counts from zero; one gone by the second snapshot is lost)."""
+    out: dict[tuple[str, str], Times] = {}
+    for task, (role, thread, (cpu, wait)) in after.items():
+        cpu0, wait0 = before[task][2] if task in before else (0, 0)
+        c, w = out.get((role, thread), (0, 0))
+        out[(role, thread)] = (c + max(cpu - cpu0, 0), w + max(wait - wait0, 0))
+    return out
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def snapshot(root: int) -> dict[Task, tuple[str, str, Times]]:
+    """Every thread of `root` and its descendants: (pid, tid) -> (role, thread label, schedstat times)."""
+    from blackbox.adapters import procfs
+
+    procs: dict[int, tuple[int, list[str], str]] = {}
+    for pid in [root, *procfs.descendants(root)]:
+        st = procfs.proc_stat(pid)
+        if st is not None:
+            procs[pid] = (st.ppid, procfs.cmdline(pid), _read_text(f"/proc/{pid}/comm").strip())
+    out: dict[Task, tuple[str, str, Times]] = {}
+    for pid, role in classify(root, procs).items():
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            times = parse_schedstat(_read_text(f"/proc/{pid}/task/{tid}/schedstat"))
+            if times is not None:
+                comm = _read_text(f"/proc/{pid}/task/{tid}/comm")
+                out[(pid, tid)] = (role, thread_label(role, pid, tid, comm), times)
+    return out
+
+
+Ledger = dict[tuple[str, str], Times]  # per step, ns (the ranks' rows per rank)
+
+
+def _run_ledgered(cmd: list[str], env: dict[str, str], hold: str) -> tuple[float, Ledger]:
+    """One run with its ledger: the ranks' mean step time (s), and each (role, thread)'s CPU and wait per step,
+    from snapshots when the timed steps start and when both ranks have ended them (they then wait, idle, for
+    `hold` to appear, so that no thread is gone yet)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(hold)
+    proc = subprocess.Popen(cmd, env={**env, "BENCH_HOLD": hold}, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)  # fmt: skip
+    snaps: list[tuple[float, dict[Task, tuple[str, str, Times]]]] = []
+    text = ""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        text += line
+        if "TIMED" in line and not snaps:
+            snaps.append((time.monotonic(), snapshot(proc.pid)))
+        if len(snaps) == 1 and text.count("STEPTIME") >= 2:
+            snaps.append((time.monotonic(), snapshot(proc.pid)))
+            Path(hold).touch()
+    if proc.wait() != 0 or len(snaps) != 2:
+        raise RuntimeError(f"{' '.join(cmd[:3])}… exited with {proc.returncode}")
+    rows = re.findall(r"STEPTIME \d+ ([0-9.]+) ([0-9.]+)", text)
+    step = statistics.mean(float(r[0]) for r in rows)
+    ranks = len(rows)
+    steps_in_window = (snaps[1][0] - snaps[0][0]) / step
+    per_step: Ledger = {}
+    for (role, thread), (cpu, wait) in ledger(snaps[0][1], snaps[1][1]).items():
+        n = steps_in_window * (ranks if role == "rank" else 1)
+        per_step[(role, thread)] = (round(cpu / n), round(wait / n))
+    return step, per_step
+
+
+def bench_pairs(steps: int, pairs: int, sets: int) -> list[tuple[list[float], list[float], list[Ledger], list[Ledger]]]:
+    """The filer's measurement: `pairs` alternated pairs of the same DDP job, plain torchrun and under `blackbox
+    run` (which goes first alternates), in-loop step time; `sets` times over. Each run also gives its ledger."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
+    for name in [k for k in env if k.startswith(("BLACKBOX_", "TORCH_FR_", "TORCH_NCCL_"))]:
+        env.pop(name)
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        script = Path(d, "train.py")
+        script.write_text(TRAIN)
+        torchrun = ["torchrun", "--standalone", "--nproc-per-node", "2", str(script), str(steps)]
+        for s in range(sets):
+            plain: tuple[list[float], list[Ledger]] = ([], [])
+            wrapped: tuple[list[float], list[Ledger]] = ([], [])
+            for i in range(pairs):
+                order = [False, True] if i % 2 == 0 else [True, False]
+                for under in order:
+                    cmd = ["blackbox", "run", "--run-dir", f"{d}/run{s}-{i}", "--", *torchrun] if under else torchrun
+                    step, led = _run_ledgered(cmd, env, f"{d}/hold")
+                    into = wrapped if under else plain
+                    into[0].append(step)
+                    into[1].append(led)
+                shutil.rmtree(f"{d}/run{s}-{i}", ignore_errors=True)
+            out.append((plain[0], wrapped[0], plain[1], wrapped[1]))
+    return out
+
+
+def _median_ledger(runs: list[Ledger]) -> Ledger:
+    keys = {k for run in runs for k in run}
+    return {k: (round(statistics.median(r.get(k, (0, 0))[0] for r in runs)),
+                round(statistics.median(r.get(k, (0, 0))[1] for r in runs))) for k in keys}  # fmt: skip
+
+
+def print_pairs(results: list[tuple[list[float], list[float], list[Ledger], list[Ledger]]],
+                steps: int) -> tuple[float, float, float, str]:  # fmt: skip
+    """The pair ratios per set, then the ledger of all runs (median per row); returns the median plain step,
+    blackbox's own CPU per step (s), what the ranks' main thread takes more under blackbox (s) and the pooled
+    pair ratio."""
+    print(f"\n## Plain torchrun vs `blackbox run`, alternated pairs ({steps} steps a run, in-loop step time)\n")
+    print("| set | pairs | plain step (median) | `blackbox run` step (median) | pair ratio, median (95 % interval) |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    all_plain: list[float] = []
+    for n, (plain, wrapped, _, _) in enumerate(results, 1):
+        m, lo, hi = _median_ci([w / p for p, w in zip(plain, wrapped)])
+        p_us, w_us = statistics.median(plain) * 1e6, statistics.median(wrapped) * 1e6
+        print(f"| {n} | {len(plain)} | {p_us:.0f} µs | {w_us:.0f} µs | {m:.3f} ({lo:.3f} to {hi:.3f}) |")
+        all_plain += plain
+    ratios = [w / p for plain, wrapped, _, _ in results for p, w in zip(plain, wrapped)]
+    m, lo, hi = _median_ci(ratios)
+    ratio = f"{m:.3f} ({lo:.3f} to {hi:.3f})"
+    print(f"| all | {len(ratios)} | | | **{ratio}** |")
+    step = statistics.median(all_plain)
+    plain_led = _median_ledger([led for r in results for led in r[2]])
+    bb_led = _median_ledger([led for r in results for led in r[3]])
+    print(f"\n## The ledger: CPU and wait for a CPU per step, every thread and process (median of "
+          f"{len(ratios)} runs each)\n")  # fmt: skip
+    print("| process | thread | plain: CPU | plain: waiting for a CPU | `blackbox run`: CPU | waiting for a CPU "
+          "| blackbox's |")  # fmt: skip
+    print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
+    order = ["rank", "rank's child", "torchrun agent", "torchrun agent's child", *BLACKBOX_ROLES]
+    keys = sorted(set(plain_led) | set(bb_led), key=lambda k: (order.index(k[0]) if k[0] in order else 99, k))
+    for key in keys:
+        p, b = plain_led.get(key), bb_led.get(key)
+        cells = [f"{v[i] / 1000:.2f} µs" if v else "" for v in (p, b) for i in (0, 1)]
+        who = "per rank" if key[0] == "rank" else key[0]
+        print(f"| {who} | {key[1]} | {' | '.join(cells)} | {'yes' if is_blackbox(*key) else ''} |")
+    own = sum(v[0] for k, v in bb_led.items() if is_blackbox(*k)) / 1e9
+    main = ("rank", "main thread (the step)")
+    main_delta = (bb_led.get(main, (0, 0))[0] - plain_led.get(main, (0, 0))[0]) / 1e9
+    wait_delta = (bb_led.get(main, (0, 0))[1] - plain_led.get(main, (0, 0))[1]) / 1e9
+    print(f"| **blackbox's threads and processes** | | | | **{own * 1e6:.2f} µs** | | {own / step * 100:.2f} % of "
+          f"the {step * 1e6:.0f} µs step |")  # fmt: skip
+    print(f"| ranks' main thread, `blackbox run` minus plain (hooks and flight recorder in place; noisy) | | | "
+          f"| {main_delta * 1e6:+.2f} µs CPU, {wait_delta * 1e6:+.2f} µs waiting | | |")  # fmt: skip
+    return step, own, main_delta, ratio
+
+
 def bench_parts(steps: int, rounds: int) -> tuple[dict[str, list[Sample]], float]:
     """Each variant of `_parts` once per round, the order rotated from round to round so that drift on a shared
     machine falls on every variant alike; and the supervisor's CPU share (of one core) during its runs."""
@@ -454,6 +687,38 @@ def bench_sitecustomize(runs: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
+def print_sum(per_step: float, fr_per_collective: float, own: float, main_delta: float, step: float,
+              ratio: str) -> None:  # fmt: skip
+    """The whole, part by part, beside the whole-job ratio of the same run: what the ranks' main thread takes more
+    under `blackbox run` (the hooks and the flight recorder where they run, in the step, from the ledger) and
+    blackbox's own threads and processes (the ledger); the hooks and the flight recorder measured in isolation
+    beside, for what an isolated measure leaves out."""
+    from blackbox._recorder import protocol as P
+
+    print(f"\n## The whole, part by part, as a share of the DDP job's {step * 1e6:.0f} µs step\n")
+    print("| part | cost per step | share of the step |\n| --- | ---: | ---: |")
+    isolated = {
+        "(in isolation: recorder hooks and time ledger, 1 batch, 1 backward, 1 optimizer step, 4 collectives)":
+        per_step,
+        f"(in isolation: flight recorder, {P.FR_ENTRIES} entries, 2 collectives at "
+        f"{fr_per_collective * 1e6:+.2f} µs each; below 0 read as 0)": 2 * max(fr_per_collective, 0.0),
+    }  # fmt: skip
+    for name, seconds in isolated.items():
+        print(f"| {name} | {seconds * 1e6:.2f} µs | {seconds / step * 100:.3f} % |")
+    parts = {
+        "the ranks' main thread, CPU under `blackbox run` minus plain (the hooks and the flight recorder in the "
+        "step; median of the runs)": main_delta,
+        "blackbox's threads and processes (the ranks' liveness threads, the supervisor, the tee, the console.log "
+        "process)": own,
+    }
+    for name, seconds in parts.items():
+        print(f"| {name} | {seconds * 1e6:.2f} µs | {seconds / step * 100:.3f} % |")
+    total = sum(parts.values())
+    print(f"| **all of blackbox, part by part (the two rows above)** | {total * 1e6:.2f} µs | "
+          f"**{total / step * 100:.2f} %** (target ≤ 1 %) |")  # fmt: skip
+    print(f"| **the whole job, `blackbox run` to plain (median pair ratio, 95 % interval)** | | **{ratio}** |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--updates", type=int, default=1_000_000)
@@ -463,11 +728,51 @@ def main() -> int:
     ap.add_argument("--liveness-seconds", type=float, default=20.0)
     ap.add_argument("--fr-calls", type=int, default=10000)
     ap.add_argument("--fr-rounds", type=int, default=5)
-    ap.add_argument("--skip-steps", action="store_true", help="leave out the (minutes long) step-time part")
+    ap.add_argument("--pairs", type=int, default=9, help="alternated pairs of plain and `blackbox run` per set")
+    ap.add_argument("--pair-sets", type=int, default=2)
+    ap.add_argument("--skip-steps", action="store_true", help="leave out the (minutes long) step-time parts")
+    ap.add_argument("--skip-variants", action="store_true", help="leave out the five variants' rounds")
+    ap.add_argument(
+        "--only-sum",
+        action="store_true",
+        help="only the whole against the sum: the hooks, the flight recorder, the pairs and their ledger",
+    )
     args = ap.parse_args()
 
     print(f"# blackbox overhead benchmark ({os.cpu_count()} CPUs, Python {sys.version.split()[0]})\n")
     print("| what | measured | target |\n| --- | --- | --- |")
+    if not args.only_sum:
+        print_isolated(args)
+    costs = bench_hook_costs()
+    per_step = costs["BATCH"] + costs["STEP"] + costs["BACKWARD"] + 4 * costs["COLLECTIVE"]
+    print(f"| recorder work per collective call (phase in and out, time ledger) | {costs['COLLECTIVE']:.0f} ns | |")
+    print(f"| recorder work per backward pass (phase in and out, time ledger) | {costs['BACKWARD']:.0f} ns | |")
+    print(f"| recorder work per DataLoader batch (phase, wait, batch shapes) | {costs['BATCH']:.0f} ns | |")
+    print(f"| recorder work per training step (1 batch, 1 backward, 4 collectives, 1 optimizer step) | "
+          f"{per_step / 1000:.1f} µs "
+          "| |")  # fmt: skip
+    fr = bench_flight_recorder(args.fr_calls, args.fr_rounds)
+    fr_cost = {k: v - fr["off"] for k, v in fr.items() if k != "off"}
+    print(f"| one-element gloo all_reduce, flight recorder off: the caller's CPU (median of {args.fr_rounds} runs) "
+          f"| {fr['off'] * 1e6:.1f} µs | |")  # fmt: skip
+    for entries, extra in fr_cost.items():
+        print(f"| flight recorder on, {entries} entries: added per collective | {extra * 1e6:+.2f} µs | |")
+    sys.stdout.flush()
+    if args.skip_steps:
+        return 0
+    if not (args.skip_variants or args.only_sum):
+        samples, supervisor_cpu = bench_parts(args.steps, args.rounds)
+        print_parts(samples, supervisor_cpu, args.steps, args.rounds)
+        sys.stdout.flush()
+    from blackbox._recorder import protocol as P
+
+    step, own, main_delta, ratio = print_pairs(bench_pairs(args.steps, args.pairs, args.pair_sets), args.steps)
+    print_sum(per_step / 1e9, fr_cost[P.FR_ENTRIES], own, main_delta, step, ratio)
+    return 0
+
+
+def print_isolated(args: argparse.Namespace) -> None:
+    """The rows measured in one process: heartbeat stores, start-up, the motion sample, the liveness thread."""
     for name, ns in bench_update(args.updates).items():
         print(f"| {name} | {ns:.0f} ns | {'≤ 500 ns' if 'stores only' in name else ''} |")
     site = bench_sitecustomize(args.startup_runs)
@@ -483,14 +788,6 @@ def main() -> int:
     for name, ms in startup.items():
         target = "≤ +15 ms" if name == "active" else "≤ +3 ms"
         print(f"| interpreter start, recorder {name} | {ms:.1f} ms ({ms - plain_start:+.1f} ms) | {target} |")
-    costs = bench_hook_costs()
-    per_step = costs["BATCH"] + costs["STEP"] + costs["BACKWARD"] + 4 * costs["COLLECTIVE"]
-    print(f"| recorder work per collective call (phase in and out, time ledger) | {costs['COLLECTIVE']:.0f} ns | |")
-    print(f"| recorder work per backward pass (phase in and out, time ledger) | {costs['BACKWARD']:.0f} ns | |")
-    print(f"| recorder work per DataLoader batch (phase, wait, batch shapes) | {costs['BATCH']:.0f} ns | |")
-    print(f"| recorder work per training step (1 batch, 1 backward, 4 collectives, 1 optimizer step) | "
-          f"{per_step / 1000:.1f} µs "
-          "| |")  # fmt: skip
     motion = bench_motion_costs()
     print(f"| motion sample, once every 0.5 s on the liveness thread (the main thread 32 frames deep) | "
           f"{motion['MOTION_TICK'] / 1000:.1f} µs | |")  # fmt: skip
@@ -499,38 +796,6 @@ def main() -> int:
     liveness = bench_liveness(args.liveness_seconds)
     print(f"| liveness thread, CPU per second ({args.liveness_seconds:g} s, schedstat) | {liveness * 100:.3f} % of "
           "one core | |")  # fmt: skip
-    fr = bench_flight_recorder(args.fr_calls, args.fr_rounds)
-    fr_cost = {k: v - fr["off"] for k, v in fr.items() if k != "off"}
-    print(f"| one-element gloo all_reduce, flight recorder off: the caller's CPU (median of {args.fr_rounds} runs) "
-          f"| {fr['off'] * 1e6:.1f} µs | |")  # fmt: skip
-    for entries, extra in fr_cost.items():
-        print(f"| flight recorder on, {entries} entries: added per collective | {extra * 1e6:+.2f} µs | |")
-    if args.skip_steps:
-        return 0
-    samples, supervisor_cpu = bench_parts(args.steps, args.rounds)
-    plain_step = statistics.median(s[0] for s in next(iter(samples.values())))
-    print_parts(samples, supervisor_cpu, args.steps, args.rounds)
-    # the whole, part by part: each part's own cost, measured where it resolves far below 1 %, as a share of the
-    # DDP job's step (2 collectives a step: DDP's gradient bucket and, every 10th step, the logged loss, rounded up)
-    from blackbox._recorder import protocol as P
-
-    sample = motion["MOTION_TICK"] / 1e9 / 0.5  # one sample every 0.5 s: its share of a core
-    parts = {
-        "recorder hooks and time ledger (1 batch, 1 backward, 1 optimizer step, 4 collectives: more than this job "
-        "has)": per_step / 1e9,
-        f"flight recorder, {P.FR_ENTRIES} entries, 2 collectives ({fr_cost[P.FR_ENTRIES] * 1e6:+.2f} µs measured per "
-        "collective; below 0 is noise, read as 0)": 2 * max(fr_cost[P.FR_ENTRIES], 0.0),
-        "liveness thread (its share of a core, as time taken from the step)": liveness * plain_step,
-        "its motion sample with a training stack (32 frames: its share of a core, likewise)": sample * plain_step,
-        "supervisor polling and tee (its share of a core, likewise)": supervisor_cpu * plain_step,
-    }
-    print(f"\n## The whole, part by part, as a share of the DDP job's {plain_step * 1e6:.0f} µs step\n")
-    print("| part | cost per step | share of the step |\n| --- | ---: | ---: |")
-    for name, seconds in parts.items():
-        print(f"| {name} | {seconds * 1e6:.2f} µs | {seconds / plain_step * 100:.3f} % |")
-    total = sum(parts.values())
-    print(f"| **all of blackbox** | {total * 1e6:.2f} µs | **{total / plain_step * 100:.2f} %** (target ≤ 1 %) |")
-    return 0
 
 
 if __name__ == "__main__":
