@@ -147,7 +147,8 @@ def test_auto_still_catches_a_real_hang_about_60_s_after_its_last_progress(
     spec = runner.SCENARIOS[name]
     # THEN the stall rule fired under `auto` 60 s after the job last moved (a poll's slack), and ended the job
     assert code == spec["exit"] == 86, err[-3000:]
-    (stall,) = job.events("stall")
+    # (a rank still stopped while the job is being ended trips the rule again: an `expected` record of the ending)
+    (stall,) = [e for e in job.events("stall") if not e.get("expected")]
     still = min(f["idle_s"] for f in stall["findings"])
     assert {f["timeout_rule"] for f in stall["findings"]} == {"auto"} and 60 <= still <= 63, stall
     assert not job.events("slow_phase"), err[-3000:]  # nothing moved: not a pause
