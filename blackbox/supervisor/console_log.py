@@ -16,7 +16,7 @@ from typing import Callable, Optional, Union
 
 from ..redact import StreamRedactor
 from ..safeopen import read_file
-from .tee import END, GAP, GAP_INFO, PIPE_SIZE, FrameReader, frames
+from .tee import END, GAP, GAP_INFO, PIPE_SIZE, FrameReader, frames, read_chunk
 
 DEFAULT_LOG_BYTES = 256 * 1024 * 1024  # console.log and its tail files together
 
@@ -403,12 +403,7 @@ class ConsoleLogProcess:
     def _read_replies(self) -> None:
         frames_in = FrameReader()
         while True:
-            try:
-                data = os.read(self._rep_r, 65536)
-            except InterruptedError:
-                continue
-            except OSError:
-                data = b""
+            data = read_chunk(self._rep_r, 65536)
             if not data:
                 break
             for kind, payload in frames_in.feed(data):
@@ -480,12 +475,7 @@ def _serve(path: str, max_bytes: int, data_r: int, ctl_r: int, rep_w: int) -> No
     while not cut and (data_open or (ctl_open and not finishing)):
         ready = select.select([fd for fd, on in ((data_r, data_open), (ctl_r, ctl_open)) if on], [], [])[0]
         if ctl_r in ready:
-            try:
-                data = os.read(ctl_r, 65536)
-            except InterruptedError:
-                continue
-            except OSError:
-                data = b""
+            data = read_chunk(ctl_r, 65536)
             if not data:
                 ctl_open = False  # the supervisor is gone: write what the tee still sends, to its end
             for kind, payload in ctl_in.feed(data):
@@ -507,12 +497,7 @@ def _serve(path: str, max_bytes: int, data_r: int, ctl_r: int, rep_w: int) -> No
             data_open = drain()
     while not cut and ctl_open and not log.idle():  # the backlog is being written: a cut may still come
         if select.select([ctl_r], [], [], 0.1)[0]:
-            try:
-                data = os.read(ctl_r, 65536)
-            except InterruptedError:
-                continue
-            except OSError:
-                data = b""
+            data = read_chunk(ctl_r, 65536)
             ctl_open = bool(data)
             cut = any(kind == CUT for kind, _ in ctl_in.feed(data))
     if cut:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import Callable, Optional
 
 from .console_log import ConsoleLogProcess, fcntl_pipe_size
-from .tee import END, PIPE_SIZE, FrameReader
+from .tee import END, PIPE_SIZE, FrameReader, read_chunk
 
 Sink = Callable[[bytes, int], None]  # (data, stream: 1 stdout or 2 stderr)
 TEE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tee.py")
@@ -36,12 +36,7 @@ class _Watch(threading.Thread):
         frames_in = FrameReader()
         try:
             while True:
-                try:
-                    data = os.read(self.fd, PIPE_SIZE)
-                except InterruptedError:
-                    continue
-                except OSError:
-                    data = b""
+                data = read_chunk(self.fd, PIPE_SIZE)
                 if not data:
                     break
                 for kind, payload in frames_in.feed(data):

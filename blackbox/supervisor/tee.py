@@ -120,6 +120,15 @@ class Copy:
         self.buf = bytearray()
 
 
+def read_chunk(fd: int, size: int) -> bytes:
+    """One read of a blocking `fd`: b"" at its end, or when it can no longer be read (os.read itself retries an
+    interrupted read)."""
+    try:
+        return os.read(fd, size)
+    except OSError:
+        return b""
+
+
 def write_out(fd: int, data: bytes) -> None:
     """All of `data` to `fd`, waiting as `cat` would (a terminal or pipe that is slow holds us, as it holds cat);
     an fd left non-blocking by someone else is waited on, not given up."""
