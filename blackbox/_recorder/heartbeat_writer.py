@@ -90,6 +90,20 @@ class HeartbeatWriter:
             self.mm[off : off + P.PHASE_NAME_BYTES] = name[: P.PHASE_NAME_BYTES].ljust(P.PHASE_NAME_BYTES, b"\0")
         q[23] = v
 
+    def spent(self, now: float) -> list[float]:
+        """Seconds in each ledger slot up to `now`: the ledger's words and the current phase's time since it began."""
+        out: list[float] = self._d[P.W_LEDGER : P.W_LEDGER + len(P.LEDGER_PHASES)].tolist()  # type: ignore[assignment]
+        out[self._ledger_word - P.W_LEDGER] += now - self._phase_start
+        return out
+
+    def shift(self, source: int, moves: list[tuple[int, float]]) -> None:
+        """Move seconds from one ledger slot to others (a sampled estimate: see Recorder's stride). The additions go
+        first: a reader between the stores sees a moment counted twice, never lost."""
+        d = self._d
+        for slot, seconds in moves:
+            d[P.W_LEDGER + slot] += seconds
+        d[P.W_LEDGER + source] -= sum(seconds for _, seconds in moves)
+
     def state(self, code: int) -> None:
         self._q[P.W_STATE] = code
 

@@ -10,6 +10,7 @@ ENV_RUN_DIR = "BLACKBOX_RECORD_DIR"  # set by the supervisor for the job: the ru
 ENV_RUN_ID = "BLACKBOX_RUN_ID"  # set by the supervisor for the job: its run id
 ENV_RECORDER = "BLACKBOX_RECORDER"  # set by an active recorder for its children: "<pid>:<mode>:<rank>"
 ENV_LIVENESS_INTERVAL = "BLACKBOX_LIVENESS_INTERVAL"  # seconds between liveness bumps (default 0.5)
+ENV_STRIDE = "BLACKBOX_STRIDE"  # a loop of short steps times its data and backward phases on one step in this many
 ENV_DISABLE = "BLACKBOX_DISABLE"  # "1": never activate (an escape hatch for users)
 ENV_CUDA_MEMORY_HISTORY = "BLACKBOX_CUDA_MEMORY_HISTORY"  # entries of CUDA memory history to keep (unset: off)
 ENV_FR_DIR = "BLACKBOX_FR_DIR"  # where flight-recorder dumps go; the recorder sets torch's own variables from it

@@ -52,6 +52,25 @@ def test_round_trip(tmp_path: Path) -> None:
     assert (state.data_wait_total, state.batches, state.mode) == (1.5, 10, "rank")
 
 
+def test_the_ledger_spent_so_far_and_a_sampled_estimate_moved(tmp_path: Path) -> None:
+    # GIVEN a rank 2 s in compute, then 1 s in data, and 0.5 s into compute again
+    hb = make_writer(tmp_path)
+    t0 = hb.mono0
+    hb.phase(P.PHASE_COMPUTE, t0, 0, 0)
+    hb.phase(P.PHASE_DATA, t0 + 2.0, 0, 0)
+    hb.phase(P.PHASE_COMPUTE, t0 + 3.0, 0, 0)
+    # WHEN the stride asks what was spent, then moves 0.75 s of compute to data and 0.25 s to backward
+    spent = hb.spent(t0 + 3.5)
+    hb.shift(P.PHASE_COMPUTE, [(P.PHASE_DATA, 0.75), (P.PHASE_BACKWARD, 0.25)])
+    # THEN the current phase's time counts in what was spent, and a reader sees the moved seconds
+    assert spent[P.PHASE_COMPUTE] == pytest.approx(2.5) and spent[P.PHASE_DATA] == pytest.approx(1.0)
+    with open(tmp_path / "heartbeat", "rb") as f:
+        state = decode(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+    after = state.time_spent(t0 + 3.5)
+    assert after["compute"] == pytest.approx(1.5) and after["data"] == pytest.approx(1.75)
+    assert after["backward"] == pytest.approx(0.25) and sum(after.values()) == pytest.approx(3.5)
+
+
 def test_motion_round_trip_and_older_layouts(tmp_path: Path) -> None:
     # GIVEN a version-3 page whose liveness thread wrote its motion group (forward calls, stack changes)
     hb = make_writer(tmp_path)

@@ -1,0 +1,74 @@
+"""The stride (blackbox/_recorder/recorder.py): a job of short steps pays for its data and backward hooks on one step
+in eight, and loses nothing a user reads. On a real 2-rank DDP job of steps of a few ms (tests/programs/fast_job.py):
+the ledger's data and backward time, estimated from the sampled steps, match what each rank timed itself, the
+batches are all counted, and an evaluation loop after training counts its batches again; a rank whose loader blocks
+for good on an unhooked step is named by the liveness thread (phase data, its DDP peer backward) and the verdict is
+the gallery's hang.data_loading."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blackbox.analyze.verdict import analyze
+from blackbox.bundle.reader import read_bundle
+from tests.conftest import BLACKBOX, PROGRAMS, TORCHRUN, bundles, job_env, kill_tree
+
+JOB = PROGRAMS / "fast_job.py"
+
+
+def run(mode: str, steps: int, run_dir: Path, cwd: Path, *options: str, **env: str) -> tuple[int, str, str]:
+    cmd = [*BLACKBOX, "run", "--run-dir", str(run_dir), *options, "--", TORCHRUN, "--standalone",
+           "--nproc-per-node", "2", str(JOB), mode, str(steps)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=cwd, env=job_env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        kill_tree(proc)
+    return proc.returncode, out, err
+
+
+def reports(out: str) -> dict[int, dict[str, Any]]:
+    rows = [json.loads(line[5:]) for line in out.splitlines() if line.startswith("FAST ")]
+    return {row["rank"]: row for row in rows}
+
+
+@pytest.mark.timeout(300)
+def test_sampled_ledger_matches_what_the_ranks_timed(tmp_path: Path) -> None:
+    code, out, err = run("straggler", 3000, tmp_path / "run", tmp_path)
+    assert code == 0, err[-3000:]
+    ranks = reports(out)
+    assert sorted(ranks) == [0, 1], out[-2000:]
+    for rank, row in ranks.items():
+        assert row["samples"] >= 20, f"rank {rank} hardly strided: {row}"  # 3000 / 16 unless steps were slow
+        for phase, measured in (("data", row["data_s"]), ("backward", row["backward_s"])):
+            got = row["ledger"][phase]
+            # an estimate from one step in eight: within 15 % of what was timed, or 5 % of the whole (without the
+            # estimate an unhooked step's data and backward would count as compute: 7/8 of each missing)
+            assert abs(got - measured) <= max(0.15 * measured, 0.05 * row["wall_s"]), (rank, phase, got, measured, row)
+        assert abs(row["batches"] - row["steps"]) <= 0.01 * row["steps"], row
+    # the straggler shows: rank 1 spends most of its step in data, rank 0 waits for it in backward
+    assert ranks[1]["ledger"]["data"] > 0.5 * ranks[1]["wall_s"], ranks[1]
+    assert ranks[0]["ledger"]["backward"] > 0.5 * ranks[0]["wall_s"], ranks[0]
+    # the evaluation after training: the pause ended the stride and its batches count again (all but up to a
+    # second's worth, taken before the liveness thread saw the pause)
+    assert not ranks[0]["striding_after_eval"], ranks[0]
+    assert ranks[0]["eval_batches"] >= 200, ranks[0]  # of 300, 10 ms each
+
+
+@pytest.mark.timeout(300)
+def test_a_loader_that_blocks_on_an_unhooked_step_is_named(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    code, out, err = run("hang", 1500, run_dir, tmp_path, "--stall-timeout", "15")
+    assert code == 86, err[-3000:]
+    assert "loader blocked for good" in out
+    assert "rank 0 (pid" in err and "backward): idle" in err, err[-3000:]
+    assert "rank 1 (pid" in err and "data): idle" in err, err[-3000:]
+    [bundle] = bundles(run_dir)
+    verdict = analyze(read_bundle(bundle)).verdict
+    assert verdict.category == "hang.data_loading" and verdict.suspect_ranks == [1], verdict.summary
