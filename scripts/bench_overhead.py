@@ -12,8 +12,10 @@
    supervisor's CPU while the steps run; their sum, as a share of the step, is the whole's cost;
 6. alternated pairs of plain torchrun and `blackbox run` (in-loop step time, median pair ratio), each run with a
    ledger of every thread and process (/proc schedstat: CPU and wait for a CPU, per step), side by side with the
-   part-by-part sum: the rank's work measured in isolation plus blackbox's own threads and processes from the ledger.
-Prints Markdown tables; docs/benchmarks.md quotes them. `--only-sum` runs only what 6 needs (minutes)."""
+   part-by-part sum: the recorder in place, the flight recorder in isolation, blackbox's own threads and processes;
+7. the recorder in place: under `blackbox run`, blocks of steps alternating between the recorder as it runs and
+   every rank-side hook out, in the ranks themselves (separate runs differ by more than the recorder costs).
+Prints Markdown tables; docs/benchmarks.md quotes them. `--only-sum` runs only what 6 and 7 need (minutes)."""
 
 from __future__ import annotations
 
@@ -65,6 +67,68 @@ import gc  # torch 2.13: a gloo group still held in a reference cycle is otherwi
 # finalization, where its runloop thread aborts the process ("terminate called without an active
 # exception", about 1 run in 3 here)
 gc.collect()
+"""
+
+# The same job under `blackbox run`, measuring the recorder in place: blocks of BLOCK steps alternate between the
+# recorder as it runs and every rank-side hook out (the optimizer hook, the wrapped collectives, the DataLoader and
+# backward hooks; the recorder's state kept for the next block), in pairs whose order alternates. The main thread's
+# CPU per step, on against off, per pair. The flight recorder (set up when the process group starts) stays on in both.
+IN_PLACE = r"""
+import json, os, sys, time, torch, torch.distributed as dist
+import torch.optim.optimizer as optim_module
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, TensorDataset
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+steps, warm, block = int(sys.argv[1]), 512, int(sys.argv[2])
+rec = sys.modules["_blackbox_recorder.recorder"].ACTIVE
+hooks = dict(optim_module._global_optimizer_post_hooks)
+wrapped = {n: f for n, f in vars(dist).items() if getattr(f, "__blackbox_wrapped__", False)}
+def hooked(on):
+    if on:
+        optim_module._global_optimizer_post_hooks.update(hooks)
+        for n, f in wrapped.items():
+            setattr(dist, n, f)
+        rec._set_hooks(hooked.was_in)
+        rec._last_step_time = time.monotonic()  # the block out is no gap between steps (it would end the stride)
+    else:
+        hooked.was_in = rec._hooks_in
+        for k in hooks:
+            optim_module._global_optimizer_post_hooks.pop(k, None)
+        for n, f in wrapped.items():
+            setattr(dist, n, f.__wrapped__)
+        rec._set_hooks(False)
+hooked.was_in = True
+data = TensorDataset(torch.randn((steps + warm) * 16, 32), torch.randn((steps + warm) * 16, 1))
+loader = DataLoader(data, batch_size=16)
+cpu = time.thread_time_ns
+pairs, mine, t = [], None, cpu()
+for i, (x, y) in enumerate(loader):
+    if i >= warm and (i - warm) % block == 0:
+        now = cpu()
+        k = (i - warm) // block
+        if k:
+            per_step = (now - t) / block
+            if mine is None:
+                mine = per_step
+            else:
+                pairs.append((mine, per_step) if first_on else (per_step, mine))
+                mine = None
+        if k % 2 == 0:
+            first_on = (k // 2) % 2 == 0
+        hooked(first_on if k % 2 == 0 else not first_on)
+        t = cpu()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    if i % 10 == 0:
+        dist.all_reduce(loss.detach())
+hooked(True)
+line = json.dumps({"rank": dist.get_rank(), "pairs": pairs, "samples": rec.samples})
+sys.stdout.write("INPLACE " + line + "\n"); sys.stdout.flush()
+dist.destroy_process_group()
+import gc; gc.collect()
 """
 
 
@@ -339,11 +403,12 @@ def _run_job(cmd: list[str], env: dict[str, str]) -> tuple[Sample, float]:
     return (wall, rank_cpu), (c1 - c0) / max(t1 - t0, 1e-9)
 
 
-def _median_ci(values: list[float], resamples: int = 4000) -> tuple[float, float, float]:
-    """The median and a bootstrap 95 % interval of it."""
+def _median_ci(values: list[float], resamples: int = 4000,
+               stat: Callable[[list[float]], float] = statistics.median) -> tuple[float, float, float]:  # fmt: skip
+    """The median (or `stat`) and a bootstrap 95 % interval of it."""
     rng = random.Random(0)
-    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
-    return statistics.median(values), medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
+    stats = sorted(stat(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return stat(values), stats[int(0.025 * resamples)], stats[int(0.975 * resamples) - 1]
 
 
 # --- the ledger: every thread and process of one run, its CPU and its wait for a CPU, while the steps ran --------
@@ -522,6 +587,25 @@ def bench_pairs(steps: int, pairs: int, sets: int) -> list[tuple[list[float], li
     return out
 
 
+def bench_in_place(steps: int, block: int) -> tuple[list[float], int]:
+    """The recorder in place (IN_PLACE): per pair of blocks, what the ranks' main thread takes more per step with the
+    recorder on than with every hook out (s), both ranks' pairs; and the stride's samples in rank 0."""
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
+    for name in [k for k in env if k.startswith(("BLACKBOX_", "TORCH_FR_", "TORCH_NCCL_"))]:
+        env.pop(name)
+    with tempfile.TemporaryDirectory() as d:
+        script = Path(d, "in_place.py")
+        script.write_text(IN_PLACE)
+        cmd = ["blackbox", "run", "--run-dir", f"{d}/run", "--", "torchrun", "--standalone", "--nproc-per-node", "2",
+               str(script), str(steps), str(block)]  # fmt: skip
+        out = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, check=True)
+    import json
+
+    rows = [json.loads(line[8:]) for line in out.stdout.splitlines() if line.startswith("INPLACE ")]
+    diffs = [(on - off) / 1e9 for row in rows for on, off in row["pairs"]]
+    return diffs, min(row["samples"] for row in rows)
+
+
 def _median_ledger(runs: list[Ledger]) -> Ledger:
     keys = {k for run in runs for k in run}
     return {k: (round(statistics.median(r.get(k, (0, 0))[0] for r in runs)),
@@ -687,35 +771,42 @@ def bench_sitecustomize(runs: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def print_sum(per_step: float, fr_per_collective: float, own: float, main_delta: float, step: float,
-              ratio: str) -> None:  # fmt: skip
-    """The whole, part by part, beside the whole-job ratio of the same run: what the ranks' main thread takes more
-    under `blackbox run` (the hooks and the flight recorder where they run, in the step, from the ledger) and
-    blackbox's own threads and processes (the ledger); the hooks and the flight recorder measured in isolation
-    beside, for what an isolated measure leaves out."""
-    from blackbox._recorder import protocol as P
+def print_in_place(diffs: list[float], samples: int, steps: int, block: int) -> tuple[float, str]:
+    m, lo, hi = _median_ci(diffs, stat=statistics.fmean)
+    print(f"\n## In place: the recorder as it runs against every hook out, in the ranks themselves ({steps} steps, "
+          f"blocks of {block})\n")  # fmt: skip
+    print("| what | main thread's CPU per step, on minus off: mean (95 % interval) | pairs of blocks | sampled steps |")
+    print("| --- | ---: | ---: | ---: |")
+    interval = f"{m * 1e6:.2f} µs ({lo * 1e6:.2f} to {hi * 1e6:.2f})"
+    print(f"| the optimizer hook, the collectives, the DataLoader and backward hooks (strided), the ledger | "
+          f"{interval} | {len(diffs)} | {samples} (rank 0) |")  # fmt: skip
+    return m, interval
 
+
+def print_sum(in_place: tuple[float, str], fr_per_collective: float, own: float, main_delta: float, step: float,
+              ratio: str) -> None:  # fmt: skip
+    """The whole, part by part, beside the whole-job ratio of the same run: the recorder's work in the ranks' main
+    thread measured in place (blocks on and off in one process), the flight recorder measured in isolation (on
+    in both kinds of block), blackbox's own threads and processes (the ledger); the ledger's own figure for the
+    main thread (separate runs: noisy) beside."""
     print(f"\n## The whole, part by part, as a share of the DDP job's {step * 1e6:.0f} µs step\n")
     print("| part | cost per step | share of the step |\n| --- | ---: | ---: |")
-    isolated = {
-        "(in isolation: recorder hooks and time ledger, 1 batch, 1 backward, 1 optimizer step, 4 collectives)":
-        per_step,
-        f"(in isolation: flight recorder, {P.FR_ENTRIES} entries, 2 collectives at "
-        f"{fr_per_collective * 1e6:+.2f} µs each; below 0 read as 0)": 2 * max(fr_per_collective, 0.0),
-    }  # fmt: skip
-    for name, seconds in isolated.items():
-        print(f"| {name} | {seconds * 1e6:.2f} µs | {seconds / step * 100:.3f} % |")
+    collectives = 1.1  # DDP's one gradient bucket a step, and the loop's logged all_reduce one step in ten
+    fr = collectives * max(fr_per_collective, 0.0)
     parts = {
-        "the ranks' main thread, CPU under `blackbox run` minus plain (the hooks and the flight recorder in the "
-        "step; median of the runs)": main_delta,
+        f"the recorder in the ranks' main thread, in place (mean, 95 % interval: {in_place[1]})": in_place[0],
+        f"the flight recorder, in isolation: {fr_per_collective * 1e6:+.2f} µs a collective, {collectives} a step "
+        "(below 0 read as 0)": fr,
         "blackbox's threads and processes (the ranks' liveness threads, the supervisor, the tee, the console.log "
-        "process)": own,
+        "process; the ledger)": own,
     }
     for name, seconds in parts.items():
         print(f"| {name} | {seconds * 1e6:.2f} µs | {seconds / step * 100:.3f} % |")
     total = sum(parts.values())
-    print(f"| **all of blackbox, part by part (the two rows above)** | {total * 1e6:.2f} µs | "
+    print(f"| **all of blackbox, part by part (the three rows above)** | {total * 1e6:.2f} µs | "
           f"**{total / step * 100:.2f} %** (target ≤ 1 %) |")  # fmt: skip
+    print(f"| (the ledger's main thread, `blackbox run` minus plain: separate runs, noisy) | "
+          f"{main_delta * 1e6:+.2f} µs | {main_delta / step * 100:+.2f} % |")  # fmt: skip
     print(f"| **the whole job, `blackbox run` to plain (median pair ratio, 95 % interval)** | | **{ratio}** |")
 
 
@@ -730,6 +821,7 @@ def main() -> int:
     ap.add_argument("--fr-rounds", type=int, default=5)
     ap.add_argument("--pairs", type=int, default=9, help="alternated pairs of plain and `blackbox run` per set")
     ap.add_argument("--pair-sets", type=int, default=2)
+    ap.add_argument("--in-place-steps", type=int, default=30000, help="steps of the in-place run (blocks on and off)")
     ap.add_argument("--skip-steps", action="store_true", help="leave out the (minutes long) step-time parts")
     ap.add_argument("--skip-variants", action="store_true", help="leave out the five variants' rounds")
     ap.add_argument(
@@ -767,7 +859,10 @@ def main() -> int:
     from blackbox._recorder import protocol as P
 
     step, own, main_delta, ratio = print_pairs(bench_pairs(args.steps, args.pairs, args.pair_sets), args.steps)
-    print_sum(per_step / 1e9, fr_cost[P.FR_ENTRIES], own, main_delta, step, ratio)
+    block = 64
+    diffs, sampled = bench_in_place(args.in_place_steps, block)
+    in_place = print_in_place(diffs, sampled, args.in_place_steps, block)
+    print_sum(in_place, fr_cost[P.FR_ENTRIES], own, main_delta, step, ratio)
     return 0
 
 

@@ -25,7 +25,7 @@ EXIT_JOIN_S = 1.0  # seconds the exiting job waits at most for the liveness thre
 # The stride: in a loop of short steps the data and backward hooks are taken out between sampled steps (see _stride).
 STRIDE_STEP_S = 0.01  # a step shorter than this is short ...
 STRIDE_AFTER = 64  # ... and this many short steps in a row start the stride
-STRIDE_EVERY = 16  # one step in this many is sampled (BLACKBOX_STRIDE overrides; 1: never stride)
+STRIDE_EVERY = 32  # one step in this many is sampled (BLACKBOX_STRIDE overrides; 1: never stride)
 STRIDE_PAUSE_S = 0.25  # no step for this long while striding: the liveness thread ends the stride
 STRIDE_FRAMES = 128  # frames of the main thread searched for an unhooked backward or DataLoader call
 
