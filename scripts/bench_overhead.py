@@ -329,9 +329,7 @@ def bench_flight_recorder(calls: int, rounds: int) -> dict[str, float]:
     other rank and varies by ±10 % on a shared machine, its CPU time far less."""
     from blackbox._recorder import protocol as P
 
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
-    for name in [k for k in env if k.startswith(("BLACKBOX_", "TORCH_FR_", "TORCH_NCCL_"))]:
-        env.pop(name)
+    env = _job_env()
     variants = {"off": {}, P.FR_ENTRIES: {"TORCH_FR_BUFFER_SIZE": P.FR_ENTRIES},
                 "20000": {"TORCH_FR_BUFFER_SIZE": "20000"}}  # fmt: skip
     times: dict[str, list[float]] = {k: [] for k in variants}
@@ -560,12 +558,19 @@ def _run_ledgered(cmd: list[str], env: dict[str, str], hold: str) -> tuple[float
     return step, per_step
 
 
-def bench_pairs(steps: int, pairs: int, sets: int) -> list[tuple[list[float], list[float], list[Ledger], list[Ledger]]]:
-    """The filer's measurement: `pairs` alternated pairs of the same DDP job, plain torchrun and under `blackbox
-    run` (which goes first alternates), in-loop step time; `sets` times over. Each run also gives its ledger."""
+def _job_env() -> dict[str, str]:
+    """The environment the benchmark's jobs run in: this venv's tools first, one OpenMP thread, and none of
+    blackbox's or the flight recorder's variables from the caller."""
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
     for name in [k for k in env if k.startswith(("BLACKBOX_", "TORCH_FR_", "TORCH_NCCL_"))]:
         env.pop(name)
+    return env
+
+
+def bench_pairs(steps: int, pairs: int, sets: int) -> list[tuple[list[float], list[float], list[Ledger], list[Ledger]]]:
+    """The filer's measurement: `pairs` alternated pairs of the same DDP job, plain torchrun and under `blackbox
+    run` (which goes first alternates), in-loop step time; `sets` times over. Each run also gives its ledger."""
+    env = _job_env()
     out = []
     with tempfile.TemporaryDirectory() as d:
         script = Path(d, "train.py")
@@ -590,9 +595,7 @@ def bench_pairs(steps: int, pairs: int, sets: int) -> list[tuple[list[float], li
 def bench_in_place(steps: int, block: int) -> tuple[list[float], int]:
     """The recorder in place (IN_PLACE): per pair of blocks, what the ranks' main thread takes more per step with the
     recorder on than with every hook out (s), both ranks' pairs; and the stride's samples in rank 0."""
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
-    for name in [k for k in env if k.startswith(("BLACKBOX_", "TORCH_FR_", "TORCH_NCCL_"))]:
-        env.pop(name)
+    env = _job_env()
     with tempfile.TemporaryDirectory() as d:
         script = Path(d, "in_place.py")
         script.write_text(IN_PLACE)
@@ -659,9 +662,7 @@ def print_pairs(results: list[tuple[list[float], list[float], list[Ledger], list
 def bench_parts(steps: int, rounds: int) -> tuple[dict[str, list[Sample]], float]:
     """Each variant of `_parts` once per round, the order rotated from round to round so that drift on a shared
     machine falls on every variant alike; and the supervisor's CPU share (of one core) during its runs."""
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
-    for name in [k for k in env if k.startswith(("BLACKBOX_", "TORCH_FR_", "TORCH_NCCL_"))]:
-        env.pop(name)
+    env = _job_env()
     with tempfile.TemporaryDirectory() as d:
         script = Path(d, "train.py")
         script.write_text(TRAIN)
