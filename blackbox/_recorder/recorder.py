@@ -221,15 +221,20 @@ class Recorder:
                 self.hb.phase(P.PHASE_COMPUTE, now, self._collective_op, self._collective_seq)
 
     # --- the stride: what a loop of short steps pays ------------------------------------------------
-    # In place, between a step's torch work, the data and backward hooks cost about 25 µs a step on a 2-core VM:
-    # nothing for a 100 ms step, 1.7 % of a 1.5 ms one. After STRIDE_AFTER steps in a row shorter than STRIDE_STEP_S
-    # they are taken out (the original functions put back) and put in for one step in STRIDE_EVERY: a sampled step.
+    # In place, between a step's torch work, the data and backward hooks cost about 20 µs a step on a 2-core VM:
+    # nothing for a 100 ms step, well over 1 % of a 1.5 ms one. After STRIDE_AFTER steps in a row shorter than
+    # STRIDE_STEP_S they are taken out (the originals put back) and put in for one step in STRIDE_EVERY: a sampled step.
     # Steps, collectives and checkpoints stay exact. The time an unhooked step spends in data and backward accrues to
     # the phase it runs in (compute) and is moved, at the next sampled step, by the last sample's shares; batches are
     # counted alike. A slow step ends the stride; so does a pause, seen by the liveness thread, which then names the
-    # phase from the main thread's stack (an unhooked DataLoader or backward call) and puts the hooks back.
+    # phase from the main thread's stack (an unhooked DataLoader or backward call) and puts the hooks back. A job
+    # that uses torch.compile never strides (dynamo guards on the globals the hooks swap).
     def _stride(self, now: float) -> None:
         try:
+            if self.motion.compiling:  # hooks coming and going under torch.compile could make dynamo recompile
+                self._short = -(1 << 62)  # never again
+                self._stride_stop(now)
+                return
             if not self._striding:
                 if self._stride_every <= 1 or not self._strided or not self.hook_ok("stride"):
                     self._short = -(1 << 62)  # never: not asked again

@@ -1,12 +1,13 @@
 """A 2-rank DDP job (gloo, CPU) of short steps (a few ms), where the recorder strides: its data and backward hooks
-are in for one step in eight. Rank 1's loader is slower (BB_DATA_S a batch). Each rank times its own data and
+are in for one step in 32. Rank 1's loader is slower (BB_DATA_S a batch). Each rank times its own data and
 backward calls and prints them beside what its recorder's ledger says, as one JSON line ("FAST {...}").
 
     torchrun --standalone --nproc-per-node 2 tests/programs/fast_job.py MODE STEPS
 
 Modes: straggler (train STEPS steps, then rank 0 evaluates alone over a DataLoader for EVAL_BATCHES batches while
 rank 1 waits at a barrier), hang (rank 1's loader blocks for good at step STEPS // 2: rank 0 then waits in backward,
-in DDP's gradient all_reduce)."""
+in DDP's gradient all_reduce), compiled (straggler's loop with the model under torch.compile: the rank never
+strides)."""
 
 import gc
 import json
@@ -47,6 +48,8 @@ class Samples(Dataset):
 
 
 model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1)))
+if MODE == "compiled":
+    model = torch.compile(model, backend="eager")  # dynamo without inductor: no compiler needed, steps stay short
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 hang_at = BATCH * (STEPS // 2) + 3 if MODE == "hang" and rank == 1 else -1
 loader = iter(DataLoader(Samples(DATA_S if rank == 1 else 0.0, hang_at), batch_size=BATCH))
