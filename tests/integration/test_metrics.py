@@ -51,6 +51,10 @@ def test_prometheus_scrapes_a_healthy_and_a_stalled_run(tmp_path: Path) -> None:
             # as seconds since progress too, and the next step sets them back)
             console = tmp_path / "stalled" / "console.log"
             wait_for(lambda: console.exists() and b"rank 1: failing now" in console.read_bytes(), 120, "the hang")
+            # ... and from the moment the supervisor has read that last step (3): on a loaded machine its poll can lag
+            # the console, and its gauge counts from the last step it has seen until then
+            last_step = f'blackbox_rank_step{{{stalled_at}, rank="1"}} >= 3'
+            wait_for(lambda: values(prom, last_step), 120, "the supervisor seeing rank 1's last step")
             idle = f'blackbox_rank_seconds_since_progress{{{stalled_at}, rank="1"}}'
             first = wait_for(lambda: values(prom, f"{idle} > 2"), 120, "the stalled rank's series")
             # THEN the stalled rank's seconds since progress grow from one scrape to the next
