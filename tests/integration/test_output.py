@@ -93,6 +93,17 @@ def test_the_job_outlives_a_supervisor_killed_with_sigkill(tmp_path: Path, termi
         os.close(read_fd)
 
 
+def _job_started(supervisor: int) -> bool:
+    """Whether the job (`python -c ...`) runs under the supervisor yet (its forked helpers carry blackbox's argv)."""
+    for child in psutil.Process(supervisor).children(recursive=True):
+        try:
+            if child.cmdline()[1:2] == ["-c"]:
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
 def test_a_stopped_console_log_or_supervisor_never_holds_the_job(tmp_path: Path) -> None:
     # GIVEN a job that prints 42 MB as fast as it can once told to go, under `blackbox run`
     run_dir, go, lines = tmp_path / "run", tmp_path / "go", 400_000
@@ -105,6 +116,8 @@ def test_a_stopped_console_log_or_supervisor_never_holds_the_job(tmp_path: Path)
     try:
         log = wait_for(lambda: [p for p in psutil.Process(proc.pid).children() if p.name() == "blackbox-log"], 30,
                        "console.log's process")  # fmt: skip
+        # (and the job started: a supervisor stopped before it starts the job holds it, rightly, from starting)
+        wait_for(lambda: _job_started(proc.pid), 60, "the job's process")
         # WHEN console.log's process and the supervisor itself stop dead (as a redactor stuck on a pathological
         # line, or a supervisor starved of CPU, would) before the job prints
         stopped = [log[0].pid, proc.pid]  # type: ignore[index]
