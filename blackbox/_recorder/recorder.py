@@ -85,7 +85,7 @@ class Recorder:
         self._versions_written = False
         self.lastwords = LastWords(self)
         self.motion = Motion(self)  # progress that is not a step: the main thread's stack, forward calls
-        # the stride (see _stride): hooks that may be taken out, as [owner, attribute, original, wrapper]
+        # the stride (see _stride): hooks that may be taken out, as [owner, attribute, original, wrapper, phase]
         self._strided: list[list[Any]] = []
         self._stride_every = int(_float_env(P.ENV_STRIDE, STRIDE_EVERY))
         self._short = 0  # short steps in a row
@@ -304,7 +304,7 @@ class Recorder:
         """Put the strided hooks in (on) or take them out; one someone else has replaced since is left alone, for
         good."""
         for entry in list(self._strided):
-            owner, name, original, wrapper = entry
+            owner, name, original, wrapper, _phase = entry
             current = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
             if current is (original if on else wrapper):
                 setattr(owner, name, wrapper if on else original)
@@ -330,11 +330,7 @@ class Recorder:
         self._stride_stop(now)
         if not unhooked:
             return
-        codes: dict[Any, int] = {}
-        for _owner, name, original, _wrapper in self._strided:
-            code = getattr(original, "__code__", None)
-            if code is not None:
-                codes[code] = P.PHASE_BACKWARD if name == "backward" else P.PHASE_DATA
+        codes = {getattr(entry[2], "__code__", None): entry[4] for entry in self._strided}
         main = self.motion.main
         frame = sys._current_frames().get(main) if main is not None else None
         for _ in range(STRIDE_FRAMES):
@@ -795,7 +791,7 @@ def _wrap_backward(rec: Recorder, torch: Any) -> None:
     if fn is None or getattr(fn, "__blackbox_wrapped__", False):
         return
     autograd.backward = _phase_wrapper(rec, "backward", fn, _enter(rec, P.PHASE_BACKWARD), skip=_is_compiling(torch))
-    rec._strided.append([autograd, "backward", fn, autograd.backward])
+    rec._strided.append([autograd, "backward", fn, autograd.backward, P.PHASE_BACKWARD])
 
 
 def _wrap_dcp(rec: Recorder, dcp: Any) -> None:
@@ -940,7 +936,7 @@ def _wrap_dataloader(rec: Recorder) -> None:
 
     __next__.__blackbox_wrapped__ = True  # type: ignore[attr-defined]
     cls.__next__ = __next__
-    rec._strided.append([cls, "__next__", original, __next__])
+    rec._strided.append([cls, "__next__", original, __next__, P.PHASE_DATA])
 
 
 # --- helpers ----------------------------------------------------------------------------------------
