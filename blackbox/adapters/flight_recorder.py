@@ -134,16 +134,25 @@ class Stuck:
     waiting: list[int]
     missing: list[int]
     untraced: list[int]  # members without a status, or whose status is older than their peers' (stale)
+    late: list[int] = field(default_factory=list)  # in `waiting`: entered it after their dump was written (`entered`)
 
 
-def stuck(statuses: list[GroupStatus], member_ranks: Optional[dict[str, list[int]]] = None) -> list[Stuck]:
+def idle(statuses: list[GroupStatus]) -> bool:
+    """Whether a rank's dump has no collective pending in any group: it was between collectives when it wrote it."""
+    return all(s.last_enqueued <= s.last_completed for s in statuses)
+
+
+def stuck(statuses: list[GroupStatus], member_ranks: Optional[dict[str, list[int]]] = None,
+          entered: Optional[dict[int, str]] = None) -> list[Stuck]:  # fmt: skip
     """Per group, the collective it is stuck at (not the furthest one any rank enqueued: a rank that ran ahead less
     is a victim too). A collective of the whole group completes on every member or on none, so the group has
     completed what its furthest member says it completed (a member's own count may lag: gloo retires work lazily);
     the stuck collective is the next one. A member that enqueued it waits in it; one that enqueued everything before
     it and not it never entered it; one that did not even enqueue what the group completed wrote its status earlier
     (a dump taken before the others'): its word on the stuck collective is unknown. Groups where nothing is pending
-    are left out."""
+    are left out. `entered`: ranks another source puts inside a collective while their dump has none pending (each
+    source is read at its own moment, and a rank may still arrive while a job is collected): one the dump says never
+    entered the stuck collective is counted as waiting in it, a late arrival, not as the rank the others wait for."""
     by_group: dict[str, list[GroupStatus]] = {}
     for s in statuses:
         by_group.setdefault(s.group, []).append(s)
@@ -153,11 +162,12 @@ def stuck(statuses: list[GroupStatus], member_ranks: Optional[dict[str, list[int
         seq = done + 1
         if max(s.last_enqueued for s in ss) < seq:
             continue
-        waiting = sorted(s.rank for s in ss if s.last_enqueued >= seq)
-        missing = sorted(s.rank for s in ss if s.last_enqueued == done)
+        late = sorted(s.rank for s in ss if s.last_enqueued == done and s.rank in (entered or {}))
+        waiting = sorted([s.rank for s in ss if s.last_enqueued >= seq] + late)
+        missing = sorted(s.rank for s in ss if s.last_enqueued == done and s.rank not in late)
         stale = {s.rank for s in ss if s.last_enqueued < done}
         untraced = sorted((set((member_ranks or {}).get(group, [])) - {s.rank for s in ss}) | stale)
-        out.append(Stuck(group, seq, waiting, missing, untraced))
+        out.append(Stuck(group, seq, waiting, missing, untraced, late))
     return out
 
 
@@ -226,13 +236,14 @@ def _last_entry(dump: dict[str, Any], group: str) -> Optional[dict[str, Any]]:
 
 
 def unjoined(dumps: dict[int, dict[str, Any]], extra: Optional[list[GroupStatus]] = None,
-             ops: Optional[dict[tuple[str, int], str]] = None) -> list[Unjoined]:  # fmt: skip
+             ops: Optional[dict[tuple[str, int], str]] = None,
+             entered: Optional[dict[int, str]] = None) -> list[Unjoined]:  # fmt: skip
     """From every rank's dump (rank -> dump), and statuses read elsewhere (`extra`: the NCCL watchdog's lines, with
     their ops by (group, seq)): per group, the collective it is stuck at and the members that never entered it,
-    with the op and where it was called."""
+    with the op and where it was called. `entered`: as for `stuck`."""
     statuses = [s for rank, d in dumps.items() for s in pg_status(rank, d)] + list(extra or [])
     out = []
-    for st in stuck(statuses, members(dumps)):
+    for st in stuck(statuses, members(dumps), entered):
         if not st.missing and not st.untraced:
             continue
         op, where, name = (ops or {}).get((st.group, st.seq), "collective"), None, st.group
@@ -262,11 +273,12 @@ class Mismatch:
     where: dict[str, str]  # the same key -> the user frame it was called from
 
 
-def mismatches(dumps: dict[int, dict[str, Any]]) -> list[Mismatch]:
-    """Per group, the collective it is stuck at, when the ranks that enqueued it did not all enqueue the same one."""
+def mismatches(dumps: dict[int, dict[str, Any]], entered: Optional[dict[int, str]] = None) -> list[Mismatch]:
+    """Per group, the collective it is stuck at, when the ranks that enqueued it did not all enqueue the same one. A
+    late arrival (`entered`, as for `stuck`: no entry of its own) joins the one call of the op it is in."""
     statuses = [s for rank, d in dumps.items() for s in pg_status(rank, d)]
     out = []
-    for st in stuck(statuses):
+    for st in stuck(statuses, entered=entered):
         group, seq = st.group, st.seq
         if len(st.waiting) < 2:
             continue
@@ -283,6 +295,10 @@ def mismatches(dumps: dict[int, dict[str, Any]]) -> list[Mismatch]:
             frame = _user_frame(e)
             if frame:
                 where.setdefault(key, frame)
+        for rank in st.late:
+            same = [key for key in calls if key.split(" ")[0] == (entered or {}).get(rank)]
+            if len(same) == 1:
+                calls[same[0]].append(rank)
         if len(calls) > 1:
             out.append(Mismatch(group, name, seq, {k: sorted(v) for k, v in calls.items()}, where))
     return out

@@ -81,6 +81,7 @@ class JobEvidence:
     ops: dict[tuple[str, int], str] = field(default_factory=dict)  # (group, seq) -> op, where known
     status_source: dict[int, str] = field(default_factory=dict)  # rank -> where its group statuses came from
     console_statuses: list[fr.GroupStatus] = field(default_factory=list)  # the watchdog's, for ranks without a dump
+    entered: dict[int, str] = field(default_factory=dict)  # rank -> the collective it entered after its dump (_entered)
     # collectives the ranks did not agree on: (group, seq, {rank: "ALLREDUCE [25]"}) — DETAIL's fingerprints, or the
     # watchdog's lines of one number with different ops or sizes
     mismatches: list[tuple[str, int, dict[int, str]]] = field(default_factory=list)
@@ -111,13 +112,29 @@ def job_evidence(bundle: Bundle, dumps: dict[int, dict[str, Any]], world: Option
         ev.status_source[t.rank] = f"{L.CONSOLE_TAIL} (the NCCL watchdog's line)"
         if group == "0" and world and group not in members:
             members[group] = list(range(world))
-    ev.stuck = fr.stuck(statuses + ev.console_statuses, members)
+    ev.entered = _entered(bundle, dumps)
+    ev.stuck = fr.stuck(statuses + ev.console_statuses, members, ev.entered)
     ev.mismatches = [("0", seq, calls) for seq, calls in ev.console.mismatches] + _watchdog_mismatches(ev.console)
     for st in ev.stuck:  # the stuck collective's op, from a waiting rank's own entry
         e = next((fr.entry(dumps[r], st.group, st.seq) for r in st.waiting if r in dumps), None)
         if e is not None:
             ev.ops[(st.group, st.seq)] = fr.op_name(e)
     return ev
+
+
+def _entered(bundle: Bundle, dumps: dict[int, dict[str, Any]]) -> dict[int, str]:
+    """Ranks whose flight-recorder dump has no collective pending while their heartbeat puts them inside one: the
+    recorder's hook marks the phase just before torch enqueues the call, so the dump was written before the rank got
+    there (a rank still moving while the job is collected: slow, or starved of CPU). rank -> the op it is in."""
+    out = {}
+    for rank, dump in dumps.items():
+        hb = bundle.json(L.rank_member(rank, L.HEARTBEAT))
+        if not isinstance(hb, dict) or hb.get("phase") != "collective" or hb.get("alive") is False:
+            continue
+        op, statuses = hb.get("collective"), fr.pg_status(rank, dump)
+        if isinstance(op, str) and op not in ("", "none") and statuses and fr.idle(statuses):
+            out[rank] = op
+    return out
 
 
 def _watchdog_mismatches(console: comm_log.ConsoleFacts) -> list[tuple[str, int, dict[int, str]]]:
@@ -235,7 +252,10 @@ def _fr_facts(rank: int, ev: JobEvidence) -> list[Fact]:
     for st in ev.stuck:
         op = ev.ops.get((st.group, st.seq))
         name = f"{op or 'collective'} #{st.seq} of group {st.group}"
-        if rank in st.waiting and source:
+        if rank in st.late and source:
+            out.append(Fact(source, "waiting", f"had not enqueued {name} when it wrote its dump, but its heartbeat "
+                            f"has it in {ev.entered.get(rank)}: it was on its way in", st.group, st.seq, op))  # fmt: skip
+        elif rank in st.waiting and source:
             out.append(Fact(source, "waiting", f"enqueued {name} and it has not completed", st.group, st.seq, op))
         elif rank in st.missing and source:
             out.append(Fact(source, "behind", f"never enqueued {name}, which ranks "

@@ -153,8 +153,15 @@ def _collective_findings(
     world = bundle.section("job").get("world_size")
     ev = job_evidence(bundle, dumps, world if isinstance(world, int) and 0 < world <= 1_000_000 else len(rows))
     extra = ev.console_statuses
-    unjoined = fr.unjoined(dumps, extra, ev.ops) if dumps or extra else []
-    mismatched = fr.mismatches(dumps) if dumps else []
+    unjoined = fr.unjoined(dumps, extra, ev.ops, ev.entered) if dumps or extra else []
+    mismatched = fr.mismatches(dumps, ev.entered) if dumps else []
+    for st in ev.stuck:
+        for r in st.late[:8]:
+            findings.append(Finding("observed", f"rank {r} had not enqueued collective #{st.seq} of group {st.group} "
+                                    f"when it wrote its flight-recorder dump, but its heartbeat has it in "
+                                    f"{ev.entered[r]}: it was on its way in, counted as waiting, not as the rank the "
+                                    "others wait for", f"{L.FLIGHT_RECORDER_DIR}, "
+                                    f"{L.rank_member(r, L.HEARTBEAT)}"))  # fmt: skip
     for t in ev.console.timeouts[:8]:
         findings.append(Finding("observed", f"rank {t.rank}: the NCCL watchdog timed out on {t.op} #{t.seq}"
                                 + (f" of group {t.group}" if t.group else "") + (
