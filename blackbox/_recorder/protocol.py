@@ -80,6 +80,7 @@ W_DATA_WAIT, W_BATCHES = 29, 30  # total seconds waited on data, batches deliver
 # in it yet: a reader adds it). Each word is one store; a reader takes differences between its readings.
 W_LEDGER = 32  # words 32..39
 LEDGER_PHASES = ("startup", "compute", "data", "checkpoint", "collective", "eval", "backward", "other")
+WAITING_PHASES = ("collective", "backward")  # where a rank waits for its peers (DDP and FSDP wait in backward)
 # motion group (version 3), written by the liveness thread alone: progress that is not a step. Version, forward calls
 # counted (module calls, by a global forward pre-hook the thread installs only during a pause), when that count last
 # changed (mono s), how many times the main thread's Python stack was seen to change between two samples, when it

@@ -10,6 +10,7 @@ alerts and index. Pure; imports the stdlib, the shared words, the flight-recorde
 from __future__ import annotations
 
 import re
+import statistics
 from dataclasses import dataclass, field
 from signal import SIGTERM
 from typing import Any, Optional
@@ -51,6 +52,7 @@ class Context:
     cuda_lines: list[tuple[Optional[int], str]] = field(default_factory=list)  # the console's CUDA errors
     duplicate_gpu: list[int] = field(default_factory=list)  # ranks NCCL found on one GPU
     ops: dict[tuple[str, int], str] = field(default_factory=dict)  # (group, seq) -> the stuck collective's op
+    waited: dict[int, float] = field(default_factory=dict)  # rank -> share of its run spent waiting (time ledger)
 
 
 @dataclass
@@ -238,16 +240,46 @@ def _on_request(states: list[RankState], ctx: Context) -> Optional[Blame]:
         slow = others if waiting else []
         ids = sorted(s.rank for s in slow)
         be, them = ("is", "it") if len(ids) == 1 else ("are", "them")
-        summary = "the job is progressing" + (
-            f"; {plural_ranks(ids)} {be} the slowest: the others wait for {them} in a collective" if ids else ""
-        )
-        inferred = [f"{plural_ranks(ids)} {be} the slowest: the ones the others wait for in a collective while the "
-                    "job progresses"] if ids else []  # fmt: skip
-        return Blame(ids, "ok", slow[0].phase if slow else None, "low", summary, inferred)
+        if ids:
+            summary = (
+                f"the job is progressing; {plural_ranks(ids)} {be} the slowest: the others wait for {them} "
+                "in a collective"
+            )
+            inferred = [f"{plural_ranks(ids)} {be} the slowest: the ones the others wait for in a collective while "
+                        "the job progresses"]  # fmt: skip
+            return Blame(ids, "ok", slow[0].phase, "low", summary, inferred)
+        return _slowest_by_ledger(states, ctx) or Blame([], "ok", None, "low", "the job is progressing")
     stuck = any(s.where in _STUCK for s in others) or bool(waiting and others) or waits(ctx) is not None
     if not stuck and not _odd_ops(waiting) and not ctx.mismatch:
         return Blame([], "ok", None, "low", "no rank stands out: none waits for another, none is stopped or gone")
     return None
+
+
+LEDGER_GAP = 0.25  # a rank this much less of its run waiting than the median of the others' is one they wait for
+
+
+def _slowest_by_ledger(states: list[RankState], ctx: Context) -> Optional[Blame]:
+    """When the dump instant caught no rank waiting (a job that steps: the waits come and go), the time ledgers say
+    who the others wait for: the ranks that spent far less of the run waiting for their peers than the others."""
+    waited = ctx.waited
+    ids = sorted(
+        r
+        for r, share in waited.items()
+        if len(waited) > 1 and statistics.median(v for o, v in waited.items() if o != r) - share >= LEDGER_GAP
+    )
+    if not ids or len(ids) * 2 > len(waited):  # half the ranks or more: nothing stands out
+        return None
+    others = statistics.median(v for r, v in waited.items() if r not in ids)
+    by_rank = {s.rank: s for s in states}
+    be, them = ("is", "it") if len(ids) == 1 else ("are", "them")
+    theirs = ", ".join(f"{waited[r]:.0%}" for r in ids)
+    summary = (f"the job is progressing; {plural_ranks(ids)} {be} the slowest: over the run the other ranks spent "
+               f"{others:.0%} of their time waiting for their peers (in collectives and backward), "
+               f"{plural_ranks(ids)} {theirs}")  # fmt: skip
+    inferred = [f"{plural_ranks(ids)} {be} the slowest: the others spend their time waiting for {them} (the time "
+                "ledgers; no rank was inside a collective at the dump)"]  # fmt: skip
+    phase = by_rank[ids[0]].phase if ids[0] in by_rank else None
+    return Blame(ids, "ok", phase, "low", summary, inferred)
 
 
 # Functions of the paths that run collectives on some ranks only: saving, evaluating, logging, the main process's.

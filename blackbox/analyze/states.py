@@ -253,8 +253,8 @@ def _fr_facts(rank: int, ev: JobEvidence) -> list[Fact]:
         op = ev.ops.get((st.group, st.seq))
         name = f"{op or 'collective'} #{st.seq} of group {st.group}"
         if rank in st.late and source:
-            out.append(Fact(source, "waiting", f"had not enqueued {name} when it wrote its dump, but its heartbeat "
-                            f"has it in {ev.entered.get(rank)}: it was on its way in", st.group, st.seq, op))  # fmt: skip
+            text = f"had not enqueued {name} when it wrote its dump, but its heartbeat has it in {ev.entered.get(rank)}"
+            out.append(Fact(source, "waiting", f"{text}: it was on its way in", st.group, st.seq, op))
         elif rank in st.waiting and source:
             out.append(Fact(source, "waiting", f"enqueued {name} and it has not completed", st.group, st.seq, op))
         elif rank in st.missing and source:

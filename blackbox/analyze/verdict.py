@@ -607,12 +607,14 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     # loopback works, and single-host jobs print it all the time)
     network = ev.console.network + ([reason] if comm_log.error_kind(reason) == "network_setup" else []) + (
         ev.console.hostname_fallback[:1] if _hosts(bundle) > 1 else [])  # fmt: skip
+    time = time_ledger(bundle, [r.rank for r in rows], {r.rank: r.node for r in rows})
     ctx = Context(rule=rule, console=_console_category(bundle, reason), stuck=ev.stuck, mismatch=calls, mismatch_at=at,
                   oom_ranks=oom_ranks, kernel_oom=facts.kernel_oom, network=network,
                   absent=absent or _unseen(bundle, state_of),
                   progressing=_progressing(rows) if rule == "manual" else None, cuda_lines=ev.console.cuda_errors,
                   ops={**ev.ops, **{(u.group, u.seq): u.op for u in unjoined}},
-                  duplicate_gpu=ev.console.duplicate_gpu)  # fmt: skip
+                  duplicate_gpu=ev.console.duplicate_gpu,
+                  waited=_waited(time))  # fmt: skip
     b = blame(states, ctx)
     suspects = b.suspects
     summary = _summary(b, rule, Trigger(bundle.trigger.rule, bundle.trigger.kind).name, reason)
@@ -623,7 +625,6 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     if reason:
         source = f"{L.DETECTION}, {L.CONSOLE_TAIL}" if detection.get("rule") == "console" else L.DETECTION
         findings.append(Finding("observed", f"trigger: {reason}", source))
-    time = time_ledger(bundle, [r.rank for r in rows], {r.rank: r.node for r in rows})
     arrivals = fr.arrivals(dumps) if time["stragglers"] else []  # read only beside a straggler it would confirm
     findings.extend(Finding("observed", text, source) for text, source in time_findings(time, arrivals))
     findings.extend(Finding("observed", t, source) for t, source in motion_findings(bundle, [r.rank for r in rows]))
@@ -684,6 +685,17 @@ def _unseen(bundle: Bundle, state_of: dict[int, RankState]) -> list[int]:
     if not isinstance(world, int) or not state_of or not len(state_of) < world <= len(state_of) + 100_000:
         return []
     return [r for r in range(world) if r not in state_of]
+
+
+def _waited(time: dict[str, Any]) -> dict[int, float]:
+    """rank -> the share of its time since start-up spent where it waits for its peers (the time ledger)."""
+    out = {}
+    for row in time["ranks"]:
+        shares = row["shares"]
+        running = 1.0 - shares.get("startup", 0.0)
+        if running > 0.01:
+            out[row["rank"]] = min(1.0, sum(shares.get(p, 0.0) for p in P.WAITING_PHASES) / running)
+    return out
 
 
 def _mismatch(mismatched: list[fr.Mismatch], ev: JobEvidence) -> tuple[dict[int, str], str]:

@@ -15,7 +15,7 @@ from typing import Any, Optional
 from .._recorder import protocol as P
 from ..heartbeat_reader import HeartbeatState
 
-WAITING = ("collective", "backward")  # where a rank waits for its peers (and, in backward, also computes)
+WAITING = P.WAITING_PHASES  # where a rank waits for its peers (and, in backward, also computes)
 OWN = ("compute", "data", "checkpoint", "eval", "other")  # its own work: the others wait while it does this
 STRAGGLER_WINDOWS = 3  # windows in a row a rank must be slow in before it is named
 RECOVERY_WINDOWS = 2  # ... and not slow in before its episode ends

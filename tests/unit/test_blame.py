@@ -192,6 +192,21 @@ def test_on_request_a_hung_job_gets_a_hang_and_a_quiet_one_ok() -> None:
     assert blame([state(0, spin), state(1, spin)], Context("manual")).category == "ok"
 
 
+def test_on_request_with_nobody_waiting_at_the_dump_the_ledgers_name_the_slowest() -> None:
+    # a job that steps: the dump came while rank 0 was outside its wait (it waits 95 % of each step)
+    spin = fact("compute", "main thread in forward (model.py:3)", STACK)
+    ranks = [state(0, spin), state(1, spin)]
+    slow = blame(ranks, Context("manual", progressing=True, waited={0: 0.95, 1: 0.04}))
+    assert (slow.category, slow.suspects, slow.confidence) == ("ok", [1], "low"), slow
+    assert "rank 1 is the slowest" in slow.summary and "95%" in slow.summary, slow.summary
+    four = [state(r, spin) for r in range(4)]
+    assert blame(four, Context("manual", progressing=True, waited={0: 0.9, 1: 0.88, 2: 0.1, 3: 0.91})).suspects == [2]
+    # even shares (a healthy job), or most ranks "slow" (nothing stands out): nobody is named
+    assert blame(ranks, Context("manual", progressing=True, waited={0: 0.35, 1: 0.3})).suspects == []
+    assert blame(four, Context("manual", progressing=True, waited={0: 0.9, 1: 0.1, 2: 0.1, 3: 0.1})).suspects == []
+    assert blame(ranks, Context("manual", progressing=True)).suspects == []  # no ledgers
+
+
 def test_comm_timeout_blames_the_rank_that_never_arrived() -> None:
     victim = state(0, fact("waiting", "raised DistBackendError out of a collective", "ranks/0/exceptions.jsonl"))
     victim.exception = {"rank": 0, "time": 5.0, "type": "DistBackendError", "message": "[unbound_buffer.cc:78] Timed "
