@@ -22,7 +22,7 @@ def step() -> None:
     rec = _active()
     if rec is not None:
         try:
-            rec.step(explicit=True)
+            rec.step()
         except Exception as exc:
             rec.fail("api.step", exc)
 

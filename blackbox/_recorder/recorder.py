@@ -25,12 +25,22 @@ EXIT_JOIN_S = 1.0  # seconds the exiting job waits at most for the liveness thre
 # The stride: in a loop of short steps the data and backward hooks are taken out between sampled steps (see _stride).
 STRIDE_STEP_S = 0.01  # a step shorter than this is short ...
 STRIDE_AFTER = 64  # ... and this many short steps in a row start the stride
-STRIDE_EVERY = 32  # one step in this many is sampled (BLACKBOX_STRIDE overrides; 1: never stride)
+STRIDE_EVERY = 64  # one step in this many is sampled (BLACKBOX_STRIDE overrides; 1: never stride) ...
+SAMPLE_STEPS = 4  # ... SAMPLE_STEPS in a row: each putting in and taking out costs more than a hooked step
+SAMPLE_KEEP = 0.75  # each sample's weight in the next estimate: the shares average about the last 4 samples
 STRIDE_PAUSE_S = 0.25  # no step for this long while striding: the liveness thread ends the stride
 STRIDE_FRAMES = 128  # frames of the main thread searched for an unhooked backward or DataLoader call
 
 
+_MARKED = object()  # the step source of blackbox.step(): the job marks its steps itself
+
+
 class Recorder:
+    # The step path's state in slots: in a real step its code and data are cold, and a slot is one load at a fixed
+    # offset of one small block (scripts/bench_overhead.py measures the step path in place).
+    __slots__ = ("__dict__", "_hooks_in", "_last_dt", "_last_step_time", "_left", "_short", "_slowest", "_stale",
+                 "_stepper", "_striding", "_unhooked_steps", "enabled", "hb", "step_count")  # fmt: skip
+
     def __init__(self, run_dir: str, rank: int, local_rank: int, world_size: int, mode: str) -> None:
         self.pid = os.getpid()
         self.rank = rank
@@ -54,9 +64,8 @@ class Recorder:
         self.step_count = 0
         self._last_step_time = self.hb.mono0
         self._slowest = 0.0
-        self._explicit_steps = False
         self._raised = False  # an uncaught exception reached the main thread
-        self._primary_optimizer: Optional[int] = None
+        self._stepper = 0  # id of what counts the steps: the job's first optimizer, or _MARKED; 0 until known
         # phases: the current one, restored on exit of a nested one
         self._phase: tuple[int, float, bytes] = (P.PHASE_STARTUP, self.hb.mono0, b"")
         self._collective_op = 0  # the last collective entered, kept in every phase write
@@ -98,6 +107,8 @@ class Recorder:
         self._shares: list[tuple[int, float]] = []  # (ledger slot, share of the base phase's time) from the sample
         self._base = P.ledger_slot(P.PHASE_COMPUTE)  # the phase the hidden data and backward time accrues to
         self._batches_per_step = 0.0
+        self._sampled: list[float] = []  # the samples' ledger and batch deltas, a moving average (SAMPLE_KEEP)
+        self._weight = 0.0  # ... and the number of samples in it, averaged alike
         self._stale = -1  # a phase the liveness thread set from the stack: left by the next step
         self.samples = 0  # sampled steps so far
 
@@ -186,47 +197,68 @@ class Recorder:
         return self.enabled and hook not in self._failed
 
     # --- steps (the hot path: a few stores, no syscall) --------------------------------------------
-    def step(self, explicit: bool = False) -> None:
-        if not self.enabled:
+    def step(self) -> None:
+        """A step the job marks itself (blackbox.step()): from then on, optimizer steps are not counted."""
+        if "optimizer_step" in self._failed:
             return
-        if explicit:
-            self._explicit_steps = True
-        now = _monotonic()
-        dt = now - self._last_step_time
-        self._last_step_time = now
-        n = self.step_count + 1
-        self.step_count = n
-        if n > 1 and dt > self._slowest:  # the first step includes start-up: not a step time
-            self._slowest = dt
-        self._last_dt = dt
-        self.hb.progress(n, now, dt, self._slowest)
-        if dt < STRIDE_STEP_S:
-            self._short += 1
-            if self._short >= STRIDE_AFTER:
-                if self._left > 1:  # within a stretch (no call: this runs on most short steps)
-                    self._left -= 1
-                    self._unhooked_steps += not self._hooks_in
-                else:
-                    self._stride(now)
-        elif self._striding:
-            self._stride_stop(now)
-        else:
-            self._short = 0
-        if self._stale >= 0:
-            self._leave_stale(now)
-        if n == 1:
-            self.hb.state(P.STATE_RUNNING)
-            if self._phase[0] == P.PHASE_STARTUP:
-                self._phase = (P.PHASE_COMPUTE, now, b"")
-                self.hb.phase(P.PHASE_COMPUTE, now, self._collective_op, self._collective_seq)
+        self._stepper = id(_MARKED)
+        self._on_step(_MARKED, None, None)
+
+    def _on_step(self, source: Any, args: Any, kwargs: Any) -> None:
+        """torch's optimizer step post hook, and blackbox.step(): one frame, run once a step (`source`: the
+        optimizer, or _MARKED). Anything but the source that counts steps goes to _other_step."""
+        if id(source) != self._stepper or not self.enabled:
+            self._other_step(source)
+            return
+        try:
+            now = _monotonic()
+            dt = now - self._last_step_time
+            self._last_step_time = now
+            n = self.step_count + 1
+            self.step_count = n
+            if dt > self._slowest and n > 1:  # the first step includes start-up: not a step time
+                self._slowest = dt
+            self._last_dt = dt
+            self.hb.progress(n, now, dt, self._slowest)
+            if dt < STRIDE_STEP_S:
+                self._short += 1
+                if self._short >= STRIDE_AFTER:
+                    if self._left > 1:  # within a stretch (no call: this runs on most short steps)
+                        self._left -= 1
+                        self._unhooked_steps += not self._hooks_in
+                    else:
+                        self._stride(now)
+            elif self._striding:
+                self._stride_stop(now)
+            else:
+                self._short = 0
+            if self._stale >= 0:
+                self._leave_stale(now)
+            if n == 1:
+                self.hb.state(P.STATE_RUNNING)
+                if self._phase[0] == P.PHASE_STARTUP:
+                    self._phase = (P.PHASE_COMPUTE, now, b"")
+                    self.hb.phase(P.PHASE_COMPUTE, now, self._collective_op, self._collective_seq)
+        except Exception as exc:  # the hook stays registered but counts nothing after a fault
+            self._stepper = -1
+            self.fail("optimizer_step", exc)
+
+    def _other_step(self, source: Any) -> None:
+        """A step hook call from anything but the source that counts steps: the job's first optimizer becomes it
+        (several optimizers, as in a GAN, step once an iteration: the others are not counted)."""
+        if self._stepper == 0 and self.enabled and source is not _MARKED and "optimizer_step" not in self._failed:
+            self._stepper = id(source)
+            self._on_step(source, None, None)
 
     # --- the stride: what a loop of short steps pays ------------------------------------------------
     # In place, between a step's torch work, the data and backward hooks cost about 20 µs a step on a 2-core VM:
     # nothing for a 100 ms step, well over 1 % of a 1.5 ms one. After STRIDE_AFTER steps in a row shorter than
-    # STRIDE_STEP_S they are taken out (the originals put back) and put in for one step in STRIDE_EVERY: a sampled step.
-    # Steps, collectives and checkpoints stay exact. The time an unhooked step spends in data and backward accrues to
-    # the phase it runs in (compute) and is moved, at the next sampled step, by the last sample's shares; batches are
-    # counted alike. A slow step ends the stride; so does a pause, seen by the liveness thread, which then names the
+    # STRIDE_STEP_S they are taken out (the originals put back) and put in for one step in STRIDE_EVERY: a sample of
+    # SAMPLE_STEPS steps in a row every SAMPLE_STEPS * STRIDE_EVERY (putting the hooks in and taking them out costs
+    # tens of µs in place, more than a hooked step). Steps,
+    # collectives and checkpoints stay exact. The time an unhooked step spends in data and backward accrues to the
+    # phase it runs in (compute) and is moved, at the next sample, by the recent samples' shares; batches are counted
+    # alike. A slow step ends the stride; so does a pause, seen by the liveness thread, which then names the
     # phase from the main thread's stack (an unhooked DataLoader or backward call) and puts the hooks back. A job
     # that uses torch.compile never strides (dynamo guards on the globals the hooks swap).
     def _stride(self, now: float) -> None:
@@ -263,22 +295,28 @@ class Recorder:
         self._settle(counts)
         self._set_hooks(True)
         self._sample_from = counts
-        self._left = 1
+        self._left = SAMPLE_STEPS
         self.samples += 1
 
     def _end_sample(self, now: float) -> None:
         counts = self._counts(now)
-        delta = [b - a for a, b in zip(self._sample_from, counts)]
-        self._base = P.ledger_slot(self._phase[0])
+        base = P.ledger_slot(self._phase[0])
+        if base != self._base or not self._sampled:
+            self._sampled, self._weight = [0.0] * len(counts), 0.0
+        self._base = base
+        # a moving average over the last few samples (one step each: alone, too noisy an estimate)
+        self._sampled = [kept * SAMPLE_KEEP + b - a for kept, a, b in zip(self._sampled, self._sample_from, counts)]
+        self._weight = self._weight * SAMPLE_KEEP + 1.0
+        sampled = self._sampled
         hidden = [P.ledger_slot(P.PHASE_DATA), P.ledger_slot(P.PHASE_BACKWARD)]
-        total = delta[self._base] + sum(delta[slot] for slot in hidden)
-        ok = total > 0 and self._base not in hidden
-        self._shares = [(slot, delta[slot] / total) for slot in hidden] if ok else []
-        self._batches_per_step = delta[-1]
+        total = sampled[base] + sum(sampled[slot] for slot in hidden)
+        ok = total > 0 and base not in hidden
+        self._shares = [(slot, sampled[slot] / total) for slot in hidden] if ok else []
+        self._batches_per_step = sampled[-1] / (self._weight * SAMPLE_STEPS)
         self._set_hooks(False)
         self._unhooked_from = counts
         self._unhooked_steps = 0
-        self._left = self._stride_every - 1
+        self._left = SAMPLE_STEPS * (self._stride_every - 1)
 
     def _settle(self, counts: list[float]) -> None:
         """The unhooked stretch's data and backward time, moved out of the base phase by the sample's shares (and
@@ -319,6 +357,7 @@ class Recorder:
         if not self._striding:
             return
         self._striding = False
+        self._sampled = []
         if not self._hooks_in:
             self._settle(self._counts(now))
             self._set_hooks(True)
@@ -360,18 +399,6 @@ class Recorder:
         if self._phase[0] == stale:
             self._phase = (P.PHASE_COMPUTE, now, b"")
             self.hb.phase(P.PHASE_COMPUTE, now, self._collective_op, self._collective_seq)
-
-    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        try:
-            if self._explicit_steps or not self.enabled or "optimizer_step" in self._failed:
-                return
-            key = id(optimizer)
-            if self._primary_optimizer is None:
-                self._primary_optimizer = key
-            if key == self._primary_optimizer:  # several optimizers (GANs) step once per iteration
-                self.step()
-        except Exception as exc:  # the hook stays registered but does nothing after a fault
-            self.fail("optimizer_step", exc)
 
     # --- phases -----------------------------------------------------------------------------------
     def enter_phase(self, code: int, name: bytes = b"") -> tuple[int, float, bytes]:
@@ -651,7 +678,7 @@ class Recorder:
         register = getattr(module, "register_optimizer_step_post_hook", None)
         if register is None:
             raise RuntimeError("this torch has no register_optimizer_step_post_hook: steps need blackbox.step()")
-        register(self._on_optimizer_step)
+        register(self._on_step)
 
 
 # --- torch integration ------------------------------------------------------------------------------

@@ -82,6 +82,9 @@ def is_fake() -> bool:
     return bool(os.environ.get(ENV_FAKE))
 
 
+NO_GPU_TOOLS = "no GPU (neither NVML nor nvidia-smi found)"  # query_gpus' word where the host has no GPU tools
+
+
 def cheap() -> bool:
     """Whether a reading costs no process start (NVML or the fake): then it may be taken every poll."""
     import importlib.util
@@ -153,7 +156,7 @@ def query_gpus(timeout: float = 3.0) -> tuple[list[GpuReading], str]:
         return nvml
     exe = shutil.which("nvidia-smi")
     if exe is None:
-        return [], "no GPU (neither NVML nor nvidia-smi found)"
+        return [], NO_GPU_TOOLS
     try:
         out = subprocess.run(
             [exe, f"--query-gpu={_QUERY}", "--format=csv,noheader,nounits"],

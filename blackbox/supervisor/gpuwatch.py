@@ -1,7 +1,7 @@
 """Watching the GPUs from `blackbox run`: readings at the poll interval (NVML or the fake: every poll; nvidia-smi:
-at most every 10 s, a process each), a bounded history per GPU for the bundles, how long every GPU has sat at
-0 %, and events for a hot, throttling or newly erroring GPU. Pure but for the adapter call; no printing.
-Imports the stdlib and blackbox's GPU adapter."""
+at most every 10 s, a process each; on a host with neither, one try), a bounded history per GPU for the bundles,
+how long every GPU has sat at 0 %, and events for a hot, throttling or newly erroring GPU. Pure but for the adapter
+call; no printing. Imports the stdlib and blackbox's GPU adapter."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ class GpuWatch:
         self._next = now + self._interval
         readings, self.source = self._read()
         if not readings:
+            if self.source == gpu.NO_GPU_TOOLS and not self.seen_gpus:
+                self._next = float("inf")  # a host without NVML or nvidia-smi: none comes mid-job, stop asking
             return []
         self.seen_gpus = True
         wall = time.time()

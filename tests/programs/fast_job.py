@@ -1,5 +1,5 @@
 """A 2-rank DDP job (gloo, CPU) of short steps (a few ms), where the recorder strides: its data and backward hooks
-are in for one step in 32. Rank 1's loader is slower (BB_DATA_S a batch). Each rank times its own data and
+are in for one step in 64. Rank 1's loader is slower (BB_DATA_S a batch). Each rank times its own data and
 backward calls and prints them beside what its recorder's ledger says, as one JSON line ("FAST {...}").
 
     torchrun --standalone --nproc-per-node 2 tests/programs/fast_job.py MODE STEPS

@@ -27,3 +27,21 @@ def test_scripted_fake_readings_advance_per_call(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv(gpu.ENV_FAKE, str(fake))
     assert [gpu.query_gpus()[0][0].utilization_pct for _ in range(3)] == [10, 0, 0]
     assert gpu.cheap()
+
+
+def test_the_watch_asks_once_on_a_host_without_gpu_tools() -> None:
+    from blackbox.supervisor.gpuwatch import GpuWatch
+
+    calls: list[float] = []
+
+    def read() -> tuple[list[gpu.GpuReading], str]:
+        calls.append(1.0)
+        return [], gpu.NO_GPU_TOOLS
+
+    watch = GpuWatch(read)
+    for now in range(0, 3600, 5):  # an hour of polls
+        assert watch.sample(float(now)) == []
+    assert len(calls) == 1 and watch.source == gpu.NO_GPU_TOOLS
+    failing = GpuWatch(lambda: ([], "nvidia-smi failed: driver/library version mismatch"))  # asked again later
+    failing.sample(0.0)
+    assert failing._next < float("inf")
