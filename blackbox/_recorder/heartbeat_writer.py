@@ -17,8 +17,8 @@ class HeartbeatWriter:
     job's loop, liveness the daemon thread."""
 
     # slots: progress() runs once a training step, with its code and data cold (see Recorder)
-    __slots__ = ("__dict__", "_d", "_ledger_word", "_ledger_words", "_mv", "_phase_start", "_phv", "_pv", "_q", "mm",
-                 "mono0", "wall0")  # fmt: skip
+    __slots__ = ("_d", "_ledger_word", "_ledger_words", "_mv", "_phase_start", "_phv", "_pv", "_q", "mm", "mono0",
+                 "wall0")  # fmt: skip
 
     def __init__(
         self, path: str, *, pid: int, start_ticks: int, rank: int, local_rank: int, world_size: int, mode: str

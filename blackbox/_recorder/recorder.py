@@ -110,7 +110,7 @@ class Recorder:
         self._sampled: list[float] = []  # the samples' ledger and batch deltas, a moving average (SAMPLE_KEEP)
         self._weight = 0.0  # ... and the number of samples in it, averaged alike
         self._stale = -1  # a phase the liveness thread set from the stack: left by the next step
-        self.samples = 0  # sampled steps so far
+        self.samples = 0  # samples so far (SAMPLE_STEPS steps each)
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -255,12 +255,12 @@ class Recorder:
     # nothing for a 100 ms step, well over 1 % of a 1.5 ms one. After STRIDE_AFTER steps in a row shorter than
     # STRIDE_STEP_S they are taken out (the originals put back) and put in for one step in STRIDE_EVERY: a sample of
     # SAMPLE_STEPS steps in a row every SAMPLE_STEPS * STRIDE_EVERY (putting the hooks in and taking them out costs
-    # tens of µs in place, more than a hooked step). Steps,
-    # collectives and checkpoints stay exact. The time an unhooked step spends in data and backward accrues to the
-    # phase it runs in (compute) and is moved, at the next sample, by the recent samples' shares; batches are counted
-    # alike. A slow step ends the stride; so does a pause, seen by the liveness thread, which then names the
-    # phase from the main thread's stack (an unhooked DataLoader or backward call) and puts the hooks back. A job
-    # that uses torch.compile never strides (dynamo guards on the globals the hooks swap).
+    # tens of µs in place, more than a hooked step). Steps, collectives and checkpoints stay exact. The time an
+    # unhooked step spends in data and backward accrues to the phase it runs in (compute) and is moved, at the next
+    # sample, by the recent samples' shares; batches are counted alike. A slow step ends the stride; so does a pause,
+    # seen by the liveness thread, which then names the phase from the main thread's stack (an unhooked DataLoader or
+    # backward call) and puts the hooks back. A job that uses torch.compile never strides (dynamo guards on the
+    # globals the hooks swap).
     def _stride(self, now: float) -> None:
         try:
             if self.motion.compiling:  # hooks coming and going under torch.compile could make dynamo recompile
@@ -304,7 +304,7 @@ class Recorder:
         if base != self._base or not self._sampled:
             self._sampled, self._weight = [0.0] * len(counts), 0.0
         self._base = base
-        # a moving average over the last few samples (one step each: alone, too noisy an estimate)
+        # a moving average over the last few samples (one sample alone is too noisy an estimate)
         self._sampled = [kept * SAMPLE_KEEP + b - a for kept, a, b in zip(self._sampled, self._sample_from, counts)]
         self._weight = self._weight * SAMPLE_KEEP + 1.0
         sampled = self._sampled

@@ -262,11 +262,10 @@ def _slowest_by_ledger(states: list[RankState], ctx: Context) -> Optional[Blame]
     """When the dump instant caught no rank waiting (a job that steps: the waits come and go), the time ledgers say
     who the others wait for: the ranks that spent far less of the run waiting for their peers than the others."""
     waited = ctx.waited
-    ids = sorted(
-        r
-        for r, share in waited.items()
-        if len(waited) > 1 and statistics.median(v for o, v in waited.items() if o != r) - share >= LEDGER_GAP
-    )
+    if len(waited) < 2:
+        return None
+    ids = sorted(r for r, share in waited.items()
+                 if statistics.median(v for o, v in waited.items() if o != r) - share >= LEDGER_GAP)  # fmt: skip
     if not ids or len(ids) * 2 > len(waited):  # half the ranks or more: nothing stands out
         return None
     others = statistics.median(v for r, v in waited.items() if r not in ids)

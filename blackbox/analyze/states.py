@@ -245,16 +245,26 @@ def exception_where(exc: dict[str, Any]) -> Where:
     return w
 
 
+def stuck_name(st: fr.Stuck, ev: JobEvidence) -> str:
+    """The collective a group is stuck at, in words: "all_reduce #9 of group 0"."""
+    return f"{ev.ops.get((st.group, st.seq)) or 'collective'} #{st.seq} of group {st.group}"
+
+
+def late_arrival(rank: int, st: fr.Stuck, ev: JobEvidence) -> str:
+    """What makes `rank` a late arrival in the stuck collective `st` (fr.stuck's `entered`)."""
+    return (f"had not enqueued {stuck_name(st, ev)} when it wrote its flight-recorder dump, but its heartbeat has it "
+            f"in {ev.entered.get(rank)}: it was on its way in")  # fmt: skip
+
+
 def _fr_facts(rank: int, ev: JobEvidence) -> list[Fact]:
     """Per stuck group: waiting (it enqueued the collective the group is stuck at), or behind (it never did)."""
     source = ev.status_source.get(rank)
     out = []
     for st in ev.stuck:
         op = ev.ops.get((st.group, st.seq))
-        name = f"{op or 'collective'} #{st.seq} of group {st.group}"
+        name = stuck_name(st, ev)
         if rank in st.late and source:
-            text = f"had not enqueued {name} when it wrote its dump, but its heartbeat has it in {ev.entered.get(rank)}"
-            out.append(Fact(source, "waiting", f"{text}: it was on its way in", st.group, st.seq, op))
+            out.append(Fact(source, "waiting", late_arrival(rank, st, ev), st.group, st.seq, op))
         elif rank in st.waiting and source:
             out.append(Fact(source, "waiting", f"enqueued {name} and it has not completed", st.group, st.seq, op))
         elif rank in st.missing and source:

@@ -20,7 +20,7 @@ from .blame import ERROR_CATEGORY, Blame, Context, blame
 from .model import Finding, RankRow, Report, Verdict
 from .motion import findings as motion_findings
 from .stackgroups import RankStack, group, rank_stack, signature
-from .states import JobEvidence, RankState, exception_line, exception_records, job_evidence, read_state
+from .states import JobEvidence, RankState, exception_line, exception_records, job_evidence, late_arrival, read_state
 from .timeshare import findings as time_findings
 from .timeshare import time_ledger
 
@@ -157,11 +157,9 @@ def _collective_findings(
     mismatched = fr.mismatches(dumps, ev.entered) if dumps else []
     for st in ev.stuck:
         for r in st.late[:8]:
-            findings.append(Finding("observed", f"rank {r} had not enqueued collective #{st.seq} of group {st.group} "
-                                    f"when it wrote its flight-recorder dump, but its heartbeat has it in "
-                                    f"{ev.entered[r]}: it was on its way in, counted as waiting, not as the rank the "
-                                    "others wait for", f"{L.FLIGHT_RECORDER_DIR}, "
-                                    f"{L.rank_member(r, L.HEARTBEAT)}"))  # fmt: skip
+            findings.append(Finding("observed", f"rank {r} {late_arrival(r, st, ev)}, counted as waiting, not as the "
+                                    "rank the others wait for",
+                                    f"{L.FLIGHT_RECORDER_DIR}, {L.rank_member(r, L.HEARTBEAT)}"))  # fmt: skip
     for t in ev.console.timeouts[:8]:
         findings.append(Finding("observed", f"rank {t.rank}: the NCCL watchdog timed out on {t.op} #{t.seq}"
                                 + (f" of group {t.group}" if t.group else "") + (

@@ -35,17 +35,19 @@ def run(mode: str, steps: int, run_dir: Path, cwd: Path, *options: str, **env: s
     return proc.returncode, out, err
 
 
-def reports(out: str) -> dict[int, dict[str, Any]]:
+def finished(mode: str, steps: int, tmp_path: Path) -> dict[int, dict[str, Any]]:
+    """Run the job to its end (exit 0): each rank's report ("FAST {...}"), by rank."""
+    code, out, err = run(mode, steps, tmp_path / "run", tmp_path)
+    assert code == 0, err[-3000:]
     rows = [json.loads(line[5:]) for line in out.splitlines() if line.startswith("FAST ")]
-    return {row["rank"]: row for row in rows}
+    ranks = {row["rank"]: row for row in rows}
+    assert sorted(ranks) == [0, 1], out[-2000:]
+    return ranks
 
 
 @pytest.mark.timeout(300)
 def test_sampled_ledger_matches_what_the_ranks_timed(tmp_path: Path) -> None:
-    code, out, err = run("straggler", 3000, tmp_path / "run", tmp_path)
-    assert code == 0, err[-3000:]
-    ranks = reports(out)
-    assert sorted(ranks) == [0, 1], out[-2000:]
+    ranks = finished("straggler", 3000, tmp_path)
     for rank, row in ranks.items():
         period = SAMPLE_STEPS * STRIDE_EVERY  # a sample of SAMPLE_STEPS steps in every `period`
         assert row["samples"] >= 3000 // period // 2, f"rank {rank} hardly strided: {row}"  # unless steps were slow
@@ -80,9 +82,6 @@ def test_a_loader_that_blocks_on_an_unhooked_step_is_named(tmp_path: Path) -> No
 
 @pytest.mark.timeout(300)
 def test_a_job_that_compiles_never_strides(tmp_path: Path) -> None:
-    code, out, err = run("compiled", 600, tmp_path / "run", tmp_path)
-    assert code == 0, err[-3000:]
-    ranks = reports(out)
-    assert sorted(ranks) == [0, 1], out[-2000:]
+    ranks = finished("compiled", 600, tmp_path)
     for row in ranks.values():  # hooks coming and going under dynamo could make it recompile
         assert row["samples"] == 0 and row["batches"] == row["steps"], row
