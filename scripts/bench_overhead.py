@@ -777,7 +777,7 @@ def print_in_place(diffs: list[float], samples: int, steps: int, block: int) -> 
     print(f"\n## In place: the recorder as it runs against every hook out, in the ranks themselves ({steps} steps, "
           f"blocks of {block})\n")  # fmt: skip
     print("| what | main thread's CPU per step, on minus off: mean (95 % interval) | pairs of blocks "
-          "| samples (4 steps each) |")
+          "| samples (4 steps each) |")  # fmt: skip
     print("| --- | ---: | ---: | ---: |")
     interval = f"{m * 1e6:.2f} µs ({lo * 1e6:.2f} to {hi * 1e6:.2f})"
     print(f"| the optimizer hook, the collectives, the DataLoader and backward hooks (strided), the ledger | "
