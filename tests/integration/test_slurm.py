@@ -17,7 +17,7 @@ import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import pytest
 
@@ -85,8 +85,14 @@ class Jobs:
         return out.split()[0] if out.split() else ""
 
     def show(self, job_id: str) -> dict[str, str]:
-        text = self.cluster.run("scontrol", "show", "job", "-o", job_id, check=False)
-        return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", text))
+        # a slurmctld busy under the suite's load answers scontrol with an error now and then: ask again, so that
+        # a missing answer never reads as "no longer RUNNING"
+        def ask() -> dict[str, str]:
+            text = self.cluster.run("scontrol", "show", "job", "-o", job_id, check=False)
+            info = dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", text))
+            return info if "JobState" in info else {}
+
+        return cast(dict[str, str], wait_for(ask, 30, f"scontrol to show job {job_id}"))
 
     def finish(self, name: str) -> tuple[int, str]:
         return finish(self.srun[name])
