@@ -128,15 +128,8 @@ def decode(buf: Any, patience_s: float = 0.05, last: Optional[HeartbeatState] = 
     torn_motion = version >= 3 and motion is None
     if (progress is None or phase_words is None or torn_motion) and (last is None or last.pid != pid):
         raise HeartbeatBusy(f"rank {rank}'s heartbeat was being rewritten throughout the read")
-    state = _state(buf, q, d, progress, phase_words)
-    if motion is not None:
-        mq, md = motion
-        a = P.W_MOTION
-        mode = mq[P.W_FORWARD_MODE - a]
-        forward_mode = P.FORWARD_MODES[mode] if 0 <= mode < len(P.FORWARD_MODES) else "unknown"
-        state = replace(state, forwards=mq[P.W_FORWARDS - a], forwards_time=md[P.W_FORWARDS_TIME - a],
-                        stack_changes=mq[P.W_STACK_CHANGES - a], stack_time=md[P.W_STACK_TIME - a],
-                        forward_mode=forward_mode)  # fmt: skip
+    state = _state(q, d, (version, pid, ticks, rank, local_rank, world, mode, wall0, mono0), progress, phase_words,
+                   motion)  # fmt: skip
     if progress is not None and phase_words is not None and not torn_motion:
         return state
     assert last is not None
@@ -153,10 +146,11 @@ def decode(buf: Any, patience_s: float = 0.05, last: Optional[HeartbeatState] = 
 MOTION_FIELDS = ("forwards", "forwards_time", "stack_changes", "stack_time", "forward_mode")
 
 
-def _state(buf: Any, q: Any, d: Any, progress: Optional[_Words], phase_words: Optional[_Words]) -> HeartbeatState:
-    """The reading from the groups' clean copies (a missing group's fields zero, for the caller to replace)."""
-    magic, version, _size = P.HEADER.unpack_from(buf, P.OFF_HEADER)
-    pid, ticks, rank, local_rank, world, mode, wall0, mono0 = P.IDENT.unpack_from(buf, P.OFF_IDENT)
+def _state(q: Any, d: Any, ident: tuple[Any, ...], progress: Optional[_Words], phase_words: Optional[_Words],
+           motion: Optional[_Words]) -> HeartbeatState:  # fmt: skip
+    """The reading from the groups' clean copies (a missing group's fields zero, for the caller to replace).
+    `ident`: the header's version and the identity block, unpacked."""
+    version, pid, ticks, rank, local_rank, world, mode, wall0, mono0 = ident
     zeros = memoryview(bytes(8 * (P.W_PHASE_END - P.W_PHASE + 1)))
     pq, pd = progress or (zeros.cast("Q"), zeros.cast("d"))
     hq, hd = phase_words or (zeros.cast("Q"), zeros.cast("d"))
@@ -167,6 +161,14 @@ def _state(buf: Any, q: Any, d: Any, progress: Optional[_Words], phase_words: Op
         phase = raw_name.rstrip(b"\0").decode("utf-8", "replace") or "custom"
     else:
         phase = P.PHASE_NAMES.get(code, "unknown")
+    moving: dict[str, Any] = {}
+    if motion is not None:
+        mq, md = motion
+        m = P.W_MOTION
+        forward = mq[P.W_FORWARD_MODE - m]
+        moving = {"forwards": mq[P.W_FORWARDS - m], "forwards_time": md[P.W_FORWARDS_TIME - m],
+                  "stack_changes": mq[P.W_STACK_CHANGES - m], "stack_time": md[P.W_STACK_TIME - m],
+                  "forward_mode": P.FORWARD_MODES[forward] if 0 <= forward < len(P.FORWARD_MODES) else "unknown"}
     state_code = q[P.W_STATE]
     a = P.W_PROGRESS
     return HeartbeatState(
@@ -179,7 +181,7 @@ def _state(buf: Any, q: Any, d: Any, progress: Optional[_Words], phase_words: Op
         state=P.STATE_NAMES[state_code] if 0 <= state_code < len(P.STATE_NAMES) else "unknown",
         liveness=q[P.W_LIVENESS], liveness_time=d[P.W_LIVENESS_TIME], dump_request=q[P.W_DUMP_REQUEST],
         dump_ack=q[P.W_DUMP_ACK], data_wait_total=d[P.W_DATA_WAIT], batches=q[P.W_BATCHES],
-        ledger=tuple(d[P.W_LEDGER : P.W_LEDGER + len(P.LEDGER_PHASES)]) if version >= 2 else (),
+        ledger=tuple(d[P.W_LEDGER : P.W_LEDGER + len(P.LEDGER_PHASES)]) if version >= 2 else (), **moving,
     )  # fmt: skip
 
 

@@ -24,10 +24,10 @@ class ProcStat:
 
 
 def proc_stat(pid: int) -> Optional[ProcStat]:
+    text = _read(f"/proc/{pid}/stat")
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            state, ppid, start = parse_proc_stat(f.read())
-    except (OSError, ValueError, IndexError):
+        state, ppid, start = parse_proc_stat(text or "")
+    except (ValueError, IndexError):
         return None
     return ProcStat(state, ppid, start)
 
@@ -99,6 +99,7 @@ _RW_SYSCALLS = {
     "x86_64": frozenset((0, 1, 17, 18, 19, 20, 40, 275, 295, 296, 326, 327, 328)),
     "aarch64": frozenset((63, 64, 65, 66, 67, 68, 69, 70, 71, 76, 285, 286, 287)),
 }
+_RW_NUMBERS = _RW_SYSCALLS.get(os.uname().machine)
 
 
 def rw_wakeups(pid: int, tid: int) -> Optional[int]:
@@ -106,7 +107,7 @@ def rw_wakeups(pid: int, tid: int) -> Optional[int]:
     system call now, else None (in no such call, running, or unreadable). A long write to slow storage (a network or
     FUSE filesystem, a pipe drained slowly) counts its bytes only when the call returns; meanwhile the thread is
     woken each time the kernel moves some of them, which a write to a hung server never is."""
-    numbers = _RW_SYSCALLS.get(os.uname().machine)
+    numbers = _RW_NUMBERS
     text = _read(f"/proc/{pid}/task/{tid}/syscall", 512)
     first = text.split(maxsplit=1)[0] if text else ""
     if numbers is None or not first.isdigit() or int(first) not in numbers:
@@ -183,19 +184,32 @@ def children(pid: int) -> list[int]:
         return out
     for tid in tids:
         try:
-            with open(f"/proc/{pid}/task/{tid}/children") as f:
-                out.extend(int(c) for c in f.read().split())
-        except (OSError, ValueError):
+            out.extend(int(c) for c in (_read(f"/proc/{pid}/task/{tid}/children") or "").split())
+        except ValueError:
             continue
     return sorted(set(out))
 
 
 def _read(path: str, limit: int = 65536) -> Optional[str]:
+    """Up to `limit` bytes of a /proc file, or None. Plain system calls: the supervisor reads several such files a
+    rank at every poll, and a Python file object costs twice as much as the read itself."""
     try:
-        with open(path, "rb") as f:
-            return f.read(limit).decode("utf-8", "replace")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        chunks, size = [], 0
+        while size < limit:
+            chunk = os.read(fd, limit - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace")
 
 
 def _fields(text: Optional[str]) -> dict[str, str]:

@@ -24,6 +24,7 @@ from .launch import Launched, Sink, spawn
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # passed on to the launcher
 HANDLED = (*FORWARDED, signal.SIGUSR1, signal.SIGCHLD, signal.SIGWINCH)
 _PR_SET_CHILD_SUBREAPER = 36
+CHILDREN_SCAN_S = 5.0  # the loop lists our children at least this often, SIGCHLD or not
 
 
 def resolve_command(argv: list[str], env: Mapping[str, str]) -> str:
@@ -109,6 +110,8 @@ class JobProcess:
         self.launcher_status: Optional[int] = None  # its wait status, once reaped
         self.reaped: dict[int, str] = {}  # pid -> how it ended, for job processes reaped as subreaper
         self.pending: list[int] = []  # signals received, for the loop to act on
+        self._children_due = True  # a SIGCHLD came since our children were last listed
+        self._children_at = 0.0  # when they were last listed (CLOCK_MONOTONIC)
         self.sigints = 0  # SIGINTs received (counted in the handler, which acts on the 2nd and 3rd at once)
         self.sigints_handled = 0  # ... and those the loop has said and logged
         self.terminating = False  # a termination signal was passed on, or blackbox is ending the job
@@ -144,6 +147,8 @@ class JobProcess:
                     self.kill_all(signal.SIGKILL)
             except Exception:
                 pass  # the loop's own handling follows
+        if signum == signal.SIGCHLD:
+            self._children_due = True
         self.pending.append(signum)
 
     def forward(self, sig: int) -> None:
@@ -164,11 +169,16 @@ class JobProcess:
             )
 
     # --- reaping ----------------------------------------------------------------------------------------
-    def reap(self) -> None:
+    def reap(self, lazy: bool = False) -> None:
         """Collect the exit of the launcher and of any orphaned job process that was handed to us. Each child
         is waited for by pid: the alert commands and the coordination helper are reaped by their own owners,
-        which read their exit codes."""
-        pids = set(procfs.children(os.getpid()))
+        which read their exit codes. `lazy` (the loop, several times a second): our children are listed only after
+        a SIGCHLD, and every CHILDREN_SCAN_S in case one was missed; the launcher is waited for every time."""
+        now = time.monotonic()
+        pids: set[int] = set()
+        if not lazy or self._children_due or now - self._children_at >= CHILDREN_SCAN_S:
+            self._children_due, self._children_at = False, now  # before the listing: a SIGCHLD during it counts
+            pids.update(procfs.children(os.getpid()))
         if self.launched is not None:  # whatever /proc says, the launcher is always waited for
             pids.add(self.launched.pid)
         for pid in sorted(pids):

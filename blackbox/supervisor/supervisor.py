@@ -317,7 +317,7 @@ class Supervisor:
         ctx, process = self.ctx, self.process
         next_poll = time.monotonic() + min(ctx.cfg.poll_interval, 0.5)
         while True:
-            process.reap()
+            process.reap(lazy=True)
             if self.node is not None and not self.node.leading and process.running and self.node.try_lead():
                 self._guarded("takeover", self._take_over)
             if not process.running:
