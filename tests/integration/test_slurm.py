@@ -31,6 +31,9 @@ EXAMPLE = ROOT / "scripts" / "slurm_example.sbatch"
 PY = str(BIN / "python")
 FAST = {"BLACKBOX_STALL_TIMEOUT": "4", "BLACKBOX_POLL_INTERVAL": "0.5", "BLACKBOX_KILL_GRACE": "3"}
 NEVER = "/nonexistent/bb-never"  # BB_FAIL_WHEN that never comes: steps of 0.1 s until the job is ended
+# the states of a job that has ended (squeue(1) "JOB STATE CODES"); "COMPLETING" is not one yet
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE"}  # fmt: skip
 
 
 def named(run_dir: Path, name: str) -> list[dict[str, Any]]:
@@ -231,8 +234,7 @@ def test_scancel_is_a_preemption_with_the_jobs_own_exit_code(jobs: Jobs) -> None
 
 def test_the_time_limit_and_the_jobs_sigusr1_warning_pass_through(jobs: Jobs) -> None:
     job = jobs.batch["timeout"]
-    wait_for(lambda: jobs.show(job).get("JobState") not in ("RUNNING", "PENDING", "CONFIGURING", "COMPLETING"),
-             150, "the time limit")  # fmt: skip
+    wait_for(lambda: jobs.show(job)["JobState"] in ENDED, 150, "the time limit")
     assert jobs.show(job)["JobState"] == "TIMEOUT"
     run_dir = run_dir_of(jobs.base, "timeout")
     wait_for(lambda: named(run_dir, "end"), 30, "the run's end")
@@ -252,8 +254,7 @@ def test_the_example_job_script_requeues_after_a_stall(jobs: Jobs) -> None:
     job = jobs.batch["example"]
     wait_for(lambda: jobs.show(job).get("Restarts") == "1", 150, "the example job to be requeued")
     # a requeued job may start again after the cluster's cred_expire (tests/slurm_cluster.py: 10 s, not 120)
-    wait_for(lambda: jobs.show(job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 150,
-             "the requeued run to finish")  # fmt: skip
+    wait_for(lambda: jobs.show(job)["JobState"] in ENDED, 150, "the requeued run to finish")
     info = jobs.show(job)
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", info
     # each run's directory: runs/<job>/<node>, the requeued one's in restart1/ below; on whichever node Slurm gave it
