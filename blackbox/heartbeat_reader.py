@@ -166,9 +166,10 @@ def _state(q: Any, d: Any, ident: tuple[Any, ...], progress: Optional[_Words], p
         mq, md = motion
         m = P.W_MOTION
         forward = mq[P.W_FORWARD_MODE - m]
+        named = P.FORWARD_MODES[forward] if 0 <= forward < len(P.FORWARD_MODES) else "unknown"
         moving = {"forwards": mq[P.W_FORWARDS - m], "forwards_time": md[P.W_FORWARDS_TIME - m],
                   "stack_changes": mq[P.W_STACK_CHANGES - m], "stack_time": md[P.W_STACK_TIME - m],
-                  "forward_mode": P.FORWARD_MODES[forward] if 0 <= forward < len(P.FORWARD_MODES) else "unknown"}
+                  "forward_mode": named}  # fmt: skip
     state_code = q[P.W_STATE]
     a = P.W_PROGRESS
     return HeartbeatState(

@@ -49,7 +49,9 @@ class ConsoleLog:
         self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._tail_fd: Optional[int] = None
         self.head_bytes = max_bytes // 4
-        self._redact = StreamRedactor()  # a private key printed line by line is dropped from BEGIN to END
+        # per stream: a private key printed line by line is dropped from BEGIN to END, and the other stream's lines
+        # written meanwhile are not taken for its body
+        self._redact: dict[int, StreamRedactor] = {}
         self.tail_bytes = (max_bytes - self.head_bytes) // 2  # each of the two tail files
         self._written = 0  # into the file being written now (console.log, then console.tail.log)
         self._on_error = on_error
@@ -137,23 +139,24 @@ class ConsoleLog:
         if cut < len(buf):
             self._pending[stream] = buf[cut:]
         if cut:
-            self._write(buf[:cut])
+            self._write(buf[:cut], stream)
 
     def _flush_partial(self) -> None:
         pending, self._pending = self._pending, {}
         for stream in sorted(pending):
-            self._write(pending[stream])
+            self._write(pending[stream], stream)
 
     def _note_gap(self, stream: int, lost: int) -> None:
         partial = self._pending.pop(stream, b"")  # the line the gap cut: written as far as it came
         if partial:
-            self._write(partial + b"\n")
+            self._write(partial + b"\n", stream)
         name = {1: "stdout", 2: "stderr"}.get(stream, "output")
         self._raw(f"# blackbox: {lost} bytes of the job's {name} are missing here: they came faster than the log "
                   "could take them; the terminal had all of it\n".encode())  # fmt: skip
 
-    def _write(self, data: bytes) -> None:
-        self._raw(self._redact(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape"))
+    def _write(self, data: bytes, stream: int) -> None:
+        redact = self._redact.get(stream) or self._redact.setdefault(stream, StreamRedactor())
+        self._raw(redact(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape"))
 
     def _raw(self, text: bytes) -> None:
         try:

@@ -71,6 +71,19 @@ def test_a_secret_split_across_writes_is_redacted(tmp_path: Path) -> None:
     assert token not in text and "loading with <redacted> now" in text and "-" * 65536 in text
 
 
+def test_a_private_key_on_one_stream_never_swallows_the_others_lines(tmp_path: Path) -> None:
+    log = ConsoleLog(str(tmp_path / "console.log"), lambda m: None)
+    body = "MIIEpAIBAAKCAQEA" + "x" * 48
+    log.write(b"-----BEGIN RSA PRIVATE KEY-----\n", 1)
+    log.write(b"rank 1: Watchdog caught collective operation timeout\n", 2)  # between the key's lines
+    log.write(body.encode() + b"\n" + body.encode() + b"\n-----END RSA PRIVATE KEY-----\n", 1)
+    log.write(b"step 12 loss 0.5\n", 1)
+    log.close()
+    text = (tmp_path / "console.log").read_text()
+    assert body not in text and "-----END RSA PRIVATE KEY-----" in text, text
+    assert "rank 1: Watchdog caught collective operation timeout" in text and "step 12 loss 0.5" in text, text
+
+
 def test_a_full_disk_stops_the_log_not_the_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     errors: list[str] = []
     log = ConsoleLog(str(tmp_path / "console.log"), errors.append)
