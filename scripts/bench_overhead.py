@@ -71,10 +71,12 @@ gc.collect()
 
 # The same job under `blackbox run`, measuring the recorder in place: blocks of BLOCK steps alternate between the
 # recorder as it runs and every rank-side hook out (the optimizer hook, the wrapped collectives, the DataLoader and
-# backward hooks; the recorder's state kept for the next block), in pairs whose order alternates. The main thread's
-# CPU per step, on against off, per pair. The flight recorder (set up when the process group starts) stays on in both.
+# backward hooks; the recorder's state kept for the next block), in pairs whose order is drawn at random (the same
+# draws in every rank: a fixed on-off-off-on order repeats every 256 steps, the stride's own period). The main
+# thread's CPU per step, on against off, per pair. The flight recorder (set up when the process group starts) stays on
+# in both.
 IN_PLACE = r"""
-import json, os, sys, time, torch, torch.distributed as dist
+import json, os, random, sys, time, torch, torch.distributed as dist
 import torch.optim.optimizer as optim_module
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
@@ -104,7 +106,7 @@ hooked.was_in = True
 data = TensorDataset(torch.randn((steps + warm) * 16, 32), torch.randn((steps + warm) * 16, 1))
 loader = DataLoader(data, batch_size=16)
 cpu = time.thread_time_ns
-pairs, mine, t = [], None, cpu()
+pairs, mine, t, order = [], None, cpu(), random.Random(20261202)
 for i, (x, y) in enumerate(loader):
     if i >= warm and (i - warm) % block == 0:
         now = cpu()
@@ -117,7 +119,7 @@ for i, (x, y) in enumerate(loader):
                 pairs.append((mine, per_step) if first_on else (per_step, mine))
                 mine = None
         if k % 2 == 0:
-            first_on = (k // 2) % 2 == 0
+            first_on = order.random() < 0.5
         hooked(first_on if k % 2 == 0 else not first_on)
         t = cpu()
     loss = torch.nn.functional.mse_loss(model(x), y)
@@ -823,7 +825,7 @@ def main() -> int:
     ap.add_argument("--fr-rounds", type=int, default=5)
     ap.add_argument("--pairs", type=int, default=9, help="alternated pairs of plain and `blackbox run` per set")
     ap.add_argument("--pair-sets", type=int, default=2)
-    ap.add_argument("--in-place-steps", type=int, default=30000, help="steps of the in-place run (blocks on and off)")
+    ap.add_argument("--in-place-steps", type=int, default=60000, help="steps of the in-place run (blocks on and off)")
     ap.add_argument("--skip-steps", action="store_true", help="leave out the (minutes long) step-time parts")
     ap.add_argument("--skip-variants", action="store_true", help="leave out the five variants' rounds")
     ap.add_argument(
