@@ -38,8 +38,9 @@ _MARKED = object()  # the step source of blackbox.step(): the job marks its step
 class Recorder:
     # The step path's state in slots: in a real step its code and data are cold, and a slot is one load at a fixed
     # offset of one small block (scripts/bench_overhead.py measures the step path in place).
-    __slots__ = ("__dict__", "_hooks_in", "_last_dt", "_last_step_time", "_left", "_short", "_slowest", "_stale",
-                 "_stepper", "_striding", "_unhooked_steps", "enabled", "hb", "step_count")  # fmt: skip
+    __slots__ = ("__dict__", "_hd", "_hooks_in", "_hq", "_last_dt", "_last_step_time", "_left", "_pv", "_short",
+                 "_slowest", "_stale", "_stepper", "_striding", "_unhooked_steps", "enabled", "hb",
+                 "step_count")  # fmt: skip
 
     def __init__(self, run_dir: str, rank: int, local_rank: int, world_size: int, mode: str) -> None:
         self.pid = os.getpid()
@@ -60,6 +61,9 @@ class Recorder:
             mode=mode,
         )
         self.hb_ino = os.stat(self.hb_path).st_ino
+        # the heartbeat's progress group is written by _on_step itself, in HeartbeatWriter.progress's layout (its
+        # words and version): a call less a step, on the path that runs every step with its code and data cold
+        self._hq, self._hd, self._pv = self.hb._q, self.hb._d, self.hb._pv
         # step accounting
         self.step_count = 0
         self._last_step_time = self.hb.mono0
@@ -219,7 +223,14 @@ class Recorder:
             if dt > self._slowest and n > 1:  # the first step includes start-up: not a step time
                 self._slowest = dt
             self._last_dt = dt
-            self.hb.progress(n, now, dt, self._slowest)
+            q, d, v = self._hq, self._hd, self._pv + 1  # the progress group (HeartbeatWriter.progress, inlined)
+            self._pv = v
+            q[8] = v  # P.W_PROGRESS: the version at both ends, the step, its time, its length, the slowest
+            q[9] = n
+            d[10] = now
+            d[11] = dt
+            d[12] = self._slowest
+            q[13] = v
             if dt < STRIDE_STEP_S:
                 self._short += 1
                 if self._short >= STRIDE_AFTER:

@@ -21,6 +21,23 @@ def make_writer(tmp_path: Path) -> HeartbeatWriter:
     )
 
 
+def test_the_step_hook_writes_the_progress_group_in_the_writers_layout(tmp_path: Path) -> None:
+    # GIVEN a rank's recorder (not started: no hooks, no thread) whose step hook writes the group itself
+    from blackbox._recorder.recorder import Recorder
+
+    rec = Recorder(str(tmp_path), 2, 0, 4, "rank")
+    # WHEN the job marks three steps (the optimizer hook's path)
+    for _ in range(3):
+        rec.step()
+    # THEN the supervisor reads them, cleanly, with their time, length and the slowest
+    with open(rec.hb_path, "rb") as f:
+        state = decode(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ))
+    assert (state.rank, state.step, state.busy) == (2, 3, False)
+    assert (state.last_progress, state.last_step_dt, state.slowest_step_dt) == (
+        rec._last_step_time, rec._last_dt, rec._slowest)  # fmt: skip
+    assert state.last_step_dt > 0 and state.state == "running"
+
+
 def test_round_trip(tmp_path: Path) -> None:
     # GIVEN a heartbeat written through every writer entry point
     hb = make_writer(tmp_path)
