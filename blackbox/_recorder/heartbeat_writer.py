@@ -16,7 +16,8 @@ class HeartbeatWriter:
     """Owned by one rank. Each group has one writer thread: progress and phase the thread that runs the
     job's loop, liveness the daemon thread."""
 
-    # slots: progress() runs once a training step, with its code and data cold (see Recorder)
+    # slots: phase() runs twice a collective call, with its code and data cold (see Recorder; the step hook writes
+    # the progress group itself)
     __slots__ = ("_d", "_ledger_word", "_ledger_words", "_mv", "_phase_start", "_phv", "_pv", "_q", "mm", "mono0",
                  "wall0")  # fmt: skip
 

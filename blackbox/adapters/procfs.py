@@ -99,7 +99,7 @@ _RW_SYSCALLS = {
     "x86_64": frozenset((0, 1, 17, 18, 19, 20, 40, 275, 295, 296, 326, 327, 328)),
     "aarch64": frozenset((63, 64, 65, 66, 67, 68, 69, 70, 71, 76, 285, 286, 287)),
 }
-_RW_NUMBERS = _RW_SYSCALLS.get(os.uname().machine)
+_RW_NUMBERS = _RW_SYSCALLS.get(os.uname().machine)  # this machine's
 
 
 def rw_wakeups(pid: int, tid: int) -> Optional[int]:
@@ -107,10 +107,9 @@ def rw_wakeups(pid: int, tid: int) -> Optional[int]:
     system call now, else None (in no such call, running, or unreadable). A long write to slow storage (a network or
     FUSE filesystem, a pipe drained slowly) counts its bytes only when the call returns; meanwhile the thread is
     woken each time the kernel moves some of them, which a write to a hung server never is."""
-    numbers = _RW_NUMBERS
     text = _read(f"/proc/{pid}/task/{tid}/syscall", 512)
     first = text.split(maxsplit=1)[0] if text else ""
-    if numbers is None or not first.isdigit() or int(first) not in numbers:
+    if _RW_NUMBERS is None or not first.isdigit() or int(first) not in _RW_NUMBERS:
         return None
     switches = _fields(_read(f"/proc/{pid}/task/{tid}/status")).get("voluntary_ctxt_switches", "")
     return int(switches) if switches.isdigit() else None

@@ -155,7 +155,9 @@ class ConsoleLog:
                   "could take them; the terminal had all of it\n".encode())  # fmt: skip
 
     def _write(self, data: bytes, stream: int) -> None:
-        redact = self._redact.get(stream) or self._redact.setdefault(stream, StreamRedactor())
+        redact = self._redact.get(stream)
+        if redact is None:
+            redact = self._redact[stream] = StreamRedactor()
         self._raw(redact(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape"))
 
     def _raw(self, text: bytes) -> None:
