@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -44,10 +43,7 @@ def test_a_sigchld_has_the_next_turn_list_and_reap_the_child(job: JobProcess) ->
     assert job.reaped == {pid: "exited with code 0"} and procfs.proc_stat(pid) is None
 
 
-def test_without_a_sigchld_nothing_is_listed_until_the_scan_is_due(
-    job: JobProcess, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(process_module, "CHILDREN_SCAN_S", 0.5)
+def test_without_a_sigchld_nothing_is_listed_until_the_scan_is_due(job: JobProcess) -> None:
     job.reap(lazy=True)
     old = signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a SIGCHLD lost
     try:
@@ -60,6 +56,6 @@ def test_without_a_sigchld_nothing_is_listed_until_the_scan_is_due(
     assert pid in job.reaped
     pid = exited_child()
     job._children_due = False  # as if its SIGCHLD had been lost
-    time.sleep(0.5)
+    job._children_at -= process_module.CHILDREN_SCAN_S  # and the last listing that long ago
     job.reap(lazy=True)
     assert pid in job.reaped, "the scan every CHILDREN_SCAN_S missed it"
