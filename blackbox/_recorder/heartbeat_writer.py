@@ -67,8 +67,9 @@ class HeartbeatWriter:
         os.replace(tmp, path)  # readers only ever see a complete header
 
     def progress(self, step: int, now: float, step_dt: float, slowest_dt: float) -> None:
-        """The progress group's first write. From then on the rank's step hook (Recorder._on_step) writes the group
-        itself, in this layout and with this version counter, taken over: change the two together."""
+        """The progress group. In a rank, this is its first write and a DataLoader batch's: the step hook
+        (Recorder._on_step) writes the group itself, in this layout, and the Recorder keeps the group's version
+        counter (it sets `_pv` before a call and reads it back after): change the two together."""
         q, d = self._q, self._d
         v = self._pv + 1
         self._pv = v

@@ -443,8 +443,13 @@ class Recorder:
             self._last_batch = batch_shapes(batch)
         elif self._batches % SHAPES_EVERY == 0:  # shapes rarely change: a recent batch's will do
             self._last_batch = batch_shapes(batch)
-        self.hb.data(self._data_wait, self._batches)
-        self.hb.progress(self.step_count, now, self._last_dt, self._slowest)
+        hb = self.hb
+        hb.data(self._data_wait, self._batches)
+        # one version counter for the group, the Recorder's (its step hook writes the group too): two counters in
+        # step would give a step's write and a batch's the same version, and a read across the two would pass
+        hb._pv = self._pv
+        hb.progress(self.step_count, now, self._last_dt, self._slowest)
+        self._pv = hb._pv
         self.exit_phase(previous, now)
 
     def enter_collective(self, op: int, group: Any) -> tuple[int, float, bytes]:

@@ -38,6 +38,32 @@ def test_the_step_hook_writes_the_progress_group_in_the_writers_layout(tmp_path:
     assert state.last_step_dt > 0 and state.state == "running"
 
 
+def test_batches_and_steps_write_the_progress_group_under_one_version_counter(tmp_path: Path) -> None:
+    # GIVEN a rank's recorder whose DataLoader batches (HeartbeatWriter.progress) and steps (the step hook's own
+    # writes) both write the progress group
+    from blackbox._recorder.recorder import Recorder
+
+    rec = Recorder(str(tmp_path), 0, 0, 1, "rank")
+    with open(rec.hb_path, "rb") as f:
+        q = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)).cast("Q")
+
+    class Iterator:  # what the DataLoader hook passes: the iterator the batch came from
+        pass
+
+    it = Iterator()
+    versions = []
+    # WHEN batches and steps alternate, as in training (a batch, then its step)
+    for _ in range(3):
+        rec.batch_delivered(rec.enter_phase(P.PHASE_DATA), [1, 2], it)
+        versions.append((q[P.W_PROGRESS], q[P.W_PROGRESS_END]))
+        rec.step()
+        versions.append((q[P.W_PROGRESS], q[P.W_PROGRESS_END]))
+    # THEN every write has a version of its own, counted up: a read across two writes never sees matching ends
+    assert all(start == end for start, end in versions), versions
+    assert [start for start, _ in versions] == list(range(versions[0][0], versions[0][0] + 6)), versions
+    q.release()
+
+
 def test_round_trip(tmp_path: Path) -> None:
     # GIVEN a heartbeat written through every writer entry point
     hb = make_writer(tmp_path)
