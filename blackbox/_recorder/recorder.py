@@ -25,8 +25,9 @@ EXIT_JOIN_S = 1.0  # seconds the exiting job waits at most for the liveness thre
 # The stride: in a loop of short steps the data and backward hooks are taken out between sampled steps (see _stride).
 STRIDE_STEP_S = 0.01  # a step shorter than this is short ...
 STRIDE_AFTER = 64  # ... and this many short steps in a row start the stride
-STRIDE_EVERY = 64  # one step in this many is sampled (BLACKBOX_STRIDE overrides; 1: never stride) ...
+STRIDE_EVERY = 64  # one step in this many at most is sampled (BLACKBOX_STRIDE overrides; 1: never stride) ...
 SAMPLE_STEPS = 4  # ... SAMPLE_STEPS in a row: each putting in and taking out costs more than a hooked step
+SAMPLE_GAP_S = 1.0  # ... and a sample begins this long after the one before at the earliest (a step of 1.75 ms: 571)
 SAMPLE_KEEP = 0.75  # each sample's weight in the next estimate: the shares average about the last 4 samples
 STRIDE_PAUSE_S = 0.25  # no step for this long while striding: the liveness thread ends the stride
 STRIDE_FRAMES = 128  # frames of the main thread searched for an unhooked backward or DataLoader call
@@ -106,6 +107,7 @@ class Recorder:
         self._hooks_in = True
         self._left = 0  # steps left in the current sampled or unhooked stretch
         self._sample_from: list[float] = []  # ledger and batches at the sampled step's start
+        self._sample_at = 0.0  # ... and its time
         self._unhooked_from: Optional[list[float]] = None  # ... and at the unhooked stretch's start
         self._unhooked_steps = 0
         self._shares: list[tuple[int, float]] = []  # (ledger slot, share of the base phase's time) from the sample
@@ -220,8 +222,6 @@ class Recorder:
             self._last_step_time = now
             n = self.step_count + 1
             self.step_count = n
-            if dt > self._slowest and n > 1:  # the first step includes start-up: not a step time
-                self._slowest = dt
             self._last_dt = dt
             q, d, v = self._hq, self._hd, self._pv + 1  # the progress group (HeartbeatWriter.progress, inlined)
             self._pv = v
@@ -229,7 +229,9 @@ class Recorder:
             q[9] = n
             d[10] = now
             d[11] = dt
-            d[12] = self._slowest
+            if dt > self._slowest and n > 1:  # the first step includes start-up: not a step time
+                self._slowest = dt
+                d[12] = dt  # (written when it changes: its word keeps it)
             q[13] = v
             if dt < STRIDE_STEP_S:
                 self._short += 1
@@ -266,12 +268,13 @@ class Recorder:
     # nothing for a 100 ms step, well over 1 % of a 1.5 ms one. After STRIDE_AFTER steps in a row shorter than
     # STRIDE_STEP_S they are taken out (the originals put back) and put in for one step in STRIDE_EVERY: a sample of
     # SAMPLE_STEPS steps in a row every SAMPLE_STEPS * STRIDE_EVERY (putting the hooks in and taking them out costs
-    # tens of µs in place, more than a hooked step). Steps, collectives and checkpoints stay exact. The time an
-    # unhooked step spends in data and backward accrues to the phase it runs in (compute) and is moved, at the next
-    # sample, by the recent samples' shares; batches are counted alike. A slow step ends the stride; so does a pause,
-    # seen by the liveness thread, which then names the phase from the main thread's stack (an unhooked DataLoader or
-    # backward call) and puts the hooks back. A job that uses torch.compile never strides (dynamo guards on the
-    # globals the hooks swap).
+    # tens of µs in place, more than a hooked step), and SAMPLE_GAP_S after the one before at the earliest: a sample
+    # costs about 200 µs in place, so the shorter the steps, the more of them between two samples. Steps, collectives
+    # and checkpoints stay exact. The time an unhooked step spends in data and backward accrues to the phase it runs
+    # in (compute) and is moved, at the next sample, by the recent samples' shares; batches are counted alike. A slow
+    # step ends the stride; so does a pause, seen by the liveness thread, which then names the phase from the main
+    # thread's stack (an unhooked DataLoader or backward call) and puts the hooks back. A job that uses torch.compile
+    # never strides (dynamo guards on the globals the hooks swap).
     def _stride(self, now: float) -> None:
         try:
             if self.motion.compiling:  # hooks coming and going under torch.compile could make dynamo recompile
@@ -288,6 +291,8 @@ class Recorder:
             self._unhooked_steps += not self._hooks_in
             if self._hooks_in:
                 self._end_sample(now)
+            elif now - self._sample_at < SAMPLE_GAP_S:  # too soon: a little longer unhooked
+                self._left = self._stride_every
             else:
                 self._begin_sample(now)
         except Exception as exc:
@@ -306,6 +311,7 @@ class Recorder:
         self._settle(counts)
         self._set_hooks(True)
         self._sample_from = counts
+        self._sample_at = now
         self._left = SAMPLE_STEPS
         self.samples += 1
 
