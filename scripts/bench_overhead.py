@@ -8,8 +8,9 @@
    (adding the supervisor's polling and tee), in alternated rounds, each ratio with a bootstrap 95 % interval:
    whole-job timings on a shared 2-core machine resolve a few per cent at best, so
 5. each part is also measured where it resolves far below 1 %: the hooks in ns per call, the liveness thread's
-   CPU from /proc's schedstat, the flight recorder on the cheapest collective (two buffer sizes), the
-   supervisor's CPU while the steps run; their sum, as a share of the step, is the whole's cost;
+   CPU from /proc's schedstat, the flight recorder on the cheapest collective (two buffer sizes; each run beside
+   an off-run of its round), the supervisor's CPU while the steps run; their sum, as a share of the step, is the
+   whole's cost;
 6. alternated pairs of plain torchrun and `blackbox run` (in-loop step time, median pair ratio), each run with a
    ledger of every thread and process (/proc schedstat: CPU and wait for a CPU, per step), side by side with the
    part-by-part sum: the recorder in place, the flight recorder in isolation, blackbox's own threads and processes;
@@ -323,29 +324,35 @@ gc.collect()
 """
 
 
-def bench_flight_recorder(calls: int, rounds: int) -> dict[str, float]:
+def bench_flight_recorder(calls: int, rounds: int) -> tuple[float, dict[str, tuple[float, float, float]]]:
     """What the flight recorder adds to one collective: 2 gloo ranks doing `calls` one-element all_reduces (the
-    cheapest collective there is, so the recorder's share is the largest), off and on at two buffer sizes,
-    alternated; the median, over runs and ranks, of the calling thread's CPU time per call (seconds). The
-    recorder's work (an entry, a captured stack) is done by that thread; its wall time per call waits on the
-    other rank and varies by ±10 % on a shared machine, its CPU time far less."""
+    cheapest collective there is, so the recorder's share is the largest), off and on at two buffer sizes, in
+    rounds of one run each whose order rotates. A run's figure is the calling thread's CPU time per call, the mean
+    of its ranks (the recorder's work, an entry and a captured stack, is done by that thread; its wall time per call
+    waits on the other rank). Separate processes differ by several µs a call whatever they run, so each on-run is
+    compared with the off-run of its own round: the median over rounds of on minus off, with a bootstrap 95 %
+    interval. Returns (off's median per call, {entries: (added, low, high)}), in seconds."""
     from blackbox._recorder import protocol as P
 
     env = _job_env()
     variants = {"off": {}, P.FR_ENTRIES: {"TORCH_FR_BUFFER_SIZE": P.FR_ENTRIES},
                 "20000": {"TORCH_FR_BUFFER_SIZE": "20000"}}  # fmt: skip
-    times: dict[str, list[float]] = {k: [] for k in variants}
+    runs: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory() as d:
         script = Path(d, "fr.py")
         script.write_text(FR_BENCH)
         names = list(variants)
         for r in range(rounds):
+            run: dict[str, float] = {}
             for name in names[r % len(names) :] + names[: r % len(names)]:
                 out = subprocess.run(["torchrun", "--standalone", "--nproc-per-node", "2", str(script), str(calls)],
                                      env={**env, **variants[name]}, capture_output=True, text=True,
                                      check=True).stdout  # fmt: skip
-                times[name].extend(float(cpu) for _, cpu in re.findall(r"PERCALL ([0-9.]+) ([0-9.]+)", out))
-    return {k: statistics.median(v) for k, v in times.items()}
+                cpus = [float(cpu) for _, cpu in re.findall(r"PERCALL ([0-9.]+) ([0-9.]+)", out)]
+                run[name] = statistics.mean(cpus)
+            runs.append(run)
+    added = {name: _median_ci([run[name] - run["off"] for run in runs]) for name in names if name != "off"}
+    return statistics.median(run["off"] for run in runs), added
 
 
 Sample = tuple[float, float]  # one run: (wall seconds per step, rank CPU seconds per step), mean of the ranks
@@ -822,7 +829,7 @@ def main() -> int:
     ap.add_argument("--startup-runs", type=int, default=40)
     ap.add_argument("--liveness-seconds", type=float, default=20.0)
     ap.add_argument("--fr-calls", type=int, default=10000)
-    ap.add_argument("--fr-rounds", type=int, default=5)
+    ap.add_argument("--fr-rounds", type=int, default=9)
     ap.add_argument("--pairs", type=int, default=9, help="alternated pairs of plain and `blackbox run` per set")
     ap.add_argument("--pair-sets", type=int, default=2)
     ap.add_argument("--in-place-steps", type=int, default=60000, help="steps of the in-place run (blocks on and off)")
@@ -847,12 +854,13 @@ def main() -> int:
     print(f"| recorder work per training step (1 batch, 1 backward, 4 collectives, 1 optimizer step) | "
           f"{per_step / 1000:.1f} µs "
           "| |")  # fmt: skip
-    fr = bench_flight_recorder(args.fr_calls, args.fr_rounds)
-    fr_cost = {k: v - fr["off"] for k, v in fr.items() if k != "off"}
+    fr_off, fr_cost = bench_flight_recorder(args.fr_calls, args.fr_rounds)
     print(f"| one-element gloo all_reduce, flight recorder off: the caller's CPU (median of {args.fr_rounds} runs) "
-          f"| {fr['off'] * 1e6:.1f} µs | |")  # fmt: skip
-    for entries, extra in fr_cost.items():
-        print(f"| flight recorder on, {entries} entries: added per collective | {extra * 1e6:+.2f} µs | |")
+          f"| {fr_off * 1e6:.1f} µs | |")  # fmt: skip
+    for entries, (extra, lo, hi) in fr_cost.items():
+        print(f"| flight recorder on, {entries} entries: added per collective, on minus off in the same round "
+              f"(median of {args.fr_rounds}, 95 % interval) | {extra * 1e6:+.2f} µs ({lo * 1e6:+.2f} to "
+              f"{hi * 1e6:+.2f}) | |")  # fmt: skip
     sys.stdout.flush()
     if args.skip_steps:
         return 0
@@ -866,7 +874,7 @@ def main() -> int:
     block = 64
     diffs, sampled = bench_in_place(args.in_place_steps, block)
     in_place = print_in_place(diffs, sampled, args.in_place_steps, block)
-    print_sum(in_place, fr_cost[P.FR_ENTRIES], own, main_delta, step, ratio)
+    print_sum(in_place, fr_cost[P.FR_ENTRIES][0], own, main_delta, step, ratio)
     return 0
 
 
