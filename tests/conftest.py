@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,13 +27,24 @@ INTEGRATION = Path(__file__).resolve().parent / "integration"
 BIN = Path(sys.executable).parent
 BLACKBOX = [sys.executable, "-m", "blackbox"]
 TORCHRUN = str(BIN / "torchrun")
+SCRATCH = ""  # the session's scratch directory (pytest_configure)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     with contextlib.suppress(Exception):
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    # one scratch directory for the session, removed at its end: the temporary files of every process the tests
+    # start (a scenario's work directory, torchrun's own) go under it, never left in /tmp by a job that was killed
+    global SCRATCH
+    SCRATCH = tempfile.mkdtemp(prefix="bb-tests-")
+    os.environ["TMPDIR"] = SCRATCH
     # every blackbox the tests start indexes its bundles here, never in the user's ~/.local/share/blackbox
-    os.environ["BLACKBOX_HOME"] = tempfile.mkdtemp(prefix="bb-home-")
+    os.environ["BLACKBOX_HOME"] = tempfile.mkdtemp(prefix="bb-home-", dir=SCRATCH)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if SCRATCH:
+        shutil.rmtree(SCRATCH, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -154,7 +166,7 @@ GALLERY_JOBS = 2  # gallery runs at a time
 
 
 @pytest.fixture(scope="session")
-def gallery(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, Any]]:
+def gallery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., tuple[Path, Any]]]:
     """Runs a scenario of the gallery (scripts/scenarios/) once per test session, under `blackbox run` (mode
     "run") or under plain torchrun collected by `blackbox collect` (mode "collect"); the verdict tests and the
     last-words tests read the same run: (run directory or bundle directory, runner.Outcome)."""
@@ -182,7 +194,17 @@ def gallery(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Pat
                 done[key] = pool.submit(one, *key)
         return done[name, mode].result()
 
-    return run
+    yield run
+    # a job started ahead for a test that did not come (a part of the suite): ended now, not run to its end
+    for future in done.values():
+        future.cancel()
+    while not all(future.done() for future in done.values()):
+        with runner.LIVE_LOCK:
+            live = list(runner.LIVE)
+        for pid in live:
+            runner.kill_tree(pid)
+        wait(done.values(), timeout=1.0)
+    pool.shutdown()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
