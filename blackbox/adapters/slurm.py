@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Optional
@@ -220,10 +221,39 @@ def job_states(text: str) -> Optional[list[str]]:
     return [str(v) for v in value] if isinstance(value, list) and value else None
 
 
-def show_job_states(job_id: str, timeout: float, env: Optional[Mapping[str, str]] = None) -> Optional[list[str]]:
-    """`job_states` of a job, asked of scontrol; None where this Slurm has no `--json` (before 23.02) or refuses."""
-    out, _ = _scontrol("scontrol --json show job", ["--json", "show", "job", job_id], timeout, env)
-    return job_states(out) if out is not None else None
+def show_job_states(job_id: str, timeout: float, env: Optional[Mapping[str, str]] = None) -> tuple[Optional[list[str]],
+                                                                                                  str]:  # fmt: skip
+    """(`job_states` of a job, asked of scontrol; how it went); None where this Slurm has no `--json` (before 23.02)
+    or refuses."""
+    out, how = _scontrol("scontrol --json show job", ["--json", "show", "job", job_id], timeout, env)
+    return (job_states(out) if out is not None else None), how
+
+
+# what scontrol says when the controller did not answer in time (a controller busy ending many jobs at once): asked
+# again, it may answer
+BUSY = ("did not answer within", "Socket timed out", "Unable to contact slurm controller", "slurm_load_jobs error")
+ASK_AGAIN_S = 0.5
+
+
+def ask_job(job_id: str, deadline: float, env: Optional[Mapping[str, str]] = None) -> tuple[Optional[dict[str, object]],
+                                                                                          str]:  # fmt: skip
+    """`show_job`, asked again every ASK_AGAIN_S while scontrol gives no facts, until a second before `deadline`
+    (time.monotonic())."""
+    facts, how = show_job(job_id, max(0.5, deadline - time.monotonic()), env)
+    while facts is None and deadline - time.monotonic() > 1.0:
+        time.sleep(ASK_AGAIN_S)
+        facts, how = show_job(job_id, deadline - time.monotonic(), env)
+    return facts, how
+
+
+def ask_job_states(job_id: str, deadline: float, env: Optional[Mapping[str, str]] = None) -> Optional[list[str]]:
+    """`show_job_states`, asked again while the controller is busy (BUSY), until a second before `deadline`; asked
+    once of a Slurm without `--json` (it refuses the option: asking again would only wait)."""
+    states, how = show_job_states(job_id, max(0.5, deadline - time.monotonic()), env)
+    while states is None and any(words in how for words in BUSY) and deadline - time.monotonic() > 1.0:
+        time.sleep(ASK_AGAIN_S)
+        states, how = show_job_states(job_id, max(0.5, deadline - time.monotonic()), env)
+    return states
 
 
 def srun_each_node(job_id: str, nodes: list[str], argv: list[str]) -> list[str]:

@@ -418,10 +418,7 @@ class Supervisor:
 
         def record() -> None:  # asked at once: Slurm sets why before it signals (the state stays COMPLETING)
             deadline = time.monotonic() + RECORD_S
-            facts, how = slurm.show_job(task.job_id, RECORD_S, ctx.env)
-            while facts is None and deadline - time.monotonic() > 1.0:  # a controller busy ending jobs: ask again
-                time.sleep(0.5)
-                facts, how = slurm.show_job(task.job_id, deadline - time.monotonic(), ctx.env)
+            facts, how = slurm.ask_job(task.job_id, deadline, ctx.env)  # again while a busy controller refuses
             cause: Optional[str] = None
             why: Optional[str] = None
             if sig == signal.SIGUSR1:
@@ -429,7 +426,7 @@ class Supervisor:
             else:
                 cause, why = slurm.ending(facts, task.restarts) if facts is not None else (slurm.UNKNOWN, how)
                 if cause == slurm.UNKNOWN and facts is not None and facts.get("state") == "COMPLETING":
-                    states = slurm.show_job_states(task.job_id, max(0.5, deadline - time.monotonic()), ctx.env)
+                    states = slurm.ask_job_states(task.job_id, deadline, ctx.env)
                     if states:  # Slurm 23.11 and later say the state underneath
                         facts["states"] = states
                         cause, why = slurm.ending(facts, task.restarts)

@@ -77,6 +77,43 @@ def test_why_slurm_ends_a_job_and_unknown_where_it_does_not_say() -> None:
     assert slurm.job_states('{"jobs": []}') is None and slurm.job_states("[1]") is None
 
 
+def fake_scontrol(tmp_path: Path, refusals: int, refusal: str, answer: str) -> tuple[dict[str, str], Path]:
+    """A stand-in for `scontrol` (this machine's Slurm is older than `--json`'s state list) on PATH: it refuses
+    `refusals` times with `refusal` on stderr, then prints `answer`; each call is counted in the returned file."""
+    calls = tmp_path / "calls"
+    script = tmp_path / "bin" / "scontrol"
+    script.parent.mkdir(parents=True)
+    script.write_text(f"""#!/bin/sh
+echo "$*" >> {calls}
+if [ "$(wc -l < {calls})" -le {refusals} ]; then echo '{refusal}' >&2; exit 1; fi
+echo '{answer}'
+""")
+    script.chmod(0o755)
+    return {"PATH": f"{script.parent}:/usr/bin:/bin"}, calls
+
+
+def test_a_busy_controller_is_asked_again_and_an_older_slurm_once(tmp_path: Path) -> None:
+    import time
+
+    # GIVEN a controller that times out twice before it answers (a Slurm busy ending many jobs)
+    env, calls = fake_scontrol(tmp_path / "busy", 2, "slurm_load_jobs error: Socket timed out on send/recv operation",
+                               JSON_CANCELLED)  # fmt: skip
+    # THEN the state list comes on the third question, within the deadline
+    assert slurm.ask_job_states("3", time.monotonic() + 5.0, env) == ["CANCELLED", "COMPLETING"]
+    assert len(calls.read_text().splitlines()) == 3
+    # GIVEN a Slurm without `--json` (before 23.02): it refuses the option
+    env, calls = fake_scontrol(tmp_path / "old", 99, "scontrol: unrecognized option '--json'", "")
+    started = time.monotonic()
+    # THEN it is asked once: asking again would only wait out the deadline
+    assert slurm.ask_job_states("3", started + 5.0, env) is None
+    assert len(calls.read_text().splitlines()) == 1 and time.monotonic() - started < 2.0
+    # GIVEN `scontrol show job` refused once: asked again too
+    env, calls = fake_scontrol(tmp_path / "show", 1, "slurm_load_jobs error: Unable to contact slurm controller",
+                               SHOW_JOB)  # fmt: skip
+    facts, how = slurm.ask_job("1234", time.monotonic() + 5.0, env)
+    assert facts is not None and facts["state"] == "TIMEOUT" and how == "scontrol show job"
+
+
 def test_a_task_of_a_step_and_not_a_batch_script() -> None:
     task = slurm.task_of(TASK_ENV)
     assert task is not None
