@@ -37,6 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # start (a scenario's work directory, torchrun's own) go under it, never left in /tmp by a job that was killed
     global SCRATCH
     SCRATCH = tempfile.mkdtemp(prefix="bb-tests-")
+    os.chmod(SCRATCH, 0o1777)  # like /tmp: a job's process that drops root (read-failure's loader) still uses it
     os.environ["TMPDIR"] = SCRATCH
     # every blackbox the tests start indexes its bundles here, never in the user's ~/.local/share/blackbox
     os.environ["BLACKBOX_HOME"] = tempfile.mkdtemp(prefix="bb-home-", dir=SCRATCH)
