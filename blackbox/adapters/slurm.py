@@ -9,9 +9,9 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, TypeVar
 
 # How a job ended, from its state (JobState, or the base state in `scontrol --json`'s list), in the words a
 # preemption event uses.
@@ -237,23 +237,30 @@ ASK_AGAIN_S = 0.5
 
 def ask_job(job_id: str, deadline: float, env: Optional[Mapping[str, str]] = None) -> tuple[Optional[dict[str, object]],
                                                                                           str]:  # fmt: skip
-    """`show_job`, asked again every ASK_AGAIN_S while scontrol gives no facts, until a second before `deadline`
-    (time.monotonic())."""
-    facts, how = show_job(job_id, max(0.5, deadline - time.monotonic()), env)
-    while facts is None and deadline - time.monotonic() > 1.0:
-        time.sleep(ASK_AGAIN_S)
-        facts, how = show_job(job_id, deadline - time.monotonic(), env)
-    return facts, how
+    """`show_job`, asked again while scontrol gives no facts, whatever it said (see _asked_again)."""
+    return _asked_again(lambda timeout: show_job(job_id, timeout, env), deadline, lambda how: True)
 
 
 def ask_job_states(job_id: str, deadline: float, env: Optional[Mapping[str, str]] = None) -> Optional[list[str]]:
-    """`show_job_states`, asked again while the controller is busy (BUSY), until a second before `deadline`; asked
-    once of a Slurm without `--json` (it refuses the option: asking again would only wait)."""
-    states, how = show_job_states(job_id, max(0.5, deadline - time.monotonic()), env)
-    while states is None and any(words in how for words in BUSY) and deadline - time.monotonic() > 1.0:
-        time.sleep(ASK_AGAIN_S)
-        states, how = show_job_states(job_id, max(0.5, deadline - time.monotonic()), env)
+    """`show_job_states`, asked again while the controller is busy (BUSY); asked once of a Slurm without `--json`
+    (it refuses the option: asking again would only wait)."""
+    states, _ = _asked_again(lambda timeout: show_job_states(job_id, timeout, env), deadline,
+                             lambda how: any(words in how for words in BUSY))  # fmt: skip
     return states
+
+
+_A = TypeVar("_A")
+
+
+def _asked_again(ask: Callable[[float], tuple[Optional[_A], str]], deadline: float,
+                 again: Callable[[str], bool]) -> tuple[Optional[_A], str]:  # fmt: skip
+    """`ask(timeout)`, asked again every ASK_AGAIN_S while it answers None and `again(how it went)`, until a second
+    before `deadline` (time.monotonic())."""
+    answer, how = ask(max(0.5, deadline - time.monotonic()))
+    while answer is None and again(how) and deadline - time.monotonic() > 1.0:
+        time.sleep(ASK_AGAIN_S)
+        answer, how = ask(max(0.5, deadline - time.monotonic()))
+    return answer, how
 
 
 def srun_each_node(job_id: str, nodes: list[str], argv: list[str]) -> list[str]:
