@@ -18,7 +18,7 @@ class HeartbeatWriter:
 
     # slots: phase() runs twice a collective call, with its code and data cold (see Recorder; the step hook writes
     # the progress group itself)
-    __slots__ = ("_d", "_ledger_word", "_ledger_words", "_mv", "_phase_start", "_phv", "_pv", "_q", "mm", "mono0",
+    __slots__ = ("_d", "_ledger_word", "_ledger_words", "_mv", "_phase_start", "_phv", "_q", "mm", "mono0",
                  "wall0")  # fmt: skip
 
     def __init__(
@@ -48,8 +48,7 @@ class HeartbeatWriter:
         self.mono0 = time.monotonic()
         self._q = memoryview(self.mm).cast("Q")  # one machine store per item assignment
         self._d = memoryview(self.mm).cast("d")
-        self._pv = 0  # group versions; 0 is never written as a version
-        self._phv = 0
+        self._phv = 0  # group versions; 0 is never written as a version (the progress group's is its own first word)
         self._mv = 0
         # the time ledger, kept by the phase writes themselves: the word of the phase now written, since when
         self._ledger_words = [P.W_LEDGER + P.ledger_slot(code) for code in range(P.PHASE_CUSTOM + 1)]
@@ -68,11 +67,10 @@ class HeartbeatWriter:
 
     def progress(self, step: int, now: float, step_dt: float, slowest_dt: float) -> None:
         """The progress group. In a rank, this is its first write and a DataLoader batch's: the step hook
-        (Recorder._on_step) writes the group itself, in this layout, and the Recorder keeps the group's version
-        counter (it sets `_pv` before a call and reads it back after): change the two together."""
+        (Recorder._on_step) writes the group itself, in this layout: change the two together. Its version is the
+        group's first word plus one, so every writer of the group counts from the same number."""
         q, d = self._q, self._d
-        v = self._pv + 1
-        self._pv = v
+        v = q[8] + 1
         q[8] = v  # P.W_PROGRESS (literal indices: this runs on every training step)
         q[9] = step
         d[10] = now

@@ -39,7 +39,7 @@ _MARKED = object()  # the step source of blackbox.step(): the job marks its step
 class Recorder:
     # The step path's state in slots: in a real step its code and data are cold, and a slot is one load at a fixed
     # offset of one small block (scripts/bench_overhead.py measures the step path in place).
-    __slots__ = ("__dict__", "_hd", "_hooks_in", "_hq", "_last_dt", "_last_step_time", "_left", "_pv", "_short",
+    __slots__ = ("__dict__", "_hd", "_hooks_in", "_hq", "_last_dt", "_last_step_time", "_left", "_short",
                  "_slowest", "_stale", "_stepper", "_striding", "_unhooked_steps", "enabled", "hb",
                  "step_count")  # fmt: skip
 
@@ -64,7 +64,7 @@ class Recorder:
         self.hb_ino = os.stat(self.hb_path).st_ino
         # the heartbeat's progress group is written by _on_step itself, in HeartbeatWriter.progress's layout (its
         # words and version): a call less a step, on the path that runs every step with its code and data cold
-        self._hq, self._hd, self._pv = self.hb._q, self.hb._d, self.hb._pv
+        self._hq, self._hd = self.hb._q, self.hb._d
         # step accounting
         self.step_count = 0
         self._last_step_time = self.hb.mono0
@@ -223,8 +223,8 @@ class Recorder:
             n = self.step_count + 1
             self.step_count = n
             self._last_dt = dt
-            q, d, v = self._hq, self._hd, self._pv + 1  # the progress group (HeartbeatWriter.progress, inlined)
-            self._pv = v
+            q, d = self._hq, self._hd  # the progress group (HeartbeatWriter.progress, inlined)
+            v = q[8] + 1
             q[8] = v  # P.W_PROGRESS: the version at both ends, the step, its time, its length, the slowest
             q[9] = n
             d[10] = now
@@ -449,13 +449,8 @@ class Recorder:
             self._last_batch = batch_shapes(batch)
         elif self._batches % SHAPES_EVERY == 0:  # shapes rarely change: a recent batch's will do
             self._last_batch = batch_shapes(batch)
-        hb = self.hb
-        hb.data(self._data_wait, self._batches)
-        # one version counter for the group, the Recorder's (its step hook writes the group too): two counters in
-        # step would give a step's write and a batch's the same version, and a read across the two would pass
-        hb._pv = self._pv
-        hb.progress(self.step_count, now, self._last_dt, self._slowest)
-        self._pv = hb._pv
+        self.hb.data(self._data_wait, self._batches)
+        self.hb.progress(self.step_count, now, self._last_dt, self._slowest)
         self.exit_phase(previous, now)
 
     def enter_collective(self, op: int, group: Any) -> tuple[int, float, bytes]:
