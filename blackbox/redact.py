@@ -1,17 +1,16 @@
-"""Secret redaction on the host side: the shared rules (blackbox/_recorder/redact.py: known values, token formats,
+"""Secret redaction on the host side: the shared rules (blackbox/_recorder/redact/: known values, token formats,
 context rules, records, command lines, environments, config files, streams) plus how a URL may be shown. Pure
-functions; imports only the stdlib and the shared rules."""
+functions; imports only the stdlib, the shared rules and the credential stores that feed them."""
 
 from __future__ import annotations
 
 import re
 
-from ._recorder.credentials import config_files, stored_secrets
+from ._recorder.credentials import add_known_secrets, config_files, stored_secrets
 from ._recorder.redact import (
     REDACTED,
     StreamRedactor,
     add_known_secret,
-    add_known_secrets,
     is_secret_name,
     redact_argv,
     redact_config,

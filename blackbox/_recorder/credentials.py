@@ -1,7 +1,8 @@
 """Where a job's user already keeps credentials (~/.netrc, ~/.aws, gcloud, Hugging Face, Kaggle, kubeconfig, Docker,
 Databricks, MLflow, .pgpass, .my.cnf, git, gh, PyPI, npm) and the config files named on its command line: read only
 to learn the values to scrub, never copied anywhere. Stdlib only (it runs in the ranks too); each read is bounded,
-never blocks and never reads what is not a regular file of the job's user. Imports blackbox._recorder.redact."""
+never blocks and never reads what is not a regular file of the job's user. Feeds blackbox._recorder.redact (which
+never imports it back): `add_known_secrets` is where the job's credentials are learnt."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import stat
 from typing import Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import redact
+from .redact.known import url_secrets
 
 MAX_FILE = 1024 * 1024  # bytes read of one store
 MAX_FILES = 64
@@ -60,19 +62,11 @@ def _pgpass(text: str) -> Iterator[str]:
                 yield fields[4].replace("\x00", ":").replace("\\\\", "\\")
 
 
-def _urls(text: str) -> Iterator[str]:
-    for m in redact._URL_USERINFO.finditer(text):
-        if m.group(2):
-            yield m.group(2)[1:]
-        elif redact._looks_random(m.group(1)):
-            yield m.group(1)
-
-
 def _config(text: str) -> Iterator[str]:
     found: List[str] = []
     redact.redact_config(text, found)
     yield from found
-    yield from _urls(text)
+    yield from url_secrets(text)
 
 
 def _docker(text: str) -> Iterator[str]:
@@ -127,7 +121,7 @@ def _sqlite(path: str, owners: Sequence[int]) -> Iterator[str]:
                         continue
                     if value.lstrip().startswith("{"):
                         yield from _config(value)
-                    elif redact._kind(name) >= redact.SECRET:
+                    elif redact.is_secret_name(name):
                         yield value
     except Exception:
         return
@@ -180,12 +174,12 @@ def _stores(env: Mapping[str, str], home: str) -> Iterator[Tuple[str, Parser]]:
     yield under(".mlflow", "credentials"), _config
     yield env.get("PGPASSFILE") or under(".pgpass"), _pgpass
     yield under(".my.cnf"), _config
-    yield under(".git-credentials"), _urls
-    yield os.path.join(xdg_config, "git", "credentials"), _urls
+    yield under(".git-credentials"), url_secrets
+    yield os.path.join(xdg_config, "git", "credentials"), url_secrets
     yield os.path.join(env.get("GH_CONFIG_DIR") or os.path.join(xdg_config, "gh"), "hosts.yml"), _config
     yield under(".pypirc"), _config
     yield under(".npmrc"), _config
-    yield os.path.join(xdg_config, "pip", "pip.conf"), _urls
+    yield os.path.join(xdg_config, "pip", "pip.conf"), url_secrets
     yield under(".modal.toml"), _config
     yield under(".ngc", "config"), _config
     yield under(".comet.config"), _config
@@ -234,3 +228,18 @@ def stored_secrets(env: Mapping[str, str], argv: Sequence[str] = (), cwd: Option
         if text:
             values.extend(_config(text))
     return [v for v in values if isinstance(v, str)]
+
+
+def add_known_secrets(env: Mapping[str, str], argv: Sequence[str] = (), cwd: Optional[str] = None) -> int:
+    """Learn the job's credentials so that every text redacted from now on loses them: the values of `env`'s
+    credential-named variables, the credentials its user keeps where tools keep them (under `env`'s HOME:
+    ~/.netrc, ~/.aws, gcloud, Hugging Face, Kaggle, kubeconfig, Docker, ...), and the secret values of the config
+    files named on `argv`. Returns how many forms are now known."""
+    redact.add_env_secrets(env)
+    try:
+        for value in stored_secrets(env, argv, cwd):
+            if redact.worth_knowing(value):
+                redact.add_known_secret(value)
+    except Exception:  # reading a user's files is best effort: the rules still apply
+        pass
+    return redact.known_count()

@@ -44,9 +44,9 @@ def _redacted(data: Any) -> Any:
     this process's credential-named variables. The files still parse."""
     global _redactor
     if _redactor is None:
-        from . import redact
+        from . import credentials, redact
 
-        redact.add_known_secrets(os.environ, sys.argv)  # and the credential stores, the config files named
+        credentials.add_known_secrets(os.environ, sys.argv)  # and the credential stores, the config files named
         _redactor = redact.redact_value
     return _redactor(data)
 

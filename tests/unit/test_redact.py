@@ -16,6 +16,7 @@ from urllib.parse import quote, quote_plus
 import pytest
 
 from blackbox._recorder import redact as R
+from blackbox._recorder.redact import names as RN
 from blackbox.redact import (
     REDACTED,
     StreamRedactor,
@@ -89,8 +90,8 @@ def test_names_read_what_a_name_names() -> None:
              "secretary"]  # fmt: skip
     weak = ["token", "key", "session", "DESKTOP_SESSION", "signature", "bucket_key", "MY_TOKEN"]
     assert [n for n in secret if not is_secret_name(n)] == []
-    assert [n for n in plain if R._kind(n)] == []
-    assert [n for n in weak if R._kind(n) != R.WEAK] == []
+    assert [n for n in plain if RN._kind(n)] == []
+    assert [n for n in weak if RN._kind(n) != R.WEAK] == []
 
 
 def test_a_weak_name_loses_only_a_random_value() -> None:
