@@ -13,8 +13,10 @@ from .common import _TOKEN_CHARS, REDACTED, Span
 # literal prefix (a fast search) and runs only when its needle is in the text; the word boundary before it is
 # checked in Python, never by scanning back.
 _E = r"(?![A-Za-z0-9_\-])"
+_B = r"(?<![A-Za-z0-9_\-])"  # not inside a longer word: checked before the token is read, so a run of a prefix
+# (`eyJeyJeyJ…`) is read once from its start, not once from each of its prefixes (which would be quadratic)
 _FORMATS: List[Tuple[Tuple[str, ...], re.Pattern[str]]] = [
-    (needles, re.compile(pattern))
+    (needles, re.compile((_B if not pattern.startswith("1//") else r"(?<![A-Za-z0-9_\-/])") + "(?:" + pattern + ")"))
     for needles, pattern in (
         (("akia", "asia", "abia", "acca", "a3t"), r"(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[A-Z0-9]{16}(?![A-Z0-9])"),
         (("hf_",), r"hf_[A-Za-z0-9]{30,}" + _E),  # Hugging Face

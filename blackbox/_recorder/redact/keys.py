@@ -30,6 +30,9 @@ _PEM_BODY_LINE = re.compile(
 )  # a line of base64 (a short one ends with padding), or a header
 
 
+_ONLY_SPACE = re.compile(r"\s*\Z")  # read from a position: never a copy of the rest per key
+
+
 def _pem(text: str) -> Tuple[str, Optional[_State]]:
     out: List[str] = []
     pos = 0
@@ -43,7 +46,7 @@ def _pem(text: str) -> Tuple[str, Optional[_State]]:
         else:
             out.append(m.group(0))
         pos = m.end()
-        if m.group(3) is None and not text[pos:].strip():  # the key goes on in the next write
+        if m.group(3) is None and _ONLY_SPACE.match(text, pos):  # the key goes on in the next write
             state = _State("pem", marked=bool(body))
     out.append(text[pos:])
     return "".join(out), state
