@@ -21,13 +21,22 @@ from .names import NONE, PHRASE, SECRET, WEAK, _credential_like, _harmless, _kin
 _STEM_WORDS = ("pass", "pwd", "pw", "secret", "token", "key", "auth", "cred", "sig", "session", "cookie", "dsn", "pat",
                "bearer", "hook", "jwt")  # fmt: skip
 _STEMS = "(?:" + "|".join(_STEM_WORDS) + ")"
-_KEYED = re.compile(_STEMS + r"[a-z0-9_.\-]{0,40}(\\?[\"'])?[ \t]*(=>|:=|=|:(?![:/]))[ \t]*")
+_KEYED = re.compile(
+    _STEMS + r"[a-z0-9_.\-]{0,40}(\\?[\"'])?[ \t]*(=>|:=|=|:(?![:/])|\uff1a|\uff1d)[ \t]*"
+)  # and full-width : =
 _CLIENT_ID = re.compile(r"client[_\-.]?id(\\?[\"'])?[ \t]*(=|:(?![:/]))[ \t]*")
 _FLAGGED = re.compile("(" + _STEMS + r"[a-z0-9_\-]{0,40})[ \t]+(?:(?:is|was)[ \t]+)?(?=\S)")
 _PW_LIKE = re.compile(r"[A-Za-z][^\s]*[0-9]|[0-9][^\s]*[A-Za-z]")  # letters and digits: `hunter2`
 _PROSE_VALUE = 20  # a value after a name and a space, in prose, is a secret only when long and random
 _PAIR = re.compile(_STEMS + r"[a-z0-9_.\-]{0,40}(\\?[\"'])[ \t]*(?:,|\][ \t]*=|\)[ \t]*=)[ \t]*(?=\\?[\"'])")
 _MAX_NAME = 64
+_GUILLEMETS = {
+    "\u00ab": "\u00bb",
+    "\u00bb": "\u00ab",
+    "\u201c": "\u201d",
+    "\u2039": "\u203a",
+}  # guillemets, curly quotes
+_JSON_ESCAPED_SEP = ("u0026", "u003f", "u003d")  # `\u0026`: Go's JSON escapes a URL's & (and ? =)
 _DQ = re.compile(r'"((?:[^"\\\n]|\\.)*)"')
 _SQ = re.compile(r"'((?:[^'\\\n]|\\.)*)'")
 _WORD_VALUE = re.compile(r"[^\s\"'`,;(){}\[\]<>\\]+")
@@ -56,6 +65,10 @@ def _quoted(text: str, i: int) -> Optional[Tuple[int, int]]:
     """The span inside the quoted string starting at `i` — plain quotes, or quotes escaped once or more (a JSON
     string inside a JSON string: `\\\"…\\\"`) — or None."""
     c = text[i : i + 1]
+    if c in _GUILLEMETS:  # «value», “value”: to the closing mark on the same line
+        end = text.find(_GUILLEMETS[c], i + 1, i + 1 + 512)
+        newline = text.find("\n", i + 1, end)
+        return (i + 1, end) if end > i + 1 and newline < 0 else None
     if c == '"' or c == "'":
         m = (_DQ if c == '"' else _SQ).match(text, i)
         return (m.start(1), m.end(1)) if m else None
@@ -147,8 +160,11 @@ def _keyed(text: str, low: str, stems: Sequence[int], client_ids: bool = False) 
         if start < 0:
             continue
         name_end = m.start(1) if m.group(1) else m.start(2)
+        escaped = start and text[start - 1] == "\\" and low.startswith(_JSON_ESCAPED_SEP, start)
+        if escaped:  # `…\u0026X-Amz-Signature=…` in a URL that Go's JSON escaped
+            start += 5
         name = text[start:name_end].rstrip(" \t").lstrip("-")
-        if not name or (start and text[start - 1] == "\\" and not m.group(1)):
+        if not name or (start and text[start - 1] == "\\" and not m.group(1) and not escaped):
             continue
         kind = SECRET if client_ids else _kind(name)
         if kind == NONE:
@@ -161,7 +177,8 @@ def _keyed(text: str, low: str, stems: Sequence[int], client_ids: bool = False) 
             continue
         before = text[start - 1 : start]
         line_start = _at_line_start(text, start) or (before in ("'", '"') and not m.group(1))
-        value_start, end = _value_span(text, m.end(), name, kind, m.group(2), line_start, before in ("?", "&", ";"))
+        url = before in ("?", "&", ";") or bool(escaped)
+        value_start, end = _value_span(text, m.end(), name, kind, m.group(2), line_start, url)
         value_start = _skip_scheme(low, value_start, end)
         i = max(i, end)
         if text[end : end + 1] in ("(", "[") and text[value_start - 1 : value_start] not in ("'", '"'):
@@ -268,6 +285,7 @@ def _name_values(text: str, low: str) -> List[Span]:
 
 
 # `<password>x</password>` in XML (a Maven or NuGet settings file, a SOAP log)
+_XML_SECRETS = {"signatureprovided"}  # S3's SignatureDoesNotMatch body
 _XML_ELEMENT = re.compile(r"<([a-z0-9_.\-:]{1,64})>([^<>\n]{1,512})</\1>")
 
 
@@ -275,8 +293,26 @@ def _xml_elements(text: str, low: str) -> List[Span]:
     spans: List[Span] = []
     for m in _XML_ELEMENT.finditer(low):
         name = text[m.start(1) : m.end(1)].rsplit(":", 1)[-1]
-        kind = _kind(name)
+        kind = SECRET if name.lower() in _XML_SECRETS else _kind(name)
         if kind and not _harmless(name, text[m.start(2) : m.end(2)], kind):
+            spans.append((m.start(2), m.end(2), REDACTED))
+    return spans
+
+
+# a row of a table: `│ api_key │ value │` (rich), `| apikey | value |` (NGC's CLI, Markdown): a secret name's cell
+# and the cell after it
+_BAR = "[|\u2502\u2503]"  # | and the box-drawing bars
+_TABLE_CELL = re.compile(
+    _BAR + r"[ \t]*([a-z0-9_.\-]{1,64})[ \t]*" + _BAR + r"[ \t]*([^|\u2502\u2503\r\n]{1,512}?)[ \t]*(?=" + _BAR + ")"
+)
+
+
+def _table_cells(text: str, low: str) -> List[Span]:
+    spans: List[Span] = []
+    for m in _TABLE_CELL.finditer(low):
+        name, value = text[m.start(1) : m.end(1)], text[m.start(2) : m.end(2)]
+        kind = _kind(name)
+        if (kind >= SECRET and not _harmless(name, value, kind)) or (kind == WEAK and _looks_random(value)):
             spans.append((m.start(2), m.end(2), REDACTED))
     return spans
 

@@ -50,6 +50,14 @@ _FORMATS: List[Tuple[Tuple[str, ...], re.Pattern[str]]] = [
         (("pat",), r"dckr_pat_[A-Za-z0-9_\-]{20,}" + _E),  # Docker Hub
         (("lin_api_",), r"lin_api_[A-Za-z0-9]{30,}" + _E),  # Linear
         (("ntn_",), r"ntn_[A-Za-z0-9]{40,}" + _E),  # Notion
+        (("pcsk_",), r"pcsk_[A-Za-z0-9_]{40,}" + _E),  # Pinecone
+        (("xai-",), r"xai-[A-Za-z0-9]{40,}" + _E),  # xAI
+        (("pa-",), r"pa-(?=[A-Za-z0-9_\-]{0,42}[0-9])(?=[A-Za-z0-9_\-]{0,42}[A-Z])[A-Za-z0-9_\-]{40,}" + _E),  # Voyage
+        (("secret_",), r"secret_[A-Za-z0-9]{43}" + _E),  # Notion (an internal integration's token)
+        (("shpat_", "shpca_", "shppa_", "shpss_"), r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}" + _E),  # Shopify
+        (("dose",), r"dose[a-f0-9]{32}(?:-[0-9])?" + _E),  # Databricks OAuth secret
+        (tuple("sk" + c for c in "0123456789abcdef"), r"SK[0-9a-fA-F]{32}" + _E),  # Twilio API key
+        (("/bot",), r"(?<=/)bot[0-9]{5,12}:[A-Za-z0-9_\-]{30,}" + _E),  # Telegram bot token in a URL path
         (("age-secret-key-",), r"AGE-SECRET-KEY-1[0-9A-Z]{58}"),
         (("ls0tls1crudjti",), r"LS0tLS1CRUdJTi[A-Za-z0-9+/=]{16,}"),  # base64 of `-----BEGIN`, checked below
     )

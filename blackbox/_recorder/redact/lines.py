@@ -14,6 +14,7 @@ _BLOCK_START = re.compile(
     r"(?m)^([ \t]*)(?:-[ \t]+)?([\"']?)([A-Za-z0-9_.\-]{1,64})\2[ \t]*:[ \t]*(?:!!?[A-Za-z0-9]{1,16}[ \t]+)?"
     r"([|>][-+0-9]{0,3})?[ \t]*\r?$"
 )
+_PPK_START = re.compile(r"(?m)^[ \t]*Private-Lines:[ \t]*([0-9]{1,3})[ \t]*\r?$")  # PuTTY .ppk
 _NETRC_START = re.compile(r"(?m)^[ \t]*(?:machine[ \t]+\S+|default)(?:[ \t]|\r?$)")
 _ENV_NAME = re.compile(r"(?m)^[ \t]*(?:-[ \t]+)?name:[ \t]*([\"']?)([A-Za-z_][A-Za-z0-9_.\-]{0,63})\1[ \t]*\r?$")
 _NETRC_ITEM = re.compile(r"([ \t]*(login|password|account|port|protocol|machine|default)(?:[ \t]+))(\S*)(.*)")
@@ -118,6 +119,10 @@ def _blocks(text: str) -> Tuple[str, Optional[_State]]:
         if _kind(m.group(3)) >= SECRET:
             indent = len(m.group(1).expandtabs())
             starts.append((m.start(), m.end(), _State("yaml", indent=indent, scalar=m.group(4) is not None)))
+    if "Private-Lines" in text:
+        for m in _PPK_START.finditer(text):
+            if int(m.group(1)):
+                starts.append((m.start(), m.end(), _State("pem", left=int(m.group(1)))))
     if "machine" in text or "default" in text:
         for m in _NETRC_START.finditer(text):
             starts.append((m.start(), m.end(), _State("netrc")))

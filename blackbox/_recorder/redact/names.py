@@ -38,6 +38,7 @@ _LAST = {"pass": PHRASE, "pwd": PHRASE, "pw": PHRASE, "auth": SECRET, "authoriza
          "apikey": SECRET, "accesskey": SECRET, "secretkey": SECRET, "privatekey": SECRET, "accountkey": SECRET,
          "authkey": SECRET, "authtoken": SECRET, "accesstoken": SECRET, "refreshtoken": SECRET, "apitoken": SECRET,
          "sessiontoken": SECRET, "idtoken": SECRET, "storepass": PHRASE, "keypass": PHRASE, "session": WEAK,
+         "identitytoken": SECRET, "registrytoken": SECRET,
          "sessionid": WEAK, "signature": WEAK, "pat": WEAK, "token": WEAK, "key": WEAK}  # fmt: skip
 # a word before `token` / `key` that makes it a credential (`hf_token`, `KAGGLE_KEY`, `B2_APPLICATION_KEY`)
 _QUALIFIERS = {"api", "access", "auth", "bearer", "bot", "github", "gh", "gitlab", "hf", "hub", "huggingface",

@@ -19,6 +19,7 @@ from .context import (
     _pgpass_lines,
     _scheme_tokens,
     _set_values,
+    _table_cells,
     _tools,
     _user_flags,
     _userinfo,
@@ -37,6 +38,7 @@ from .lines import _blocks, _walk
 # looked for on its own.
 _STEM_SET = frozenset(_STEM_WORDS)
 _NEEDLES = sorted({*_STEM_WORDS, "basic", "//", "begin", "machine", "login", "user", "curl", "account", "name", "set",
+                   "private-lines",
                    *(n for f in _FORMATS for n in f[0]), *_TOOL_NEEDLES})  # fmt: skip
 _GATE = re.compile(_trie([n for n in _NEEDLES if not n[0].isdigit()]))
 _DIGIT_NEEDLES = tuple(n for n in _NEEDLES if n[0].isdigit())
@@ -72,6 +74,8 @@ def _rules(text: str, low: str, found: Set[str], stems: List[int]) -> str:
         spans += _auth_calls(text, low)
     if "value" in low and ("name" in found or "key" in found):
         spans += _name_values(text, low)
+    if stems and ("|" in text or "\u2502" in text or "\u2503" in text):
+        spans += _table_cells(text, low)
     if "</" in low and stems:
         spans += _xml_elements(text, low)
     if stems:
@@ -105,7 +109,7 @@ def _piece(text: str, state: Optional[_State]) -> Tuple[str, Optional[_State]]:
         low = _lower(text)
     stems = [m.start() for m in _STEM_RE.finditer(low)] if found & _STEM_SET else []
     text = _rules(text, low, found, stems)
-    if stems or "machine" in found or "name" in found:
+    if stems or "machine" in found or "name" in found or "private-lines" in found:
         text, block = _blocks(text)
         state = state or block
     return "".join(head) + text, state
