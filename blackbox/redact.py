@@ -10,6 +10,7 @@ from ._recorder.credentials import add_known_secrets, config_files, stored_secre
 from ._recorder.redact import (
     REDACTED,
     StreamRedactor,
+    add_env_secrets,
     add_known_secret,
     is_secret_name,
     redact_argv,
@@ -24,6 +25,7 @@ from ._recorder.redact import (
 __all__ = [
     "REDACTED",
     "StreamRedactor",
+    "add_env_secrets",
     "add_known_secret",
     "add_known_secrets",
     "config_files",

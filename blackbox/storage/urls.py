@@ -11,7 +11,7 @@ from typing import Any, Optional
 from urllib.parse import parse_qsl, urlsplit
 
 from ..errors import BlackboxError
-from ..redact import add_known_secret, redact_text
+from ..redact import add_env_secrets, add_known_secret, redact_text
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,6 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
                   "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_CONNECTION_STRING",
                   "AZURE_STORAGE_SAS_TOKEN", "AZURE_CLIENT_SECRET", "GOOGLE_OAUTH_ACCESS_TOKEN")  # fmt: skip
-_SIGNED = re.compile(r"(?i)\b(X-Amz-[A-Za-z-]+|Signature|Credential|AWSAccessKeyId|sig|se|sv|sp|skoid|sktid|"
-                     r"access_token|Authorization)(\s*[=:]\s*)([^\s&,;\"']+)")  # fmt: skip
 
 
 _ENDPOINT_PATH = re.compile(r"(https?://[^/\s\"']+)/[^\s\"']*")
@@ -94,14 +92,11 @@ def join(root: str, key: str) -> str:
 
 
 def scrub(message: str, env: Optional[dict[str, str]] = None) -> str:
-    """A backend's error as one short line without credentials: the backends' own credential variables, signed
-    request fields (botocore and azure echo them) and anything that looks like a secret."""
+    """A backend's error as one short line without credentials, through the one redaction path: the backends' own
+    credential variables become known values, and signed request fields (botocore and azure echo them) and anything
+    that looks like a secret go by the shared rules."""
     source = os.environ if env is None else env
-    for name in CREDENTIAL_ENV:
-        value = source.get(name)
-        if value and len(value) >= 4:
-            message = message.replace(value, "<redacted>")
-    message = _SIGNED.sub(lambda m: m.group(1) + m.group(2) + "<redacted>", message)
+    add_env_secrets({name: source[name] for name in CREDENTIAL_ENV if source.get(name)})  # the one path: known values
     line = " ".join(redact_text(message).split())
     return line[:300] + ("…" if len(line) > 300 else "")
 
