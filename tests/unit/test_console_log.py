@@ -167,3 +167,21 @@ def test_the_log_process_goes_on_by_itself_when_the_supervisor_is_gone(tmp_path:
     os.close(copy)
     wait_for(lambda: os.waitpid(log.pid, os.WNOHANG)[0], 30, "the log's process to end")
     assert (tmp_path / "console.log").read_text() == "before\nafter\n"
+
+
+def test_a_key_printed_on_stderr_while_stdout_interleaves_keeps_its_own_state(tmp_path: Path) -> None:
+    # GIVEN a job that prints a private key on stderr line by line while stdout goes on between its lines
+    log = ConsoleLog(str(tmp_path / "console.log"), lambda m: None)
+    body = [f"MIIEvQIBADANBgkqhkiG9w0BAQEFAASC{i:04d}xyz" for i in range(6)]
+    log.write(b"-----BEGIN PRIVATE KEY-----\n", 2)
+    for i, line in enumerate(body):
+        log.write(b"step %d loss 0.5\n" % i, 1)
+        log.write(line.encode() + b"\n", 2)
+    log.write(b"-----END PRIVATE KEY-----\n", 2)
+    log.write(b"step 6 loss 0.4\n", 1)
+    log.close()
+    text = (tmp_path / "console.log").read_text()
+    # THEN the key's body is gone, its markers stay, and every stdout line is there
+    assert not [line for line in body if line in text], text
+    assert "-----BEGIN PRIVATE KEY-----" in text and "-----END PRIVATE KEY-----" in text
+    assert all(f"step {i} loss" in text for i in range(7))
