@@ -403,8 +403,22 @@ def _netrc_lines(text: str) -> List[Span]:
             if not (m.start() and text[m.start() - 1] in _TOKEN_CHARS)]  # fmt: skip
 
 
+_PGPASS_HINT = re.compile(r":(?:[0-9]{1,5}|\*):")  # the port field: only lines with one are read (a fast search)
+
+
 def _pgpass_lines(text: str) -> List[Span]:
-    return [(m.start(5), m.end(5), REDACTED) for m in _PGPASS.finditer(text) if not m.group(5).isdigit()]
+    spans: List[Span] = []
+    end = 0
+    for hint in _PGPASS_HINT.finditer(text):
+        if hint.start() < end:
+            continue
+        start = text.rfind("\n", end, hint.start()) + 1 or end
+        end = text.find("\n", hint.end())
+        end = len(text) if end < 0 else end
+        spans += [
+            (m.start(5), m.end(5), REDACTED) for m in _PGPASS.finditer(text, start, end) if not m.group(5).isdigit()
+        ]
+    return spans
 
 
 # `curl -u user:password`, `--user user:password`

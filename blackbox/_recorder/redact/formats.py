@@ -4,7 +4,7 @@ without a telling name; and AWS key pairs. Stdlib only; imports common and names
 from __future__ import annotations
 
 import re
-from typing import List, Set, Tuple
+from typing import Dict, List, Set, Tuple
 
 from .common import _TOKEN_CHARS, REDACTED, Span
 
@@ -77,11 +77,17 @@ def _format_ok(text: str, m: re.Match[str]) -> bool:
     return True
 
 
+_BY_NEEDLE: Dict[str, List[int]] = {}  # needle -> the formats it opens, in their order
+for _i, (_needles, _) in enumerate(_FORMATS):
+    for _n in _needles:
+        _BY_NEEDLE.setdefault(_n, []).append(_i)
+
+
 def _formats(text: str, found: Set[str]) -> List[Span]:
     spans: List[Span] = []
-    for needles, pattern in _FORMATS:
-        if any(n in found for n in needles):
-            spans.extend((m.start(), m.end(), REDACTED) for m in pattern.finditer(text) if _format_ok(text, m))
+    for i in sorted({i for n in found for i in _BY_NEEDLE.get(n, ())}):
+        pattern = _FORMATS[i][1]
+        spans.extend((m.start(), m.end(), REDACTED) for m in pattern.finditer(text) if _format_ok(text, m))
     return spans
 
 
