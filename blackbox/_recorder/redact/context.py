@@ -303,13 +303,26 @@ def _xml_elements(text: str, low: str) -> List[Span]:
 # and the cell after it
 _BAR = "[|\u2502\u2503]"  # | and the box-drawing bars
 _TABLE_CELL = re.compile(
-    _BAR + r"[ \t]*([a-z0-9_.\-]{1,64})[ \t]*" + _BAR + r"[ \t]*([^|\u2502\u2503\r\n]{1,512}?)[ \t]*(?=" + _BAR + ")"
+    r"([a-z0-9_.\-]{1,64})[ \t]*" + _BAR + r"[ \t]*([^|\u2502\u2503\r\n]{1,512}?)[ \t]*(?=" + _BAR + ")"
 )
+_BARS = "|\u2502\u2503"
 
 
-def _table_cells(text: str, low: str) -> List[Span]:
+def _table_cells(text: str, low: str, stems: Sequence[int]) -> List[Span]:
+    """From each stem: a name that opens a cell (a bar before it), its bar, and the next cell."""
     spans: List[Span] = []
-    for m in _TABLE_CELL.finditer(low):
+    done = 0
+    for stem in stems:
+        start = _name_start(low, stem) if stem >= done else -1
+        if start <= 0:
+            continue
+        bar = start - 1
+        while bar > 0 and start - bar < 16 and low[bar] in " \t":
+            bar -= 1
+        m = _TABLE_CELL.match(low, start) if low[bar] in _BARS else None
+        if m is None:
+            continue
+        done = m.end()
         name, value = text[m.start(1) : m.end(1)], text[m.start(2) : m.end(2)]
         kind = _kind(name)
         if (kind >= SECRET and not _harmless(name, value, kind)) or (kind == WEAK and _looks_random(value)):

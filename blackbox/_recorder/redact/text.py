@@ -13,6 +13,7 @@ from .context import (
     _auth_calls,
     _flagged,
     _keyed,
+    _name_start,
     _name_values,
     _netrc_lines,
     _pairs,
@@ -30,6 +31,7 @@ from .formats import _FORMATS, _aws_pairs, _formats
 from .keys import _pem
 from .known import _known_pattern
 from .lines import _blocks, _walk
+from .names import NONE, _kind
 
 # --- the pipeline ------------------------------------------------------------------------------------------------
 # What the rules need in the text, lower-case: one trie of these finds which are there in one pass, and text with
@@ -53,7 +55,22 @@ def _lower(text: str) -> str:
     return low if len(low) == len(text) else text.translate(_ASCII_LOWER)
 
 
-def _rules(text: str, low: str, found: Set[str], stems: List[int]) -> str:
+_SCHEME_WORD = re.compile(r"(?:bearer|basic|token)[ \t]")
+_WORD_REST = re.compile(r"[a-z0-9_.\-]*")
+
+
+def _live(text: str, low: str, stems: List[int]) -> List[int]:
+    """The stems whose whole word may name a secret: `tokens_per_sec`, `key_dim` (most of a training log's stems)
+    are dropped here once, not by each rule that reads a name and its value."""
+    out = []
+    for stem in stems:
+        start = _name_start(low, stem)
+        if start < 0 or _kind(text[start : _WORD_REST.match(low, stem).end()].lstrip("-")) != NONE:
+            out.append(stem)
+    return out
+
+
+def _rules(text: str, low: str, found: Set[str], stems: List[int], live: List[int]) -> str:
     """The rules that need no state, each linear in the text and run only when its needle is there; their spans,
     all found on the same text, are merged and replaced at once."""
     spans = _formats(text, found)
@@ -74,20 +91,21 @@ def _rules(text: str, low: str, found: Set[str], stems: List[int]) -> str:
         spans += _auth_calls(text, low)
     if "value" in low and ("name" in found or "key" in found):
         spans += _name_values(text, low)
-    if stems and ("|" in text or "\u2502" in text or "\u2503" in text):
-        spans += _table_cells(text, low)
+    if live and ("|" in text or "\u2502" in text or "\u2503" in text):
+        spans += _table_cells(text, low, live)
     if "</" in low and stems:
         spans += _xml_elements(text, low)
-    if stems:
+    if live:
         if '"' in text or "'" in text:
-            spans += _pairs(text, low, stems)
-        spans += _keyed(text, low, stems)
-        spans += _flagged(text, low, stems)
+            spans += _pairs(text, low, live)
+        spans += _keyed(text, low, live)
+        spans += _flagged(text, low, live)
+    if stems:
         if "set" in found:
             spans += _set_values(text, low)
         if "secret" in found and "client" in low:
             spans += _keyed(text, low, (), client_ids=True)
-    if "bearer" in found or "basic" in found or "token" in found:
+    if ("bearer" in found or "basic" in found or "token" in found) and _SCHEME_WORD.search(low):
         spans += _scheme_tokens(text, low)
     return _apply(text, spans)
 
@@ -108,8 +126,9 @@ def _piece(text: str, state: Optional[_State]) -> Tuple[str, Optional[_State]]:
         text, state = _pem(text)
         low = _lower(text)
     stems = [m.start() for m in _STEM_RE.finditer(low)] if found & _STEM_SET else []
-    text = _rules(text, low, found, stems)
-    if stems or "machine" in found or "name" in found or "private-lines" in found:
+    live = _live(text, low, stems) if stems else stems
+    text = _rules(text, low, found, stems, live)
+    if live or "machine" in found or "name" in found or "private-lines" in found:
         text, block = _blocks(text)
         state = state or block
     return "".join(head) + text, state
