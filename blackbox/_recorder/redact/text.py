@@ -65,7 +65,8 @@ def _live(text: str, low: str, stems: List[int]) -> List[int]:
     out = []
     for stem in stems:
         start = _name_start(low, stem)
-        if start < 0 or _kind(text[start : _WORD_REST.match(low, stem).end()].lstrip("-")) != NONE:
+        word = _WORD_REST.match(low, stem)
+        if start < 0 or word is None or _kind(text[start : word.end()].lstrip("-")) != NONE:
             out.append(stem)
     return out
 
