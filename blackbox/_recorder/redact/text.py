@@ -57,16 +57,22 @@ def _lower(text: str) -> str:
 
 _SCHEME_WORD = re.compile(r"(?:bearer|basic|token)[ \t]")
 _WORD_REST = re.compile(r"[a-z0-9_.\-]*")
+_MAX_WORD = 64  # a longer word is left to the rules (they read at most so far)
 
 
 def _live(text: str, low: str, stems: List[int]) -> List[int]:
     """The stems whose whole word may name a secret: `tokens_per_sec`, `key_dim` (most of a training log's stems)
     are dropped here once, not by each rule that reads a name and its value."""
     out = []
+    end = -1
+    keep = True
     for stem in stems:
-        start = _name_start(low, stem)
-        word = _WORD_REST.match(low, stem)
-        if start < 0 or word is None or _kind(text[start : word.end()].lstrip("-")) != NONE:
+        if stem >= end:  # a new word: read once, however many stems it holds (a long base64 blob holds many)
+            word = _WORD_REST.match(low, stem)
+            end = word.end() if word else stem + 1
+            start = _name_start(low, stem)
+            keep = start < 0 or end - start > _MAX_WORD or _kind(text[start:end].lstrip("-")) != NONE
+        if keep:
             out.append(stem)
     return out
 
