@@ -13,10 +13,22 @@ from .common import _TOKEN_CHARS, REDACTED, Span
 # literal prefix (a fast search) and runs only when its needle is in the text; the word boundary before it is
 # checked in Python, never by scanning back.
 _E = r"(?![A-Za-z0-9_\-])"
-_B = r"(?<![A-Za-z0-9_\-])"  # not inside a longer word: checked before the token is read, so a run of a prefix
+_B = "A-Za-z0-9_\\-"  # not inside a longer word: checked before the token is read, so a run of a prefix
 # (`eyJeyJeyJ…`) is read once from its start, not once from each of its prefixes (which would be quadratic)
+
+
+def _bounded(pattern: str) -> re.Pattern[str]:
+    """`pattern` that starts only where a word starts. A pattern opening with a literal character keeps it first
+    (the engine's fast search for it) and checks the character before it right after."""
+    chars = _B + "/" if pattern.startswith("1//") else _B
+    first = pattern[0]
+    if first.isalnum() and pattern[1:2] not in ("{", "*", "+", "?"):
+        return re.compile(first + "(?<![" + chars + "]" + first + ")" + pattern[1:])
+    return re.compile("(?<![" + chars + "])(?:" + pattern + ")")
+
+
 _FORMATS: List[Tuple[Tuple[str, ...], re.Pattern[str]]] = [
-    (needles, re.compile((_B if not pattern.startswith("1//") else r"(?<![A-Za-z0-9_\-/])") + "(?:" + pattern + ")"))
+    (needles, _bounded(pattern))
     for needles, pattern in (
         (("akia", "asia", "abia", "acca", "a3t"), r"(?:AKIA|ASIA|ABIA|ACCA|A3T[A-Z0-9])[A-Z0-9]{16}(?![A-Z0-9])"),
         (("hf_",), r"hf_[A-Za-z0-9]{30,}" + _E),  # Hugging Face
@@ -51,7 +63,7 @@ _FORMATS: List[Tuple[Tuple[str, ...], re.Pattern[str]]] = [
         (("lin_api_",), r"lin_api_[A-Za-z0-9]{30,}" + _E),  # Linear
         (("ntn_",), r"ntn_[A-Za-z0-9]{40,}" + _E),  # Notion
         (("pcsk_",), r"pcsk_[A-Za-z0-9_]{40,}" + _E),  # Pinecone
-        (("xai-",), r"xai-[A-Za-z0-9]{40,}" + _E),  # xAI
+        (("ai-",), r"xai-[A-Za-z0-9]{40,}" + _E),  # xAI
         (("pa-",), r"pa-(?=[A-Za-z0-9_\-]{0,42}[0-9])(?=[A-Za-z0-9_\-]{0,42}[A-Z])[A-Za-z0-9_\-]{40,}" + _E),  # Voyage
         (("secret_",), r"secret_[A-Za-z0-9]{43}" + _E),  # Notion (an internal integration's token)
         (("shpat_", "shpca_", "shppa_", "shpss_"), r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}" + _E),  # Shopify
