@@ -57,12 +57,15 @@ def _lower(text: str) -> str:
 
 _SCHEME_WORD = re.compile(r"(?:bearer|basic|token)[ \t]")
 _WORD_REST = re.compile(r"[a-z0-9_.\-]*")
+_DENSE = 16  # a stem every 16 characters or more often: no filter (it would cost more than it saves)
 _MAX_WORD = 64  # a longer word is left to the rules (they read at most so far)
 
 
 def _live(text: str, low: str, stems: List[int]) -> List[int]:
     """The stems whose whole word may name a secret: `tokens_per_sec`, `key_dim` (most of a training log's stems)
     are dropped here once, not by each rule that reads a name and its value."""
+    if len(stems) * _DENSE > len(text):  # `token:token:…`, not a log: the rules read every stem as they would
+        return stems
     out = []
     end = -1
     keep = True
