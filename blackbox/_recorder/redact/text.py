@@ -31,7 +31,7 @@ from .formats import _FORMATS, _aws_pairs, _formats
 from .keys import _pem
 from .known import _known_pattern
 from .lines import _blocks, _walk
-from .names import NONE, _kind
+from .names import NONE, SECRET, _kind
 
 # --- the pipeline ------------------------------------------------------------------------------------------------
 # What the rules need in the text, lower-case: one trie of these finds which are there in one pass, and text with
@@ -61,23 +61,26 @@ _DENSE = 16  # a stem every 16 characters or more often: no filter (it would cos
 _MAX_WORD = 64  # a longer word is left to the rules (they read at most so far)
 
 
-def _live(text: str, low: str, stems: List[int]) -> List[int]:
+def _live(text: str, low: str, stems: List[int]) -> Tuple[List[int], bool]:
     """The stems whose whole word may name a secret: `tokens_per_sec`, `key_dim` (most of a training log's stems)
-    are dropped here once, not by each rule that reads a name and its value."""
+    are dropped here once, not by each rule that reads a name and its value; and whether a word may name a
+    SECRET (only then can a line open a YAML block of secrets)."""
     if len(stems) * _DENSE > len(text):  # `token:token:…`, not a log: the rules read every stem as they would
-        return stems
+        return stems, True
     out = []
     end = -1
-    keep = True
+    keep = strong = False
     for stem in stems:
         if stem >= end:  # a new word: read once, however many stems it holds (a long base64 blob holds many)
             word = _WORD_REST.match(low, stem)
             end = word.end() if word else stem + 1
             start = _name_start(low, stem)
-            keep = start < 0 or end - start > _MAX_WORD or _kind(text[start:end].lstrip("-")) != NONE
+            kind = SECRET if start < 0 or end - start > _MAX_WORD else _kind(text[start:end].lstrip("-"))
+            keep = kind != NONE
+            strong = strong or kind >= SECRET
         if keep:
             out.append(stem)
-    return out
+    return out, strong
 
 
 def _rules(text: str, low: str, found: Set[str], stems: List[int], live: List[int]) -> str:
@@ -136,9 +139,9 @@ def _piece(text: str, state: Optional[_State]) -> Tuple[str, Optional[_State]]:
         text, state = _pem(text)
         low = _lower(text)
     stems = [m.start() for m in _STEM_RE.finditer(low)] if found & _STEM_SET else []
-    live = _live(text, low, stems) if stems else stems
+    live, strong = _live(text, low, stems) if stems else (stems, False)
     text = _rules(text, low, found, stems, live)
-    if live or "machine" in found or "name" in found or "private-lines" in found:
+    if strong or "machine" in found or "name" in found or "private-lines" in found:
         text, block = _blocks(text)
         state = state or block
     return "".join(head) + text, state
