@@ -557,14 +557,16 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         if st is not None:
             row.phase = st.phase if st.phase not in ("unknown", "ambiguous") else st.where
     calls, at = _mismatch(mismatched, ev)
+    unseen = _unseen(bundle, state_of)
+    blind = [] if _expected(bundle) else sorted(set(absent) | set(unseen))  # no evidence, and none was expected
     # lines that say the set-up failed; gloo's loopback fallback too, where the job spans several hosts (on one host
     # loopback works, and single-host jobs print it all the time)
     network = ev.console.network + ([reason] if comm_log.error_kind(reason) == "network_setup" else []) + (
         ev.console.hostname_fallback[:1] if hosts(bundle) > 1 else [])  # fmt: skip
     time = time_ledger(bundle, [r.rank for r in rows], {r.rank: r.node for r in rows})
     ctx = Context(rule=rule, console=_console_category(bundle, reason), stuck=ev.stuck, mismatch=calls, mismatch_at=at,
-                  oom_ranks=oom_ranks, kernel_oom=facts.kernel_oom, network=network,
-                  absent=absent or _unseen(bundle, state_of),
+                  queued=ev.queued, oom_ranks=oom_ranks, kernel_oom=facts.kernel_oom, network=network,
+                  absent=(absent or unseen) if _expected(bundle) else [], unseen=blind,
                   progressing=_progressing(rows) if rule == "manual" else None, cuda_lines=ev.console.cuda_errors,
                   ops={**ev.ops, **{(u.group, u.seq): u.op for u in unjoined}},
                   duplicate_gpu=ev.console.duplicate_gpu,
@@ -586,7 +588,13 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     # the suspects' facts first: they are the ones a reader needs
     findings.sort(key=lambda f: not any(f.text.startswith(f"rank {r} ") or f.text.startswith(f"rank {r}'")
                                         for r in suspects))  # fmt: skip
-    verdict = Verdict(b.category, b.phase, suspects, b.confidence, summary)
+    confidence = b.confidence
+    if blind:  # no evidence is not a suspect: it lowers the confidence
+        confidence = "low"
+        findings.append(Finding("observed", f"no evidence: {plural_ranks(blind)} of "
+                                f"{bundle.section('job').get('world_size')} are in nothing this bundle holds "
+                                "(neither suspects nor cleared)", "manifest.json: job.world_size"))  # fmt: skip
+    verdict = Verdict(b.category, b.phase, suspects, confidence, summary)
     console = bundle.text(L.CONSOLE_TAIL)
     _, marker, body = console.partition("\n# ---\n")  # after console.log's header, when the tail still has it
     tail = [line for line in (body if marker else console).splitlines() if line.strip()][-CONSOLE_LINES:]
@@ -633,6 +641,12 @@ def _unseen(bundle: Bundle, state_of: dict[int, RankState]) -> list[int]:
     if not isinstance(world, int) or not state_of or not len(state_of) < world <= len(state_of) + 100_000:
         return []
     return [r for r in range(world) if r not in state_of]
+
+
+def _expected(bundle: Bundle) -> bool:
+    """Whether the bundle records that evidence of ranks it lacks was expected and did not come: one node's bundle
+    of a job its multi-node section says spans several nodes (the others' ranks are in their own bundles)."""
+    return hosts(bundle) > 1
 
 
 def _waited(time: dict[str, Any]) -> dict[int, float]:
