@@ -294,3 +294,27 @@ def test_every_dump_carries_every_field_torch_writes() -> None:
             assert {"version", "comm_lib_version", "pg_config", "pg_status", "nccl_comm_state", "entries"} <= set(d)
             assert all(set(e) == entry_keys for e in d["entries"]), case.name
     assert len(CASES) >= 6
+
+
+def _hang_without(ranks: set[int], world: int = 4, multinode: bool = False) -> tuple[str, list[int], str]:
+    """The collective-hang case with `ranks`' dumps and stacks taken away (and, where asked, a two-node bundle)."""
+    case = CASES[0]
+    b = bundle(
+        stacks={r: s for r, s in case.stacks.items() if r not in ranks},
+        frs={r: d for r, d in case.frs.items() if r not in ranks},
+        world=world,
+    )
+    b.manifest["job"]["local_ranks"] = [e for e in b.manifest["job"]["local_ranks"] if e["rank"] not in ranks]
+    if multinode:
+        b.manifest["multinode"] = {"job_id": "j", "node": "gpu-node-3", "node_rank": 0, "nnodes": 2}
+    v = analyze(b).verdict
+    return v.category, v.suspect_ranks, v.confidence
+
+
+def test_a_rank_without_a_dump_is_named_only_by_elimination_or_when_its_node_was_expected() -> None:
+    # rank 2 (the one in its DataLoader) loses its dump and stack: the only member without a trace, by elimination
+    assert _hang_without({2})[:2] == ("hang.collective", [2])
+    # ranks 2 and 3 both without evidence: rank 3 waited, rank 2 did not, and nothing says which: none is named
+    assert _hang_without({2, 3}) == ("hang.collective", [], "low")
+    # one node's bundle of a two-node job: the other node's ranks were expected elsewhere, and are named
+    assert _hang_without({2, 3}, multinode=True)[1] == [2, 3]
