@@ -101,6 +101,22 @@ def pg_status(rank: int, dump: dict[str, Any]) -> list[GroupStatus]:
     return out
 
 
+P2P = "/p2p"  # the suffix of a pair's point-to-point stream, counted apart from its collectives
+
+
+def p2p_status(rank: int, dump: dict[str, Any], pairs: set[str]) -> list[GroupStatus]:
+    """Each 2-rank group's last enqueued / started / completed send or recv (`pg_status`'s p2p counters, torch >=
+    2.5), as the group id + P2P: within a pair both ranks count the same sends and recvs, so the lower completed
+    count is the one a peer never posted."""
+    groups = dump.get("pg_status")
+    out = []
+    for group, status in sorted(groups.items(), key=lambda kv: str(kv[0])) if isinstance(groups, dict) else []:
+        if isinstance(status, dict) and str(group) in pairs and "last_enqueued_p2p" in status:
+            out.append(GroupStatus(rank, str(group) + P2P, _seq(status, "last_enqueued_p2p"),
+                                   _seq(status, "last_started_p2p"), _seq(status, "last_completed_p2p")))  # fmt: skip
+    return out
+
+
 def members(dumps: dict[int, dict[str, Any]]) -> dict[str, list[int]]:
     """Per group (its `pg_status` key, the group's id): its global ranks, from `pg_config` (keyed by the group's
     name, which the entries pair with the id). Untrusted: a group whose ranks cannot be read is left out."""

@@ -48,6 +48,8 @@ class Context:
     kernel_oom: bool = False
     progressing: Optional[bool] = None  # on request: whether heartbeats show the job stepping
     absent: list[int] = field(default_factory=list)  # ranks of the world in no bundle given
+    unseen: list[int] = field(default_factory=list)  # ranks no evidence speaks of, none expected: never a suspect
+    queued: list[int] = field(default_factory=list)  # ranks whose stuck collective is scheduled, not started
     network: list[str] = field(default_factory=list)  # lines that say the network could not be set up
     cuda_lines: list[tuple[Optional[int], str]] = field(default_factory=list)  # the console's CUDA errors
     duplicate_gpu: list[int] = field(default_factory=list)  # ranks NCCL found on one GPU
@@ -130,7 +132,9 @@ def waits(ctx: Context) -> Optional[Waits]:
     edges: dict[int, set[int]] = {}
     via: dict[int, str] = {}
     for st in ctx.stuck:
-        targets = set(st.missing) or set(st.untraced)
+        # a member no evidence speaks of is no suspect by its absence, unless it is the only one (by elimination)
+        blind = set(st.untraced) & set(ctx.unseen)
+        targets = set(st.missing) or set(st.untraced) - blind or (blind if len(blind) == 1 else set())
         for w in st.waiting:
             edges.setdefault(w, set()).update(targets)
         for t in targets:
@@ -341,6 +345,12 @@ def _hang(states: list[RankState], ctx: Context) -> Blame:
     followed = _followed(states, ctx)
     if followed is not None:
         return followed
+    if waiting and ctx.queued and {s.rank for s in waiting} <= set(ctx.queued):
+        ids = sorted(ctx.queued)
+        return Blame(ids, "hang.compute", "compute", "medium", f"{plural_ranks(ids)} enqueued the group's collective "
+                     "and the GPU never started it (the flight recorder: scheduled, not started): the GPU still "
+                     "runs the work queued before it, a long kernel", [f"{plural_ranks(ids)}: the collective is "
+                     "scheduled behind earlier GPU work, not waiting for a peer"])  # fmt: skip
     if ctx.mismatch and not elsewhere:
         odd = odd_ones(ctx.mismatch, states)
         why = [f"the ranks' calls differ at {ctx.mismatch_at or 'the same sequence number'}"]
@@ -392,6 +402,12 @@ def _all_wait(waiting: list[RankState], ctx: Context) -> Blame:
         ids = sorted(ctx.absent)
         return Blame(ids, "hang.collective", "collective", "low", f"every rank in these bundles waits in a collective; "
                      f"{plural_ranks(ids)} (in no bundle given) never arrived")  # fmt: skip
+    if len(ctx.unseen) > 1:  # the one that never arrived is among the ranks with no evidence: none is named
+        return Blame([], "hang.collective", "collective", "low", "every rank with evidence waits in a collective; "
+                     f"{plural_ranks(ctx.unseen)} have none, the one the others wait for among them")  # fmt: skip
+    if ctx.unseen:  # by elimination: every other rank of the world waits
+        return Blame(list(ctx.unseen), "hang.collective", "collective", "low", "every other rank waits in a "
+                     f"collective; {plural_ranks(ctx.unseen)}, with no evidence, never arrived")  # fmt: skip
     seqs = {s.seq for s in waiting if s.seq is not None}
     ids = sorted(s.rank for s in waiting)
     summary = "every rank waits in a collective" + (

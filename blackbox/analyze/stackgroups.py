@@ -12,6 +12,7 @@ from ..bundle import layout as L
 from ..bundle.reader import Bundle
 from ..detections import plural_ranks
 from ..frames import Where, where
+from .sources import main_stack
 
 MAX_FRAMES_SHOWN = 12
 
@@ -54,8 +55,6 @@ def _from_pyspy(bundle: Bundle, name: str, worker: bool = False) -> Optional[sta
 
 def rank_stack(bundle: Bundle, rank: int) -> Optional[RankStack]:
     """The rank's main thread, from py-spy (taken from outside at collection time) or else the rank's own dump."""
-    from .verdict import main_stack  # the recorder's dumps: pydump, then faulthandler
-
     name = L.process_member(rank, L.PYSPY)
     thread: Optional[stacks.ThreadStack] = _from_pyspy(bundle, name) if name in bundle.files else None
     source: Optional[str] = name if thread is not None else None

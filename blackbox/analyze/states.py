@@ -88,6 +88,9 @@ class JobEvidence:
     console: comm_log.ConsoleFacts = field(default_factory=comm_log.ConsoleFacts)
     exits: dict[int, int] = field(default_factory=dict)  # pid -> exit code (torchrun's lines)
     rank_exits: dict[int, int] = field(default_factory=dict)  # rank -> exit code (torchrun's failure summary)
+    # ranks whose stuck collective every member enqueued and none started (`scheduled`): the GPU still runs the work
+    # queued before it, a long kernel, not a wait for a peer
+    queued: list[int] = field(default_factory=list)
 
 
 def job_evidence(bundle: Bundle, dumps: dict[int, dict[str, Any]], world: Optional[int]) -> JobEvidence:
@@ -101,6 +104,10 @@ def job_evidence(bundle: Bundle, dumps: dict[int, dict[str, Any]], world: Option
         statuses.extend(fr.pg_status(rank, dump))
         ev.status_source[rank] = f"{L.FLIGHT_RECORDER_DIR} (rank {rank}'s pg_status)"
     members = fr.members(dumps)
+    pairs = {g for g, ranks in members.items() if len(ranks) == 2}
+    for rank, dump in dumps.items():
+        statuses.extend(fr.p2p_status(rank, dump, pairs))
+    members.update({g + fr.P2P: members[g] for g in pairs})
     for t in ev.console.timeouts:
         if t.rank in dumps:
             continue
@@ -115,11 +122,26 @@ def job_evidence(bundle: Bundle, dumps: dict[int, dict[str, Any]], world: Option
     ev.entered = _entered(bundle, dumps)
     ev.stuck = fr.stuck(statuses + ev.console_statuses, members, ev.entered)
     ev.mismatches = [("0", seq, calls) for seq, calls in ev.console.mismatches] + _watchdog_mismatches(ev.console)
+    ev.queued = _queued(ev.stuck, statuses)
     for st in ev.stuck:  # the stuck collective's op, from a waiting rank's own entry
+        if st.group.endswith(fr.P2P):
+            ev.ops[(st.group, st.seq)] = "send/recv"
+            continue
         e = next((fr.entry(dumps[r], st.group, st.seq) for r in st.waiting if r in dumps), None)
         if e is not None:
             ev.ops[(st.group, st.seq)] = fr.op_name(e)
     return ev
+
+
+def _queued(stuck: list[fr.Stuck], statuses: list[fr.GroupStatus]) -> list[int]:
+    """The ranks of groups whose stuck collective every member enqueued and none started (the dumps' started
+    counter, where the backend keeps one): `scheduled` behind earlier work on the GPU."""
+    out: set[int] = set()
+    for st in stuck:
+        own = [s for s in statuses if s.group == st.group]
+        if st.waiting and not st.missing and not st.untraced and all(0 <= s.last_started < st.seq for s in own):
+            out.update(st.waiting)
+    return sorted(out)
 
 
 def _entered(bundle: Bundle, dumps: dict[int, dict[str, Any]]) -> dict[int, str]:

@@ -19,41 +19,13 @@ from .actions import Facts, next_actions
 from .blame import ERROR_CATEGORY, Blame, Context, blame
 from .model import Finding, RankRow, Report, Verdict
 from .motion import findings as motion_findings
+from .sources import flight_recorder_dumps, hosts, rank_hosts
 from .stackgroups import RankStack, group, rank_stack, signature
 from .states import JobEvidence, RankState, exception_line, exception_records, job_evidence, late_arrival, read_state
 from .timeshare import findings as time_findings
 from .timeshare import time_ledger
 
 CONSOLE_LINES = 15
-
-
-def _newest(bundle: Bundle, rank: int, pattern: str) -> Optional[str]:
-    """The bundle member ranks/<rank>/<pattern, %d the highest n>."""
-    best: tuple[int, str] | None = None
-    for name in bundle.rank_files(rank):
-        n = L.numbered(rank, pattern, name)
-        if n is not None and (best is None or n > best[0]):
-            best = (n, name)
-    return best[1] if best else None
-
-
-def main_stack(bundle: Bundle, rank: int) -> tuple[Optional[stacks.ThreadStack], Optional[str]]:
-    """The rank's main thread from its newest dump: the recorder's JSON dump, else faulthandler's."""
-    name = _newest(bundle, rank, P.RANK_PYDUMP)
-    if name is not None:
-        thread = stacks.main_thread(stacks.from_pydump(bundle.json(name)))
-        if thread is not None:
-            return thread, name
-    names = bundle.json(L.rank_member(rank, P.RANK_THREADS))
-    for candidate in (_newest(bundle, rank, P.RANK_STACKS), L.rank_member(rank, P.RANK_SIGTERM)):
-        if candidate is None or candidate not in bundle.files:
-            continue
-        dumps = stacks.parse_faulthandler(bundle.text(candidate), names if isinstance(names, dict) else None)
-        if dumps:
-            thread = stacks.main_thread(dumps[-1])
-            if thread is not None:
-                return thread, candidate
-    return None, None
 
 
 def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack]) -> list[RankRow]:
@@ -124,22 +96,6 @@ def _exception_record(exc: dict[str, Any]) -> dict[str, Any]:
     user = [f for f in frames if not f.is_library] or frames
     return {"rank": exc.get("rank"), "type": str(exc.get("type")), "message": exception_line(exc),
             "frame": user[-1].describe() if user else None}  # fmt: skip
-
-
-def flight_recorder_dumps(bundle: Bundle) -> tuple[dict[int, dict[str, Any]], list[str]]:
-    """Every rank's flight-recorder dump, read with the restricted loader; and what could not be read."""
-    dumps: dict[int, dict[str, Any]] = {}
-    errors: list[str] = []
-    for name in sorted(bundle.files):
-        if not L.is_flight_recorder_dump(name):
-            continue
-        rank = fr.rank_of(name)
-        try:
-            if rank is not None:
-                dumps[rank] = fr.load_dump(bundle.files[name])
-        except fr.FlightRecorderError as exc:
-            errors.append(f"{name}: {exc}")
-    return dumps, errors
 
 
 def _collective_findings(
@@ -588,7 +544,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     rows = _rows(bundle, node, rank_stacks)
     groups = group(list(rank_stacks.values()))
     rule, reason, detection = _trigger(bundle)
-    facts = Facts(node, {r.rank: r for r in rows}, hosts=_rank_hosts(bundle))
+    facts = Facts(node, {r.rank: r for r in rows}, hosts=rank_hosts(bundle))
     findings, absent, raised = _evidence(bundle, rows, rank_stacks, facts)
     oom_ranks = _memory_findings(bundle, list(facts.by_rank) or _rank_ids(bundle), findings, facts)
     dumps, unjoined, mismatched, fr_findings, ev = _collective_findings(bundle, torch_fr, rows)
@@ -601,14 +557,16 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         if st is not None:
             row.phase = st.phase if st.phase not in ("unknown", "ambiguous") else st.where
     calls, at = _mismatch(mismatched, ev)
+    unseen = _unseen(bundle, state_of)
+    blind = [] if _expected(bundle) else sorted(set(absent) | set(unseen))  # no evidence, and none was expected
     # lines that say the set-up failed; gloo's loopback fallback too, where the job spans several hosts (on one host
     # loopback works, and single-host jobs print it all the time)
     network = ev.console.network + ([reason] if comm_log.error_kind(reason) == "network_setup" else []) + (
-        ev.console.hostname_fallback[:1] if _hosts(bundle) > 1 else [])  # fmt: skip
+        ev.console.hostname_fallback[:1] if hosts(bundle) > 1 else [])  # fmt: skip
     time = time_ledger(bundle, [r.rank for r in rows], {r.rank: r.node for r in rows})
     ctx = Context(rule=rule, console=_console_category(bundle, reason), stuck=ev.stuck, mismatch=calls, mismatch_at=at,
-                  oom_ranks=oom_ranks, kernel_oom=facts.kernel_oom, network=network,
-                  absent=absent or _unseen(bundle, state_of),
+                  queued=ev.queued, oom_ranks=oom_ranks, kernel_oom=facts.kernel_oom, network=network,
+                  absent=(absent or unseen) if _expected(bundle) else [], unseen=blind,
                   progressing=_progressing(rows) if rule == "manual" else None, cuda_lines=ev.console.cuda_errors,
                   ops={**ev.ops, **{(u.group, u.seq): u.op for u in unjoined}},
                   duplicate_gpu=ev.console.duplicate_gpu,
@@ -630,7 +588,13 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     # the suspects' facts first: they are the ones a reader needs
     findings.sort(key=lambda f: not any(f.text.startswith(f"rank {r} ") or f.text.startswith(f"rank {r}'")
                                         for r in suspects))  # fmt: skip
-    verdict = Verdict(b.category, b.phase, suspects, b.confidence, summary)
+    confidence = b.confidence
+    if blind:  # no evidence is not a suspect: it lowers the confidence
+        confidence = "low"
+        findings.append(Finding("observed", f"no evidence: {plural_ranks(blind)} of "
+                                f"{bundle.section('job').get('world_size')} are in nothing this bundle holds "
+                                "(neither suspects nor cleared)", "manifest.json: job.world_size"))  # fmt: skip
+    verdict = Verdict(b.category, b.phase, suspects, confidence, summary)
     console = bundle.text(L.CONSOLE_TAIL)
     _, marker, body = console.partition("\n# ---\n")  # after console.log's header, when the tail still has it
     tail = [line for line in (body if marker else console).splitlines() if line.strip()][-CONSOLE_LINES:]
@@ -670,12 +634,6 @@ def _hostname_note(node: Any, env: Any) -> Optional[str]:
     return "; ".join(parts)
 
 
-def _hosts(bundle: Bundle) -> int:
-    """How many hosts the job spans, as far as the bundle knows (its multi-node section, else 1)."""
-    nnodes = bundle.section("multinode").get("nnodes")
-    return nnodes if isinstance(nnodes, int) and not isinstance(nnodes, bool) else 1
-
-
 def _unseen(bundle: Bundle, state_of: dict[int, RankState]) -> list[int]:
     """Ranks of the world no evidence in the bundle speaks of (a bundle of console output alone: the ranks whose
     lines it does not hold)."""
@@ -683,6 +641,12 @@ def _unseen(bundle: Bundle, state_of: dict[int, RankState]) -> list[int]:
     if not isinstance(world, int) or not state_of or not len(state_of) < world <= len(state_of) + 100_000:
         return []
     return [r for r in range(world) if r not in state_of]
+
+
+def _expected(bundle: Bundle) -> bool:
+    """Whether the bundle records that evidence of ranks it lacks was expected and did not come: one node's bundle
+    of a job its multi-node section says spans several nodes (the others' ranks are in their own bundles)."""
+    return hosts(bundle) > 1
 
 
 def _waited(time: dict[str, Any]) -> dict[int, float]:
@@ -704,23 +668,6 @@ def _mismatch(mismatched: list[fr.Mismatch], ev: JobEvidence) -> tuple[dict[int,
     for group_id, seq, said in ev.mismatches[:1]:
         return said, f"#{seq} of group {group_id}"
     return {}, ""
-
-
-def _rank_hosts(bundle: Bundle) -> dict[int, str]:
-    """Which host each rank of the job lives on, as the coordination learned it from every node's supervisor (and
-    a merged view from its node bundles): so a suspect on another node is named on its own host."""
-    out: dict[int, str] = {}
-    for name in [n for n in bundle.files if n.endswith(L.COORDINATION)]:
-        state = bundle.json(name)
-        hosts = state.get("rank_hosts") if isinstance(state, dict) else None
-        for rank, host in hosts.items() if isinstance(hosts, dict) else ():
-            if integer(rank) is not None and isinstance(host, str):
-                out.setdefault(int(rank), host)
-    nodes = bundle.manifest.get("rank_nodes")
-    for rank, host in nodes.items() if isinstance(nodes, dict) else ():
-        if integer(rank) is not None and isinstance(host, str):
-            out[int(rank)] = host
-    return out
 
 
 def _summary(b: Blame, rule: str, trigger: str, reason: str) -> str:

@@ -38,7 +38,7 @@ def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyze
     """
     from .._recorder.protocol import FR_PREFIX
     from ..adapters import flight_recorder as fr
-    from ..analyze.verdict import flight_recorder_dumps
+    from ..analyze.sources import flight_recorder_dumps
     from ..bundle.reader import expand_paths, merge_bundles, read_bundle
     from ..intake import Intake
     from ..render.html import render_html

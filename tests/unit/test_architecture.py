@@ -76,3 +76,20 @@ def test_every_part_imports_only_what_the_picture_allows() -> None:
 def test_nothing_imports_the_cli() -> None:
     found = _imports()
     assert not [part for part, targets in found.items() if "cli" in targets and part not in UNCHECKED]
+
+
+# analyze/ flows one way: a module may import only the modules before it here (issue 34: no circle through verdict)
+ANALYZE_ORDER = ["model", "sources", "motion", "timeshare", "actions", "stackgroups", "states", "blame", "verdict"]
+
+
+def test_analysis_flows_one_way_from_states_to_the_verdict() -> None:
+    folder = PACKAGE / "analyze"
+    assert {p.stem for p in folder.glob("*.py")} - {"__init__"} == set(ANALYZE_ORDER), "add it to ANALYZE_ORDER"
+    wrong = []
+    for stem in ANALYZE_ORDER:
+        below = set(ANALYZE_ORDER[: ANALYZE_ORDER.index(stem)])
+        for node in ast.walk(ast.parse((folder / f"{stem}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names = [node.module] if node.module else [a.name for a in node.names]
+                wrong += [f"{stem} -> {n.split('.')[0]}" for n in names if n.split(".")[0] not in below]
+    assert not wrong, f"imports against analyze/'s one way: {wrong}"

@@ -1,7 +1,9 @@
 """The GPU corpus: real NCCL hangs and crashes from public issue threads (tests/data/gpu_corpus/cases/*.json: the
 thread, the evidence as posted, the verdict its resolution states), as bundles made by scripts/make_gpu_corpus.py.
-Every bundle must get the thread's answer: its category, its suspects (or, where the thread names none, not the
-ranks it shows to be waiting), and the fix it names in the next actions. The session prints the table."""
+Every bundle must get the thread's answer: its exact category and its exact suspects — or, where the thread does not
+say which rank, a case that says so (`no_suspect_named`) and a verdict that names none — and the fix it names in the
+next actions. A rank the bundle has no evidence for is never a suspect by its absence alone; the tests below vary a
+case's world size and which ranks' evidence it holds. The session prints the table."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
@@ -21,31 +23,20 @@ CORPUS = ROOT / "tests" / "data" / "gpu_corpus"
 CASES = sorted((CORPUS / "cases").glob("*.json"))
 ROWS: list[tuple[str, str, str, str, bool]] = []
 sys.path.insert(0, str(ROOT / "scripts"))
-from make_gpu_corpus import digest  # noqa: E402
+from make_gpu_corpus import build_in_memory, digest  # noqa: E402
 
 
 def _expected(want: dict[str, Any]) -> str:
-    parts = [str(want["category"])] if want.get("category") else []
-    if want.get("suspect_ranks") is not None:
-        parts.append(str(want["suspect_ranks"]))
-    if want.get("suspects_include"):
-        parts.append(f"incl {want['suspects_include']}")
-    if want.get("not_suspects"):
-        parts.append(f"not {want['not_suspects']}")
-    return " ".join(parts)
+    return f"{want['category']} {want['suspect_ranks'] or 'no suspect named'}"
 
 
 def check(want: dict[str, Any], category: str, suspects: list[int], actions: str) -> list[str]:
-    """What differs from the thread's answer (empty when nothing does)."""
+    """What differs from the thread's answer (empty when nothing does): the exact category and suspect set."""
     wrong = []
-    if want.get("category") and category != want["category"]:
+    if category != want["category"]:
         wrong.append(f"category {category}, the thread's {want['category']}")
-    if want.get("suspect_ranks") is not None and suspects != want["suspect_ranks"]:
-        wrong.append(f"suspects {suspects}, the thread's {want['suspect_ranks']}")
-    if not set(want.get("suspects_include", [])) <= set(suspects):
-        wrong.append(f"suspects {suspects} lack {want['suspects_include']}")
-    if set(want.get("not_suspects", [])) & set(suspects):
-        wrong.append(f"suspects {suspects} name a rank the thread shows waiting: {want['not_suspects']}")
+    if suspects != want["suspect_ranks"]:
+        wrong.append(f"suspects {suspects}, the thread's {want['suspect_ranks'] or 'none named'}")
     wrong += [f"no next action names `{w}`" for w in want.get("next_action_contains", []) if w not in actions]
     return wrong
 
@@ -66,6 +57,14 @@ def test_every_case_gets_its_threads_answer(path: Path) -> None:
     assert not wrong, f"{case['id']}: " + "; ".join(wrong) + f"\n{v.summary}\n" + "\n".join(report.next_actions)
 
 
+def test_every_case_states_an_exact_answer_or_says_why_it_names_no_rank() -> None:
+    for path in CASES:
+        want = json.loads(path.read_text())["expected"]
+        assert isinstance(want.get("category"), str) and isinstance(want.get("suspect_ranks"), list), path.stem
+        assert not {"suspects_include", "not_suspects"} & set(want), f"{path.stem}: a partial answer"
+        assert bool(want["suspect_ranks"]) != bool(want.get("no_suspect_named")), f"{path.stem}: say why none"
+
+
 def test_the_corpus_covers_the_shapes_of_real_gpu_jobs() -> None:
     cases = [json.loads(p.read_text()) for p in CASES]
     assert len(cases) >= 20
@@ -75,6 +74,44 @@ def test_the_corpus_covers_the_shapes_of_real_gpu_jobs() -> None:
     categories = {c["expected"].get("category") for c in cases}
     assert {"crash.comm_timeout", "crash.cuda_error", "crash.oom", "crash.network_setup"} <= categories
     assert all(c["sources"] and c["resolution"] and c["evidence"] and c["answer"] for c in cases)
+
+
+def _varied(tmp_path: Path, stem: str, world: int, drop: Optional[int] = None) -> Any:
+    """A case's report with its world size set, and without rank `drop`'s evidence (its ranks list)."""
+    case = json.loads(next((CORPUS / "cases").glob(f"{stem}-*.json")).read_text())
+    case["bundle"]["world_size"] = world
+    for ev in case["evidence"]:
+        if drop is not None and drop in ev.get("ranks", []):
+            ev["ranks"] = [r for r in ev["ranks"] if r != drop]
+    path = tmp_path / f"{case['id']}.json"
+    path.write_text(json.dumps(case))
+    return analyze(build_in_memory(path))
+
+
+@pytest.mark.parametrize("world", [8, 35, 40, 64])
+def test_case_26_names_no_rank_at_any_world_size_the_waiting_ones_least(tmp_path: Path, world: int) -> None:
+    report = _varied(tmp_path, "26", world)
+    assert (report.verdict.category, report.verdict.suspect_ranks) == ("crash.comm_timeout", [])
+    assert report.verdict.confidence == "low"
+    no_evidence = [f.text for f in report.findings if f.text.startswith("no evidence: ")]
+    assert no_evidence and f"of {world} are in nothing this bundle holds" in no_evidence[0]
+
+
+@pytest.mark.parametrize(("stem", "world", "drop", "suspects"), [
+    ("02", 4, None, [0]),  # ranks 1-3 wait in #19: the one rank left, by elimination
+    ("02", 8, None, []),  # five ranks without evidence: none of them is named by its absence
+    ("16", 8, None, [7]),  # ranks 0-6 wait: rank 7, by elimination
+    ("16", 16, None, []),
+    ("16", 8, 6, []),  # rank 6's stack taken away: ranks 6 and 7 have no evidence, neither is named
+])  # fmt: skip
+def test_a_rank_without_evidence_is_a_suspect_only_by_elimination(
+    tmp_path: Path, stem: str, world: int, drop: Optional[int], suspects: list[int]
+) -> None:
+    report = _varied(tmp_path, stem, world, drop)
+    assert report.verdict.suspect_ranks == suspects
+    if not suspects:
+        assert report.verdict.confidence == "low"
+        assert any(f.text.startswith("no evidence: ") for f in report.findings)
 
 
 @pytest.fixture(scope="module", autouse=True)
