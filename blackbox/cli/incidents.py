@@ -191,7 +191,16 @@ def _fixed(fix: Optional[dict[str, Any]]) -> str:
 
 
 def _table(title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
-    """Rows of incidents as a table; the second cell is a time. Bundle text is never read as rich markup."""
+    """Rows of incidents as a table; the second cell is a time. Bundle text is never read as rich markup. Piped or
+    redirected (stdout not a terminal): one row a line, at full width, so that no id is ever cut in two."""
+    texts = [[_printable(str(c if c is not None else "")).replace("\n", " ") for c in
+              (row[0], str(row[1] or "")[:19].replace("T", " "), *row[2:])] for row in rows]  # fmt: skip
+    if not sys.stdout.isatty():
+        widths = [max(len(c) for c in col) for col in zip(columns, *texts)]
+        click.echo(title)
+        for line in (columns, *texts):
+            click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+        return
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -199,9 +208,8 @@ def _table(title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) ->
     table = Table(title=title, title_justify="left")
     for col in columns:
         table.add_column(col, overflow="fold")
-    for row in rows:
-        cells = (row[0], str(row[1] or "")[:19].replace("T", " "), *row[2:])
-        table.add_row(*(Text(_printable(str(c if c is not None else ""))) for c in cells))
+    for cells in texts:
+        table.add_row(*(Text(c) for c in cells))
     Console(soft_wrap=False).print(table)
 
 

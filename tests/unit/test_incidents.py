@@ -145,3 +145,22 @@ def test_bundle_text_reaches_the_terminal_inert(tmp_path: Path, monkeypatch: pyt
         code, out, err = cli("incidents", *args)
         assert code == 0, err
         assert "\x1b" not in out and "\x07" not in out and "[/bold]" in out.replace("\n", "")
+
+
+def test_a_piped_list_is_one_row_a_line_at_full_width(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped or redirected, `incidents list` never wraps a cell: each incident is one line, its fields whole."""
+    home = tmp_path / "home"
+    index = IncidentIndex(str(home / "incidents.sqlite"))
+    long_frame = "a_function_with_a_name_long_enough_to_wrap_any_eighty_column_table_in_two (train_model.py)"
+    numbers = [index.add({**record(i), "top_frame": long_frame})[0] for i in (1, 2)]
+    index.close()
+    monkeypatch.setenv("BLACKBOX_HOME", str(home))
+    code, out, err = cli("incidents", "list")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("incidents (") and lines[1].split()[:3] == ["#", "when", "(UTC)"]
+    rows = lines[2:]
+    assert len(rows) == 2 and all(long_frame in row for row in rows), out
+    assert sorted(int(row.split()[0]) for row in rows) == sorted(numbers)
+    code, out, err = cli("incidents", "list", "--format", "json")
+    assert code == 0 and sorted(r["id"] for r in json.loads(out)["incidents"]) == sorted(numbers), err
