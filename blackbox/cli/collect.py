@@ -15,6 +15,13 @@ from .._recorder import protocol as P
 from ..errors import EXIT_CANT_CREATE, BlackboxError
 
 
+def _disk_full(exc: OSError, out_dir: str) -> Optional[str]:
+    from ..collect.collector import disk_full
+
+    full = disk_full(exc, out_dir)
+    return None if full is None else f"{full}, and the job runs on."
+
+
 def _out_target(out: Optional[str], run_dir: Optional[str]) -> tuple[str, Optional[str]]:
     """(directory, file name or None): `--out` names a .tar.gz file or a directory; by default the job's run
     directory when it runs under `blackbox run` (and it is writable), else the current directory."""
@@ -130,7 +137,7 @@ def collect(pid: Optional[int], slurm_job: Optional[str], slurm_node: Optional[s
                 Trigger("manual"), None, None, out_dir, out_name
             )
     except OSError as exc:
-        raise BlackboxError(f"Cannot write the bundle into `{out_dir}`: {exc.strerror}.",
+        raise BlackboxError(_disk_full(exc, out_dir) or f"Cannot write the bundle into `{out_dir}`: {exc.strerror}.",
                             exit_code=EXIT_CANT_CREATE) from None  # fmt: skip
     finally:
         if table is not None:

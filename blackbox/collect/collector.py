@@ -6,6 +6,7 @@ Imports the stdlib and blackbox's host side; never prints (it reports progress).
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
 import os
@@ -37,6 +38,15 @@ RANK_PATTERNS = tuple(L.glob(name) for name in L.RANK_FILES)
 EVENTS_CAP = 16 * 1024 * 1024  # the run's events.jsonl: its newest part
 
 Progress = Callable[[str], None]
+
+
+def disk_full(exc: BaseException, out_dir: str) -> Optional[str]:
+    """For an error writing a bundle into `out_dir` that is a full disk (or quota): the sentence that says so, where,
+    and what was kept (the writer removes its partial file), to end as the caller's sentence; None otherwise."""
+    if not isinstance(exc, OSError) or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    return (f"The disk holding `{out_dir}` is full ({os.strerror(exc.errno)}): no bundle was written (its partial "
+            "file was removed), what was written there before is kept")  # fmt: skip
 
 
 def _redact_file(name: str, text: str) -> str:

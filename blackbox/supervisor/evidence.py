@@ -13,7 +13,7 @@ from .._recorder import protocol as P
 from ..alerts import Alerts
 from ..analyze.model import Report
 from ..bundle.writer import Written
-from ..collect.collector import CollectOptions, Collector
+from ..collect.collector import CollectOptions, Collector, disk_full
 from ..collect.job import Job, RankTarget, job_python
 from ..detections import Detection, Trigger
 from ..render import printable
@@ -98,7 +98,12 @@ class Evidence:
             out = os.path.join(ctx.run_dir, P.BUNDLES_DIR)
             return collector.collect(trigger, detection, ctx.events, out).written
         except Exception as exc:
-            ctx.internal_error("collect", exc)
+            full = disk_full(exc, os.path.join(ctx.run_dir, P.BUNDLES_DIR))
+            if full is None:
+                ctx.internal_error("collect", exc)
+            else:  # the machine's state, not blackbox's bug: said as such, once
+                ctx.event("error", where="collect", error=repr(exc))
+                ctx.say_once("collect:disk-full", f"{full}; the job goes on")
             return None
         finally:
             self.watch.io.rebase()  # the dump signal made the ranks write their stacks: not the job's own I/O
