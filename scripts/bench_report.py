@@ -70,9 +70,11 @@ def make_bundle(ranks: int, out_dir: str, stuck: int = 1) -> str:
             "threads": [{"tid": 10_000 + r + t, "name": "python3", "state": "S", "wchan": "futex_wait_queue"}
                         for t in range(24)], "fd_count": 120, "unreadable": {},
         })  # fmt: skip
-        w.add_record(r, "history.json", [{"t": now - 600 + s * 5, "step": s, "phase": "compute",
-                                                "state": "running", "phase_t": now - 600 + s * 5}
-                                               for s in range(0, 101, 10)])  # fmt: skip
+        w.add_record(r, "history.json", [{"t": now - 600 + s * 5, "step": s, "phase": "compute", "state": "running",
+                                          "phase_t": now - 600 + s * 5, "at": now - 600 + s * 5 + 0.5,
+                                          "moved_t": now - 600 + s * 5, "batches": 4 * s, "forwards": 4 * s,
+                                          "stack_changes": s, "read_bytes": 2**20 * s, "written_bytes": 0}
+                                         for s in range(0, 101, 10)])  # as the supervisor samples it  # fmt: skip
     reason = f"ranks wait in all_reduce while rank {stuck} never arrived (phase data)"
     w.add_json("detection.json", {"rule": "stall", "ranks": list(range(ranks)), "suspects": [stuck], "reason": reason})
     local = [{"rank": r, "pid": 10_000 + r, "local_rank": r % 8, "recorder": True, "alive": True}
