@@ -26,7 +26,7 @@ def test_collect_says_the_disk_is_full(tmp_path: Path, monkeypatch: pytest.Monke
 
     job = Job("run-1", "node0", ["torchrun", "train.py"], str(tmp_path), {}, None, None,
               [RankTarget(0, os.getpid(), 0, True)], 1)  # fmt: skip
-    monkeypatch.setattr("blackbox.collect.job.discover", lambda pid: job)
+    monkeypatch.setattr("blackbox.collect.manual.discover", lambda pid: job)
     monkeypatch.setattr(C.Collector, "collect", _full)
     monkeypatch.setenv("BLACKBOX_HOME", str(tmp_path / "home"))
     out, err = io.StringIO(), io.StringIO()
