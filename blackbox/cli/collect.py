@@ -87,15 +87,13 @@ def collect(pid: Optional[int], slurm_job: Optional[str], slurm_node: Optional[s
     out_dir, out_name = manual.out_target(out, job.run_dir)
     manual.make_out_dir(out_dir)
     ranks = ", ".join(f"{r.rank} (pid {r.pid}{', recorder' if r.hb else ''})" for r in job.ranks)
-    err.print(f"blackbox: job {job.run_id} on {job.node}: rank(s) {ranks}", markup=False)
-    for note in job.notes:
-        err.print(f"blackbox: note: {note}", markup=False)
-    options = _options(native, with_locals, dump_timeout, budget)
+    for line in [f"job {job.run_id} on {job.node}: rank(s) {ranks}", *(f"note: {n}" for n in job.notes)]:
+        err.print(f"blackbox: {line}", markup=False)
     with err.status("collecting", spinner="dots") as status:
-        result = manual.collect_node(job, out_dir, out_name, options, lambda m: status.update(m))
+        result = manual.collect_node(job, out_dir, out_name, _options(native, with_locals, dump_timeout, budget),
+                                     lambda m: status.update(m))  # fmt: skip
     if slurm_node is not None:  # for the fan-out that started this node's collection: one line
-        sys.stdout.write(manual.node_result_line(job, result))
-        sys.stdout.flush()
+        print(manual.node_result_line(job, result), end="", flush=True)
         return 0
     if fmt == "json":
         _outcome_json(job, result)
