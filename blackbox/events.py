@@ -10,8 +10,6 @@ import time
 from datetime import datetime, timezone
 from typing import Any
 
-from .redact import redact_value
-
 EVENTS_VERSION = 1
 
 
@@ -21,6 +19,9 @@ class EventLog:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
         self._lock = threading.Lock()
         self.broken = False
+        from .redact import redact_value  # here, not at the top: a reader of events (a report) needs no redaction
+
+        self._redact = redact_value
 
     def write(self, event: str, **fields: Any) -> None:
         """Append one record; a full disk or a closed log never raises into the supervisor."""
@@ -30,7 +31,7 @@ class EventLog:
             "time": datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="milliseconds"),
             "t": round(now, 3),
             "event": event,
-            **redact_value(fields),  # a job's command, a fatal line, the config: never a secret on disk
+            **self._redact(fields),  # a job's command, a fatal line, the config: never a secret on disk
         }
         line = (json.dumps(record, default=str, sort_keys=False) + "\n").encode()
         with self._lock:

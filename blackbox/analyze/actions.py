@@ -33,6 +33,7 @@ class Facts:
     remote_addresses: list[str] = field(default_factory=list)  # the addresses those lines name
     # this node's side of a network set-up: what its hostname resolves to, its interfaces, the *_SOCKET_IFNAME set
     hostname_note: Optional[str] = None
+    job_ended: bool = False  # blackbox ended the job once this bundle was taken (`--on-stall kill`): no live pids
 
 
 @dataclass
@@ -62,7 +63,7 @@ def next_actions(v: Verdict, facts: Facts) -> list[str]:
     else:
         actions = _BY_CATEGORY[cat](at, facts) if cat in _BY_CATEGORY else []
     if cat.startswith("hang.") and cat != "hang.network_setup":
-        if live_pids:
+        if live_pids and not facts.job_ended:
             actions.append(f"While it hangs: `py-spy dump --native --pid {' --pid '.join(live_pids)}` on {host}.")
         actions.append(f"Rerun with `blackbox run --on-stall keep` to keep the job alive for a debugger on rank "
                        f"{ranks}.")  # fmt: skip

@@ -5,6 +5,7 @@ bundle layout and reader (the history is untrusted: every number through `number
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 from ..bundle import layout as L
@@ -29,16 +30,11 @@ def _created(bundle: Bundle) -> Optional[float]:
         return None
 
 
-def _samples(history: Any) -> list[dict[str, float]]:
-    out = []
-    for h in history if isinstance(history, list) else []:
-        if not isinstance(h, dict):
-            continue
-        fields = {k: number(h.get(k)) for k in ("at", "moved_t", "step", "batches", "forwards", "stack_changes",
-                                                "read_bytes", "written_bytes")}  # fmt: skip
-        if fields["at"] is not None:
-            out.append({k: v for k, v in fields.items() if v is not None})
-    return out
+FIELDS = ("at", "moved_t", "step", "batches", "forwards", "stack_changes", "read_bytes", "written_bytes")
+
+
+def _fields(sample: dict[str, Any]) -> dict[str, float]:
+    return {k: v for k in FIELDS if (v := number(sample.get(k))) is not None}
 
 
 def _delta(first: dict[str, float], last: dict[str, float], key: str) -> float:
@@ -48,11 +44,14 @@ def _delta(first: dict[str, float], last: dict[str, float], key: str) -> float:
 def rank_motion(history: Any, end: float) -> Optional[dict[str, Any]]:
     """One rank's last minute before `end` (Unix time): whether it was moving at the end, how long it had been still,
     and what moved over the minute (None without a history)."""
-    samples = [s for s in _samples(history) if s["at"] <= end + 1.0]
-    if not samples:
+    # only the first and last samples of the window count: every other one is read for its time alone (a
+    # 32,768-rank report reads ~360,000 samples)
+    timed = [(at, h) for h in (history if isinstance(history, list) else [])
+             if isinstance(h, dict) and (at := number(h.get("at"))) is not None and at <= end + 1.0]  # fmt: skip
+    if not timed:
         return None
-    last = samples[-1]
-    first = next((s for s in reversed(samples) if s["at"] <= end - WINDOW_S), samples[0])
+    last = _fields(timed[-1][1])
+    first = _fields(next((h for at, h in reversed(timed) if at <= end - WINDOW_S), timed[0][1]))
     moved = last.get("moved_t")
     how = []
     for key, verb in (("written_bytes", "writing"), ("read_bytes", "reading")):
@@ -67,13 +66,45 @@ def rank_motion(history: Any, end: float) -> Optional[dict[str, Any]]:
             "stepped": _delta(first, last, "step") > 0, "how": how}  # fmt: skip
 
 
+def _last_sample(data: Optional[bytes]) -> Optional[dict[str, Any]]:
+    """The last table of a history (a list of flat tables), parsed alone; None when the bytes do not end that way
+    (a `{` inside a string never starts a table JSON accepts: its quotes are escaped)."""
+    body = data.rstrip() if data else b""
+    if not body.endswith(b"}]"):
+        return None
+    try:
+        value = json.loads(body[body.rfind(b"{") : -1])
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _still(bundle: Bundle, rank: int, end: float) -> Optional[dict[str, Any]]:
+    """A rank whose last sample says it was not moving at the end, from that sample alone: all `findings` asks of
+    it (moving, still_s). A stall's thousands of waiting ranks cost one small parse each, not their histories;
+    None when the last sample does not settle it (the whole history is read). A history that is not JSON yet ends
+    in a sample is read by that sample."""
+    last = _last_sample(bundle.files.get(L.rank_member(rank, L.HISTORY)))
+    at = number(last.get("at")) if last is not None else None
+    if last is None or at is None or at > end + 1.0:
+        return None
+    moved = number(last.get("moved_t"))
+    if moved is not None and end - moved <= MOVING_S:
+        return None
+    return {"moving": False, "still_s": None if moved is None else end - moved, "stepped": False, "how": []}
+
+
 def findings(bundle: Bundle, ranks: list[int]) -> list[tuple[str, str]]:
     """(text, source): the ranks that were moving without a step when the bundle was taken, how, and who waited —
     nothing when no rank was (a stall: the per-rank lines say how long each was idle) or without a history."""
     end = _created(bundle)
     if end is None:
         return []
-    motion = {r: m for r in ranks if (m := rank_motion(bundle.json(L.rank_member(r, L.HISTORY)), end)) is not None}
+
+    def of(r: int) -> Optional[dict[str, Any]]:
+        return _still(bundle, r, end) or rank_motion(bundle.json(L.rank_member(r, L.HISTORY)), end)
+
+    motion = {r: m for r in ranks if (m := of(r)) is not None}
     working = [r for r, m in sorted(motion.items()) if m["moving"] and not m["stepped"]]
     if not working:
         return []

@@ -544,7 +544,9 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     rows = _rows(bundle, node, rank_stacks)
     groups = group(list(rank_stacks.values()))
     rule, reason, detection = _trigger(bundle)
-    facts = Facts(node, {r.rank: r for r in rows}, hosts=rank_hosts(bundle))
+    options = bundle.section("collection").get("options")
+    facts = Facts(node, {r.rank: r for r in rows}, hosts=rank_hosts(bundle),
+                  job_ended=isinstance(options, dict) and options.get("job_ends") is True)  # fmt: skip
     findings, absent, raised = _evidence(bundle, rows, rank_stacks, facts)
     oom_ranks = _memory_findings(bundle, list(facts.by_rank) or _rank_ids(bundle), findings, facts)
     dumps, unjoined, mismatched, fr_findings, ev = _collective_findings(bundle, torch_fr, rows)

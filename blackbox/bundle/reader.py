@@ -156,6 +156,8 @@ def parse_json(data: bytes) -> Any:
     if len(data) > MAX_JSON_ITEMS and data.count(b",") + data.count(b"{") + data.count(b"[") > MAX_JSON_ITEMS:
         raise ValueError(f"more than {MAX_JSON_ITEMS} items")
     try:
+        if len(data) > 1 and data[0] in b"{[" and data[1]:  # what json.loads would detect as UTF-8, without asking
+            return json.loads(data.decode("utf-8", "surrogatepass"))
         return json.loads(data)
     except RecursionError:
         raise ValueError("nested too deeply") from None

@@ -3,17 +3,14 @@ Parses, calls the index (blackbox.incidents), renders tables or JSON."""
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
-import re
 import sys
-from datetime import datetime, timedelta, timezone
 from typing import Any, Optional
 
 import click
 
-from ..errors import EXIT_CANT_CREATE, BlackboxError
+from ..errors import BlackboxError
 
 FROM = click.option("--from", "source", default=None, metavar="URL",
                     help="Read the incident records under this shared-storage prefix (`blackbox run --upload`: "
@@ -22,45 +19,10 @@ FORMAT = click.option("--format", "fmt", type=click.Choice(["table", "json"]), d
                       help="`table` for people, `json` for scripts.")  # fmt: skip
 
 
-def _open() -> Any:
-    from ..incidents.store import IncidentIndex, IndexUnavailable, default_path
-
-    path = default_path(os.environ)
-    try:
-        return IncidentIndex(path)
-    except IndexUnavailable as exc:
-        raise BlackboxError(f"{str(exc)[0].upper()}{str(exc)[1:]}.", exit_code=EXIT_CANT_CREATE,
-                            hint="BLACKBOX_HOME chooses where the index lives.") from None  # fmt: skip
-
-
-def _since(text: Optional[str]) -> Optional[str]:
-    """`7d`, `12h`, `30m` ago, or an ISO date/time: the UTC ISO 8601 lower bound."""
-    if not text:
-        return None
-    m = re.fullmatch(r"\s*(\d+)\s*([dhm])\s*", text)
-    if m:
-        unit = {"d": "days", "h": "hours", "m": "minutes"}[m.group(2)]
-        return (datetime.now(timezone.utc) - timedelta(**{unit: int(m.group(1))})).isoformat(timespec="seconds")
-    try:
-        when = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise BlackboxError(f"`--since {text}` is neither a duration (7d, 12h, 30m) nor a date (2026-11-29).") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return when.astimezone(timezone.utc).isoformat(timespec="seconds")
-
-
 def _printable(text: str) -> str:
     """What came from bundles (untrusted) reaches the terminal without its control characters (escape
     sequences that would move the cursor or retitle the window)."""
     return "".join(c if c in "\n\t" or (ord(c) >= 32 and ord(c) != 127) else "?" for c in text)
-
-
-def _number(ident: str) -> int:
-    if not ident.strip().isdigit():
-        raise BlackboxError(f"`{ident}` is not an incident number of the local index.",
-                            hint="Incidents in shared storage are named with --from URL.")  # fmt: skip
-    return int(ident)
 
 
 def _list_shared(source: str, category: Optional[str], since: Optional[str], limit: int, fmt: str) -> int:
@@ -140,14 +102,6 @@ def _link_shared(source: str, ident: str, fix_commit: Optional[str], status: Opt
     return 0
 
 
-def _incident(index: Any, number: int) -> dict[str, Any]:
-    found: Optional[dict[str, Any]] = index.get(number)
-    if found is None:
-        raise BlackboxError(f"There is no incident #{number} in the index `{index.path}`.",
-                            hint="`blackbox incidents list` shows the incidents it holds.")  # fmt: skip
-    return found
-
-
 @click.group()
 def incidents() -> None:
     """The local incident index: every bundle blackbox wrote or reported, and the fixes linked to them.
@@ -164,25 +118,23 @@ def incidents() -> None:
 @FORMAT
 def list_(category: Optional[str], since: Optional[str], limit: int, source: Optional[str], fmt: str) -> int:
     """List the incidents, newest first."""
+    from ..incidents import commands as core
+
     if source is not None:
-        return _list_shared(source, category, _since(since), limit, fmt)
-    index = _open()
-    rows = index.incidents(category=category, since=_since(since), limit=limit)
-    for row in rows:
-        row["fix"] = index.fix(int(row["id"]))
+        return _list_shared(source, category, core.since(since), limit, fmt)
+    path, rows = core.listed(category, core.since(since), limit)
     if fmt == "json":
         keep = ("id", "created", "run_id", "node", "incident_id", "category", "phase", "suspects", "top_frame",
                 "exception_type", "message", "fingerprint", "bundle", "bundle_url", "fix")  # fmt: skip
-        json.dump({"index": index.path, "incidents": [{k: r.get(k) for k in keep} for r in rows]}, sys.stdout,
-                  indent=2)  # fmt: skip
+        json.dump({"index": path, "incidents": [{k: r.get(k) for k in keep} for r in rows]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     if not rows:
-        click.echo(f"no incidents in {index.path}" + (" that match" if category or since else ""))
+        click.echo(f"no incidents in {path}" + (" that match" if category or since else ""))
         return 0
     cells = [(r["id"], r.get("created"), r.get("category"), r.get("phase"), ",".join(map(str, r.get("suspects") or [])),
               r.get("top_frame"), _fixed(r["fix"])) for r in rows]  # fmt: skip
-    _table(f"incidents ({index.path})", ("#", "when (UTC)", "category", "phase", "suspects", "where", "fix"), cells)
+    _table(f"incidents ({path})", ("#", "when (UTC)", "category", "phase", "suspects", "where", "fix"), cells)
     return 0
 
 
@@ -191,7 +143,16 @@ def _fixed(fix: Optional[dict[str, Any]]) -> str:
 
 
 def _table(title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) -> None:
-    """Rows of incidents as a table; the second cell is a time. Bundle text is never read as rich markup."""
+    """Rows of incidents as a table; the second cell is a time. Bundle text is never read as rich markup. Piped or
+    redirected (stdout not a terminal): one row a line, at full width, so that no id is ever cut in two."""
+    texts = [[_printable(str(c if c is not None else "")).replace("\n", " ") for c in
+              (row[0], str(row[1] or "")[:19].replace("T", " "), *row[2:])] for row in rows]  # fmt: skip
+    if not sys.stdout.isatty():
+        widths = [max(len(c) for c in col) for col in zip(columns, *texts)]
+        click.echo(title)
+        for line in (columns, *texts):
+            click.echo("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip())
+        return
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -199,9 +160,8 @@ def _table(title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) ->
     table = Table(title=title, title_justify="left")
     for col in columns:
         table.add_column(col, overflow="fold")
-    for row in rows:
-        cells = (row[0], str(row[1] or "")[:19].replace("T", " "), *row[2:])
-        table.add_row(*(Text(_printable(str(c if c is not None else ""))) for c in cells))
+    for cells in texts:
+        table.add_row(*(Text(c) for c in cells))
     Console(soft_wrap=False).print(table)
 
 
@@ -211,18 +171,21 @@ def _table(title: str, columns: tuple[str, ...], rows: list[tuple[Any, ...]]) ->
 @FORMAT
 def show(ident: str, source: Optional[str], fmt: str) -> int:
     """One incident in full, with every fix linked to it."""
+    from ..incidents import commands as core
+
     if source is not None:
         return _show_shared(source, ident, fmt)
-    number = _number(ident)
-    index = _open()
-    row = _incident(index, number)
-    row["links"] = index.links(number)
-    similar = index.similar(row["fingerprint"], row["category"], row["top_frame"], {row["sha256"]})
-    row["same_fingerprint"] = [s["id"] for s in similar if s["match"] == "same"]
+    number = core.number(ident)
+    row = core.shown(number)
     if fmt == "json":
         json.dump(row, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
         return 0
+    click.echo(_printable("\n".join(_shown_lines(row, number))))
+    return 0
+
+
+def _shown_lines(row: dict[str, Any], number: int) -> list[str]:
     lines = [
         f"incident #{row['id']}: {row.get('category')} (phase {row.get('phase') or '?'}), suspect rank(s) "
         f"{', '.join(map(str, row.get('suspects') or [])) or 'none named'}",
@@ -248,8 +211,7 @@ def show(ident: str, source: Optional[str], fmt: str) -> int:
             lines += ["    " + d for d in str(link["config_diff"]).splitlines()]
     if not row["links"]:
         lines.append(f"  no fix linked yet: blackbox incidents link {number} --fix-commit SHA [--rerun RUN_DIR]")
-    click.echo(_printable("\n".join(lines)))
-    return 0
+    return lines
 
 
 @incidents.command()
@@ -282,8 +244,8 @@ def link(ident: str, fix_commit: Optional[str], fix_config: Optional[str], rerun
     With --from URL, ID is an incident under that prefix and the fix is written beside its record, for everyone
     whose `blackbox run --upload URL` meets the same failure (--fix-commit, --status and --note only).
     """
-    from ..incidents.indexing import CONFIG_CAP, rerun_outcome
-    from ..redact import redact_config, redact_text
+    from ..incidents import commands as core
+    from ..redact import redact_text
 
     if not (fix_commit or fix_config or rerun or note or status):
         raise BlackboxError("Nothing to link: give --fix-commit, --fix-config, --rerun, --status or --note.")
@@ -292,45 +254,18 @@ def link(ident: str, fix_commit: Optional[str], fix_config: Optional[str], rerun
             raise BlackboxError("--fix-config and --rerun are for the local index: with --from, give --fix-commit, "
                                 "--status and --note.")  # fmt: skip
         return _link_shared(source, ident, fix_commit, status, redact_text(note) if note else None, fmt)
-    number = _number(ident)
-    index = _open()
-    incident = _incident(index, number)
-    fields: dict[str, Any] = {"fix_commit": fix_commit, "note": redact_text(note) if note else None}
-    if fix_config is not None:
-        try:
-            with open(fix_config, "rb") as f:
-                text = redact_config(f.read(CONFIG_CAP).decode("utf-8", "replace"))
-        except OSError as exc:
-            raise BlackboxError(f"Cannot read the config file `{fix_config}`: {exc.strerror}.") from None
-        fields.update(fix_config_name=fix_config, fix_config=text)
-        if incident.get("config") is not None:
-            diff = difflib.unified_diff(str(incident["config"]).splitlines(), text.splitlines(),
-                                        f"incident #{number}: {incident.get('config_name')}", f"fix: {fix_config}",
-                                        lineterm="")  # fmt: skip
-            fields["config_diff"] = "\n".join(diff) or "(no difference)"
-    verdict = None
-    if rerun is not None:
-        if not os.path.exists(rerun):
-            raise BlackboxError(f"The rerun `{rerun}` does not exist.", hint="Give its run directory or a bundle.")
-        outcome, verdict, rerun_incident = rerun_outcome(rerun, incident, index)
-        fields.update(rerun=os.path.abspath(rerun), rerun_outcome=outcome, rerun_incident=rerun_incident)
-    if status is None:
-        status = {"clean": "verified", "same": "hypothesis"}.get(verdict or "", "fixed" if fix_commit or fix_config
-                                                                       else "hypothesis")  # fmt: skip
-    fields["status"] = status
-    link_id = index.link(number, fields)
-    saved = index.links(number)[-1]
+    done = core.link_local(core.number(ident), fix_commit, fix_config, rerun, status, note)
     if fmt == "json":
-        json.dump({"incident": number, "link": saved}, sys.stdout, indent=2)
+        json.dump({"incident": done.number, "link": done.saved}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
-    click.echo(f"incident #{number}: fix #{link_id} recorded as {status}"
+    click.echo(f"incident #{done.number}: fix #{done.link_id} recorded as {done.status}"
                + (f" (commit {fix_commit})" if fix_commit else "")
-               + (f"; rerun: {saved['rerun_outcome']}" if rerun else ""))  # fmt: skip
-    if verdict == "same" and status == "verified":
+               + (f"; rerun: {done.saved['rerun_outcome']}" if rerun else ""))  # fmt: skip
+    if done.verdict == "same" and done.status == "verified":
         click.echo("blackbox: warning: the rerun failed the same way, yet the fix is marked verified", err=True)
-    if fix_config is not None and incident.get("config") is None:
+    if fix_config is not None and done.incident.get("config") is None:
         click.echo(f"the incident's bundle held no config file: {fix_config} is stored without a diff")
-    elif saved.get("config_diff"):
-        click.echo(_printable(saved["config_diff"]))
+    elif done.saved.get("config_diff"):
+        click.echo(_printable(done.saved["config_diff"]))
     return 0

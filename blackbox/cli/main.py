@@ -3,6 +3,7 @@ Imports click, rich lazily, and the core."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import traceback
@@ -13,8 +14,66 @@ import click
 from .. import __version__
 from ..errors import EXIT_INTERNAL, EXIT_USAGE, BlackboxError
 
+# name -> (module under blackbox.cli, attribute, short help): `--help` lists every command from this table, and
+# only the command that runs is imported (a `blackbox report` does not load the supervisor or the collector).
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "run": ("run", "run", "Run a training job under the flight recorder."),
+    "collect": (
+        "collect",
+        "collect",
+        "Collect the evidence of a running (hung) job into one bundle; the job keeps running.",
+    ),
+    "report": (
+        "report",
+        "report",
+        "Say what happened in a bundle: category, suspect ranks, phase, evidence, next steps.",
+    ),
+    "doctor": (
+        "doctor",
+        "doctor",
+        "Say what this machine will let blackbox capture, with a fix for each thing that fails.",
+    ),
+    "incidents": (
+        "incidents",
+        "incidents",
+        "The local incident index: every bundle blackbox wrote or reported, and the fixes linked to them.",
+    ),
+    "status": (
+        "status",
+        "status",
+        "Show a run as it stands: each rank's step, steps/s, phase, idle time, where its "
+        "time goes; the GPUs; stragglers and incidents so far.",
+    ),
+    "top": ("status", "top", "Show a run live, refreshed every second: `blackbox status`, as it changes."),
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported when they are asked for, listed from COMMANDS without importing."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> Optional[click.Command]:
+        entry = COMMANDS.get(cmd_name)
+        if entry is None:
+            return None
+        module = importlib.import_module(f"{__package__}.{entry[0]}")
+        command = getattr(module, entry[1])
+        assert isinstance(command, click.Command)
+        return command
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """As click lists them (each help cut to the width left), from COMMANDS: nothing imported."""
+        limit = formatter.width - 6 - max(len(name) for name in COMMANDS)
+        rows = [
+            (name, click.Command(name, help=COMMANDS[name][2]).get_short_help_str(limit)) for name in sorted(COMMANDS)
+        ]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="blackbox")
 def cli() -> None:
     """A flight recorder for PyTorch distributed training.
@@ -24,26 +83,8 @@ def cli() -> None:
     """
 
 
-def _register() -> None:
-    from .collect import collect
-    from .doctor import doctor
-    from .incidents import incidents
-    from .report import report
-    from .run import run
-    from .status import status, top
-
-    cli.add_command(run)
-    cli.add_command(collect)
-    cli.add_command(report)
-    cli.add_command(doctor)
-    cli.add_command(incidents)
-    cli.add_command(status)
-    cli.add_command(top)
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     """Run the CLI; returns the exit code. Errors are one sentence (a traceback only with BLACKBOX_DEBUG=1)."""
-    _register()
     debug = os.environ.get("BLACKBOX_DEBUG") == "1"
     try:
         result = cli.main(args=argv, prog_name="blackbox", standalone_mode=False)

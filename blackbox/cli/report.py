@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import os
 import sys
-from typing import Optional
+from typing import Any, Callable, Optional, TextIO
 
 import click
 
@@ -41,13 +43,8 @@ def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyze
     from ..analyze.sources import flight_recorder_dumps
     from ..bundle.reader import expand_paths, merge_bundles, read_bundle
     from ..intake import Intake
-    from ..render.html import render_html
-    from ..render.json_render import render_json
-    from ..render.markdown import render_markdown
-    from ..render.terminal import render_terminal
-    from ..storage.remote import is_remote, read_remote
 
-    read = [read_remote(p) if is_remote(p) else [read_bundle(b) for b in expand_paths([p])] for p in paths]
+    read = [_read_remote(p) if _remote(p) else [read_bundle(b) for b in expand_paths([p])] for p in paths]
     bundle = merge_bundles([b for bundles in read for b in bundles])
     torch_fr = None
     if fr_analyzer:
@@ -56,7 +53,7 @@ def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyze
             torch_fr = fr.torch_analyzer({f"{FR_PREFIX}{rank}": d for rank, d in dumps.items()})
     model = Intake(bundle, lambda m: click.echo(f"blackbox: warning: {m}", err=True), index=use_index,
                    torch_fr=torch_fr).report  # fmt: skip
-    render = {"json": render_json, "markdown": render_markdown, "html": render_html}.get(fmt, render_terminal)
+    render = _renderer(fmt)
     if out_path is None:
         render(model, sys.stdout)
         return 0
@@ -68,3 +65,26 @@ def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyze
             f"Cannot write the report to `{out_path}`: {exc.strerror}.", exit_code=EXIT_CANT_CREATE
         ) from None
     return 0
+
+
+def _remote(path: str) -> bool:
+    """A storage URL or an upload prefix on a shared filesystem (a plain bundle file needs no storage code)."""
+    if os.path.isfile(path):
+        return False
+    from ..storage.remote import is_remote
+
+    return is_remote(path)
+
+
+def _read_remote(path: str) -> list[Any]:
+    from ..storage.remote import read_remote
+
+    return list(read_remote(path))
+
+
+def _renderer(fmt: str) -> Callable[[Any, TextIO], None]:
+    """The one renderer the report needs, imported alone (the terminal one loads rich)."""
+    module, name = {"json": ("json_render", "render_json"), "markdown": ("markdown", "render_markdown"),
+                    "html": ("html", "render_html")}.get(fmt, ("terminal", "render_terminal"))  # fmt: skip
+    render: Callable[[Any, TextIO], None] = getattr(importlib.import_module(f"..render.{module}", __package__), name)
+    return render

@@ -6,6 +6,7 @@ Imports the stdlib and blackbox's host side; never prints (it reports progress).
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
 import os
@@ -37,6 +38,18 @@ RANK_PATTERNS = tuple(L.glob(name) for name in L.RANK_FILES)
 EVENTS_CAP = 16 * 1024 * 1024  # the run's events.jsonl: its newest part
 
 Progress = Callable[[str], None]
+
+
+EXIT_LINE_WAIT_S = 5.0  # at most this long for torchrun's line saying how a dead worker ended
+
+
+def disk_full(exc: BaseException, out_dir: str) -> Optional[str]:
+    """For an error writing a bundle into `out_dir` that is a full disk (or quota): the sentence that says so, where,
+    and what was kept (the writer removes its partial file), to end as the caller's sentence; None otherwise."""
+    if not isinstance(exc, OSError) or exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    return (f"The disk holding `{out_dir}` is full ({os.strerror(exc.errno)}): no bundle was written (its partial "
+            "file was removed), what was written there before is kept")  # fmt: skip
 
 
 def _redact_file(name: str, text: str) -> str:
@@ -496,6 +509,23 @@ class Collector:
                     return FileTail(read), f"`{path}` (fd {fd} of pid {pid})"
         return None, ""
 
+    def _console_tail(self, console: _Console, ranks: list[RankTarget], deadline: float) -> bytes:
+        """The job's output; under torchrun, once it holds torchrun's line for every rank that died ("failed
+        (exitcode: 3) local_rank: 1 (pid: N)"), waiting at most EXIT_LINE_WAIT_S for it: a bundle taken the
+        moment a rank dies comes before torchrun, which polls its workers, says how it ended (without that line
+        a report reads a signal where an exit code is right)."""
+        dead = {r.pid for r in ranks if not r.alive and r.exit_status != "exited with code 0"
+                and (r.hb is None or r.hb.state != "exited")}  # fmt: skip
+        waiting = bool(dead) and self.job.mode == "run" and torchelastic.is_launcher(self.job.argv)
+        until = time.monotonic() + min(EXIT_LINE_WAIT_S, max(0.0, deadline - time.monotonic()))
+        while True:
+            tail = console.tail(CONSOLE_TAIL_BYTES)
+            if not waiting or time.monotonic() >= until:
+                return tail
+            if dead <= set(torchelastic.failures_in_output(tail.decode("utf-8", "replace"))):
+                return tail
+            time.sleep(0.1)
+
     # --- the whole collection ----------------------------------------------------------------------
     def collect(
         self, trigger: Trigger, detection: Optional[Detection], events: Optional[EventLog], out_dir: str,
@@ -538,7 +568,7 @@ class Collector:
             t = time.monotonic()
             console, where = self._console_source()
             if console is not None:
-                tail = console.tail(CONSOLE_TAIL_BYTES)
+                tail = self._console_tail(console, ranks, deadline)
                 w.add_bytes(L.CONSOLE_TAIL, redact_text(tail.decode("utf-8", "replace")).encode())
                 w.step("console tail", "ok", t, f"last {len(tail)} bytes of {where}")
             if job.run_dir and os.path.lexists(os.path.join(job.run_dir, P.EVENTS_LOG)):

@@ -108,11 +108,12 @@ def index_bundle(report: Report, bundle: Bundle, warn: Callable[[str], None],
         return []
     finally:
         index.close()
-    current = bundle.section("incident").get("id")  # other nodes' bundles of this incident are not "before"
-    keep = ("id", "match", "created", "run_id", "node", "bundle", "bundle_url", "category", "phase", "top_frame",
-            "message", "exception_type", "git_commit", "summary")  # fmt: skip
+    # neither other nodes' bundles of this incident nor the run's own earlier incidents are "before"
+    current, run = bundle.section("incident").get("id"), bundle.manifest.get("run_id")
+    keep = ("id", "match", "created", "run_id", "node", "incident_id", "bundle", "bundle_url", "category", "phase",
+            "top_frame", "message", "exception_type", "git_commit", "summary")  # fmt: skip
     return [{k: r.get(k) for k in keep} | {"fix": _fix(r.get("fix"))} for r in found
-            if not current or r.get("incident_id") != current]  # fmt: skip
+            if (not current or r.get("incident_id") != current) and (not run or r.get("run_id") != run)]  # fmt: skip
 
 
 def record_url(sha256: str, url: str, warn: Callable[[str], None], env: Optional[Mapping[str, str]] = None) -> None:

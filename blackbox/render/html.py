@@ -20,6 +20,14 @@ def e(text: object) -> str:
     return escape(printable(text))
 
 
+def with_code(text: str) -> str:
+    """An action's text escaped, its `backticked` commands as <code> (a lone backtick stays as it is)."""
+    parts = printable(text).split("`")
+    if len(parts) % 2 == 0:  # an odd number of backticks: the last one opens nothing
+        parts[-2:] = [parts[-2] + "`" + parts[-1]]
+    return "".join(f"<code>{escape(p)}</code>" if i % 2 else escape(p) for i, p in enumerate(parts))
+
+
 _CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1100px;color:#1d1d1f;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
@@ -172,7 +180,7 @@ def render_html(report: Report, out: TextIO) -> None:
         w("<h2>Seen before</h2><ul>" + "".join(f"<li>{e(describe_seen(s))}</li>" for s in report.similar_incidents)
           + "</ul>")  # fmt: skip
     if report.next_actions:
-        w("<h2>Next actions</h2><ol>" + "".join(f"<li>{e(a)}</li>" for a in report.next_actions) + "</ol>")
+        w("<h2>Next actions</h2><ol>" + "".join(f"<li>{with_code(a)}</li>" for a in report.next_actions) + "</ol>")
     w("<h2>Ranks</h2><table><tr><th>rank</th><th>node</th><th>pid</th><th>state</th><th>step</th><th>phase</th>"
       "<th>idle s</th><th>where (main thread)</th></tr>")  # fmt: skip
     for r in report.ranks:

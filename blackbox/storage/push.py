@@ -55,7 +55,7 @@ def push(request: dict[str, Any]) -> dict[str, Any]:
         try:
             answer["seen"] = seen_before(store, record["fingerprint"], record["verdict"]["category"],
                                          record.get("top_frame"), record.get("incident_id"),
-                                         record.get("sha256"))  # fmt: skip
+                                         record.get("sha256"), run=record.get("run"))  # fmt: skip
         except Exception as exc:
             answer["seen_error"] = exc.message if isinstance(exc, BlackboxError) else describe_error(exc)
     answer["seconds"] = round(time.monotonic() - started, 3)

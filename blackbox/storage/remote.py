@@ -291,13 +291,15 @@ def link_fix(store: Store, record_path: str, fields: dict[str, Any]) -> str:
 
 
 def seen_before(store: Store, fingerprint: str, category: str, top_frame: Optional[str], incident_id: Optional[str],
-                sha256: Optional[str], limit: int = 5) -> list[dict[str, Any]]:  # fmt: skip
+                sha256: Optional[str], limit: int = 5, run: Optional[str] = None) -> list[dict[str, Any]]:  # fmt: skip
     """Earlier incidents under the prefix like this one: the same fingerprint ("same"), else the same category
-    and top frame ("similar"); one line per incident (not one per node bundle), newest first."""
+    and top frame ("similar"); one line per incident (not one per node bundle), newest first. An incident of the
+    same `run` is not "before"."""
     out: list[dict[str, Any]] = []
     seen_incidents: set[str] = set()
     for rec in records(store):
-        if rec.get("sha256") == sha256 or (incident_id and rec.get("incident_id") == incident_id):
+        if rec.get("sha256") == sha256 or (incident_id and rec.get("incident_id") == incident_id) or (
+                run and rec.get("run") == run):  # fmt: skip
             continue
         same = rec.get("fingerprint") == fingerprint
         if not same and not (rec.get("category") == category and rec.get("top_frame") == top_frame):

@@ -5,6 +5,7 @@ never the job's. Imports the stdlib and blackbox's host side."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -12,7 +13,7 @@ from .._recorder import protocol as P
 from ..alerts import Alerts
 from ..analyze.model import Report
 from ..bundle.writer import Written
-from ..collect.collector import CollectOptions, Collector
+from ..collect.collector import CollectOptions, Collector, disk_full
 from ..collect.job import Job, RankTarget, job_python
 from ..detections import Detection, Trigger
 from ..render import printable
@@ -23,6 +24,30 @@ from .watch import Watch
 
 if TYPE_CHECKING:
     from ..intake import Intake
+
+
+class SaidOnce:
+    """The incidents said "seen before" after one bundle: an incident that the local index and shared storage both
+    know is said once (by whichever answers first), known by its incident id, its bundle's URL or its run, node and
+    time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._said: set[str] = set()
+
+    def first(self, names: list[Any]) -> bool:
+        """True when none of `names` was said yet; they are said now."""
+        keys = {str(n) for n in names if n}
+        with self._lock:
+            if keys & self._said:
+                return False
+            self._said |= keys
+            return True
+
+
+def _where(entry: dict[str, Any], time_key: str) -> Optional[str]:
+    parts = (entry.get("run_id"), entry.get("node"), entry.get(time_key))
+    return "/".join(map(str, parts)) if all(parts) else None
 
 
 class Evidence:
@@ -73,7 +98,12 @@ class Evidence:
             out = os.path.join(ctx.run_dir, P.BUNDLES_DIR)
             return collector.collect(trigger, detection, ctx.events, out).written
         except Exception as exc:
-            ctx.internal_error("collect", exc)
+            full = disk_full(exc, os.path.join(ctx.run_dir, P.BUNDLES_DIR))
+            if full is None:
+                ctx.internal_error("collect", exc)
+            else:  # the machine's state, not blackbox's bug: said as such, once
+                ctx.event("error", where="collect", error=repr(exc))
+                ctx.say_once("collect:disk-full", f"{full}; the job goes on")
             return None
         finally:
             self.watch.io.rebase()  # the dump signal made the ranks write their stacks: not the job's own I/O
@@ -86,6 +116,7 @@ class Evidence:
         from ..intake import Intake
 
         ctx, path = self.ctx, written.path
+        once = SaidOnce()
 
         def said(report: Report) -> None:
             v = report.verdict
@@ -101,7 +132,9 @@ class Evidence:
                 from ..analyze.model import describe_seen
 
                 for entry in entries[:1]:
-                    ctx.say(f"  seen before: {describe_seen(entry)}")
+                    if once.first([entry.get("incident_id"), entry.get("bundle_url"),
+                                   _where(entry, "created")]):  # fmt: skip
+                        ctx.say(f"  seen before: {describe_seen(entry)}")
                 if entries:
                     ctx.event("seen_before", incidents=[e.get("id") for e in entries])
             except Exception as exc:
@@ -114,14 +147,14 @@ class Evidence:
             ctx.internal_error("report", exc)
             if alert and self.uploads is None:
                 self._alert(path, None, trigger)
-            self._upload(written, None, None, trigger, alert)  # the alarms follow the upload
+            self._upload(written, None, None, trigger, alert, once)  # the alarms follow the upload
             return None
         self._intakes.append(taken)
-        self._upload(written, taken, taken.report, trigger, alert)
+        self._upload(written, taken, taken.report, trigger, alert, once)
         return taken.report
 
     def _upload(self, written: Written, taken: Optional[Intake], report: Optional[Report], trigger: Trigger,
-                alert: bool) -> None:  # fmt: skip
+                alert: bool, once: SaidOnce) -> None:  # fmt: skip
         """--upload: the bundle copied beside the job's ending; then the alarms (they carry its URL), its URL in
         the incident index, and the incidents seen before under the prefix."""
         if self.uploads is None:
@@ -137,7 +170,9 @@ class Evidence:
             if outcome.ok and outcome.url and taken is not None:
                 taken.record_url(written.sha256, outcome.url, lambda m: ctx.say_once("index-url", m), ctx.env)
             for entry in outcome.seen[:1]:
-                ctx.say(f"  seen before (shared storage): {printable(describe_remote(entry))}")
+                if once.first([entry.get("incident_id"), entry.get("bundle"),
+                               _where(entry, "time")]):  # fmt: skip
+                    ctx.say(f"  seen before (shared storage): {printable(describe_remote(entry))}")
             if outcome.seen:
                 ctx.event("seen_before", shared=[e.get("record") for e in outcome.seen])
 

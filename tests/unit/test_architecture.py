@@ -27,7 +27,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "analyze": {"_recorder", "adapters", "bundle", "detections", "frames"},
     "render": {"analyze", "detections", "status"},
     "status": {"_recorder", "adapters", "config", "detections", "errors", "events", "heartbeat_reader"},
-    "incidents": {"_recorder", "analyze", "bundle", "events"},
+    "incidents": {"_recorder", "analyze", "bundle", "errors", "events", "redact"},
     "intake": {"analyze", "bundle", "incidents"},
     "alerts": {"analyze", "redact"},
     "collect": {"_recorder", "adapters", "bundle", "detections", "errors", "events", "frames", "heartbeat_reader",

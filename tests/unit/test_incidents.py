@@ -145,3 +145,47 @@ def test_bundle_text_reaches_the_terminal_inert(tmp_path: Path, monkeypatch: pyt
         code, out, err = cli("incidents", *args)
         assert code == 0, err
         assert "\x1b" not in out and "\x07" not in out and "[/bold]" in out.replace("\n", "")
+
+
+def test_a_piped_list_is_one_row_a_line_at_full_width(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped or redirected, `incidents list` never wraps a cell: each incident is one line, its fields whole."""
+    home = tmp_path / "home"
+    index = IncidentIndex(str(home / "incidents.sqlite"))
+    long_frame = "a_function_with_a_name_long_enough_to_wrap_any_eighty_column_table_in_two (train_model.py)"
+    numbers = [index.add({**record(i), "top_frame": long_frame})[0] for i in (1, 2)]
+    index.close()
+    monkeypatch.setenv("BLACKBOX_HOME", str(home))
+    code, out, err = cli("incidents", "list")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("incidents (") and lines[1].split()[:3] == ["#", "when", "(UTC)"]
+    rows = lines[2:]
+    assert len(rows) == 2 and all(long_frame in row for row in rows), out
+    assert sorted(int(row.split()[0]) for row in rows) == sorted(numbers)
+    code, out, err = cli("incidents", "list", "--format", "json")
+    assert code == 0 and sorted(r["id"] for r in json.loads(out)["incidents"]) == sorted(numbers), err
+
+
+def test_seen_before_leaves_out_the_same_run_and_is_said_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from blackbox.incidents.indexing import index_bundle
+    from blackbox.supervisor.evidence import SaidOnce
+
+    bundle = read_bundle(str(GOLDEN / "raise.tar.gz"))
+    report = analyze(bundle)
+    fingerprint = signature(report).fingerprint()
+    home = tmp_path / "home"
+    index = IncidentIndex(str(home / "incidents.sqlite"))
+    earlier_here = {**record(1, fingerprint=fingerprint), "run_id": bundle.manifest["run_id"]}
+    other_run = {**record(2, fingerprint=fingerprint), "incident_id": "inc-2"}
+    index.add(earlier_here)
+    index.add(other_run)
+    index.close()
+    monkeypatch.setenv("BLACKBOX_HOME", str(home))
+    # an earlier incident of this same run is not "seen before"; one of another run is
+    seen = index_bundle(report, bundle, lambda m: None)
+    assert [s["run_id"] for s in seen] == ["run2"] and seen[0]["incident_id"] == "inc-2", seen
+    # the same incident from the local index and from shared storage is said once
+    once = SaidOnce()
+    assert once.first([seen[0]["incident_id"], None, "run2/n/t"])
+    assert not once.first(["inc-2", "s3://b/p/run2/n/x.tar.gz", None])
+    assert once.first(["inc-3", "s3://b/p/run3/n/y.tar.gz", None])

@@ -197,3 +197,17 @@ def test_the_alarms_carry_the_uploaded_bundles_url() -> None:
     failed = payload("/local/b.tar.gz", None, "r1", "h", "stall", None, "access refused")
     assert failed["bundle_url"] is None and failed["upload_error"] == "access refused"
     assert "bundle_url" not in payload("/local/b.tar.gz", None, "r1", "h", "stall")  # without --upload: as before
+
+
+def test_an_incident_of_the_same_run_is_not_seen_before(tmp_path: Path) -> None:
+    pytest.importorskip("fsspec")
+    for run, name in (("r1", "a"), ("r2", "b")):
+        node = tmp_path / "p" / run / "node0-h"
+        node.mkdir(parents=True)
+        (node / f"{name}.incident.json").write_bytes(record(id=f"{name * 4}00000000", run=run, sha256=name * 64))
+    store = remote.Store(str(tmp_path / "p"))
+    assert {s["id"] for s in remote.seen_before(store, "f" * 20, "x", None, None, None)} == {
+        "aaaa00000000",
+        "bbbb00000000",
+    }
+    assert [s["id"] for s in remote.seen_before(store, "f" * 20, "x", None, None, None, run="r2")] == ["aaaa00000000"]
