@@ -1,30 +1,65 @@
 #!/usr/bin/env bash
-# The GPU check: what the CPU tests cannot show, on a machine with NVIDIA GPUs, in one go (10 minutes at most).
-# 2-rank DDP and FSDP2 on NCCL with a DataLoader hang and a stopped rank, an NCCL watchdog timeout with the flight
-# recorder's dump, a real CUDA out-of-memory error with its memory snapshot, and NVML's utilisation in
-# `blackbox status`. Prints one table, expected against got; exits 0 only when every row ran and matched.
+# The GPU check, run where one NVIDIA GPU is lent (nothing installed, no network, 10 minutes a command): installs the
+# wheels scripts/gpu_wheels.sh put in .whl/ (this package and py-spy) into a temporary folder, finds what the machine
+# has (CUDA, NCCL, NVML, py-spy attach, torch's flight-recorder dump), runs scripts/gpu_check.py's rows with the
+# machine's python3 and torch for blackbox and the jobs alike, and prints one table of expected against got, in under
+# 8 minutes. Bundles, raw flight-recorder dumps, doctor's JSON and the table go to $OUT when it is set.
 #
-#   scripts/gpu_check.sh                        # from the repository root
-#   GPU_PYTHON=/opt/conda/bin/python scripts/gpu_check.sh
+#   scripts/gpu_wheels.sh                       # here, before: .whl/
+#   scripts/gpu_check.sh [ROW...]               # there, from anywhere
+#   GPU_PYTHON=/path/python3 GPU_CHECK_WHEELS=.whl GPU_CHECK_ROW_S=55 GPU_CHECK_TOTAL_S=450 scripts/gpu_check.sh
 #
-# blackbox runs from this checkout's .venv (make setup) or BLACKBOX_PYTHON; the jobs run with GPU_PYTHON (default:
-# python3 on PATH), which needs a CUDA build of torch. What it cannot run is said, row by row, and fails the check.
+# A row the machine cannot run says why (e.g. "no CUDA") and fails the check; the table is printed all the same.
 set -u
 cd "$(dirname "$0")/.."
-BB_PY="${BLACKBOX_PYTHON:-.venv/bin/python}"
-GPU_PY="${GPU_PYTHON:-python3}"
+if [ -n "${GPU_PYTHON:-}" ]; then PY="$GPU_PYTHON"
+elif [ -x /opt/torch/.venv/bin/python3 ]; then PY=/opt/torch/.venv/bin/python3
+else PY=python3; fi
 
+say() { echo "gpu_check: $*"; }
 fail() { echo "gpu_check: $*" >&2; exit 2; }
 
-[ -x "$BB_PY" ] || command -v "$BB_PY" >/dev/null || fail "no blackbox interpreter at \`$BB_PY\`: run \`make setup\` or set BLACKBOX_PYTHON"
-"$BB_PY" -c "import blackbox" 2>/dev/null || fail "\`$BB_PY\` cannot import blackbox: run \`make setup\`"
-command -v nvidia-smi >/dev/null || fail "nvidia-smi is not on PATH: this machine has no NVIDIA driver (no GPU check without a GPU)"
-nvidia-smi -L >/dev/null 2>&1 || fail "nvidia-smi cannot list the GPUs: $(nvidia-smi -L 2>&1 | head -1)"
-command -v "$GPU_PY" >/dev/null || fail "no job interpreter \`$GPU_PY\`: set GPU_PYTHON to a python with a CUDA build of torch"
-CUDA=$("$GPU_PY" -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.device_count(), torch.distributed.is_nccl_available())' 2>&1) \
-  || fail "\`$GPU_PY\` cannot import torch: $CUDA"
-read -r TORCH_V HAS_CUDA NGPU HAS_NCCL <<<"$CUDA"
-[ "$HAS_CUDA" = "True" ] || fail "torch $TORCH_V in \`$GPU_PY\` sees no CUDA device (a CPU build?): set GPU_PYTHON to a python with a CUDA build"
-[ "$HAS_NCCL" = "True" ] || fail "torch $TORCH_V in \`$GPU_PY\` has no NCCL: the 2-rank rows need it"
-echo "gpu_check: torch $TORCH_V, $NGPU GPU(s): $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); blackbox from $BB_PY"
-exec timeout --signal=TERM --kill-after=20 590 "$BB_PY" scripts/gpu_check.py "$GPU_PY" "$NGPU"
+command -v "$PY" >/dev/null || fail "no interpreter \`$PY\`: set GPU_PYTHON to a python with torch"
+WHL="${GPU_CHECK_WHEELS:-.whl}"
+ls "$WHL"/torch_blackbox-*.whl >/dev/null 2>&1 || fail "no $WHL/torch_blackbox-*.whl: run scripts/gpu_wheels.sh first"
+SITE=$(mktemp -d "${TMPDIR:-/tmp}/bb-gpu-site-XXXXXX")
+trap 'rm -rf "$SITE"' EXIT
+if ! "$PY" -m pip install --quiet --disable-pip-version-check --no-index --no-deps --target "$SITE" "$WHL"/*.whl \
+    >"$SITE.log" 2>&1; then
+  # no pip in that interpreter: a wheel is a zip; its scripts go to bin/ as pip's --target puts them
+  say "pip install failed ($(tail -1 "$SITE.log")); unpacking the wheels instead"
+  for w in "$WHL"/*.whl; do "$PY" -m zipfile -e "$w" "$SITE" || fail "cannot unpack $w"; done
+  mkdir -p "$SITE/bin"
+  for d in "$SITE"/*.data/scripts; do [ -d "$d" ] && cp "$d"/* "$SITE/bin/"; done
+  chmod +x "$SITE"/bin/* 2>/dev/null
+fi
+rm -f "$SITE.log"
+export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PATH="$SITE/bin:$PATH"
+"$PY" -c 'import blackbox' || fail "\`$PY\` cannot import blackbox from the wheel in $SITE"
+
+# What the machine has: each by an exit code, never by reading output a warning may join.
+"$PY" -c 'import torch' >/dev/null 2>&1 || fail "\`$PY\` cannot import torch"
+TORCH_V=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null | tail -1)
+"$PY" -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 3)' >/dev/null 2>&1 && CUDA=1 || CUDA=0
+if [ "$CUDA" = 1 ]; then
+  NGPU=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null | tail -1)
+  "$PY" -c 'import torch.distributed as d,sys; sys.exit(0 if d.is_nccl_available() else 3)' >/dev/null 2>&1 \
+    && NCCL=yes || NCCL=no
+else NGPU=0; NCCL="n/a"; fi
+"$PY" -c 'import pynvml; pynvml.nvmlInit()' >/dev/null 2>&1 && NVML=yes || NVML=no
+"$PY" -c 'import sys,torch; c=torch._C._distributed_c10d; sys.exit(0 if hasattr(c, "_dump_fr_trace") or hasattr(c, "_dump_nccl_trace") else 3)' \
+  >/dev/null 2>&1 && FR=yes || FR=no
+SPY=no
+if command -v py-spy >/dev/null; then
+  "$PY" -c 'import time; time.sleep(30)' & CHILD=$!
+  sleep 1
+  timeout 20 py-spy dump --pid "$CHILD" >/dev/null 2>&1 && SPY=yes || SPY="no (attach refused)"
+  kill "$CHILD" 2>/dev/null; wait "$CHILD" 2>/dev/null
+fi
+SMI=no; command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1 && SMI=yes
+say "$PY: torch $TORCH_V; CUDA $( [ "$CUDA" = 1 ] && echo "yes, $NGPU GPU(s)" || echo "no CUDA"); NCCL $NCCL;" \
+  "NVML $NVML; nvidia-smi $SMI; py-spy attach $SPY; flight-recorder dump API $FR"
+[ "$CUDA" = 1 ] || say "no CUDA: the GPU rows are not run (each says so in the table)"
+export GPU_CHECK_CUDA="$CUDA"
+# The rows share GPU_CHECK_TOTAL_S (450 s); the outer limit leaves room to stop the last one and print the table.
+timeout --signal=TERM --kill-after=15 470 "$PY" scripts/gpu_check.py "$@"

@@ -1,6 +1,6 @@
 """How the gallery's jobs reduce their gradients, as real jobs do it: the model itself (`plain`: the job's own
 all_reduce), under DistributedDataParallel (`ddp`), or sharded by FSDP2 (`fsdp`: `fully_shard` on each Linear and the
-root). Shared by scripts/scenarios/train.py (gloo, CPU) and scripts/gpu_job.py (NCCL, CUDA)."""
+root). Shared by scripts/scenarios/train.py (gloo, CPU) and scripts/gpu_scenarios.py (CUDA)."""
 
 import torch
 import torch.distributed as dist
