@@ -287,6 +287,22 @@ def test_ranks_started_by_torch_multiprocessing_spawn_are_found(tmp_path: Path, 
     assert '"what": "stepped_aside"' in stepped
 
 
+def test_torchrun_with_rank_in_its_own_environment_is_the_launcher(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN a torchrun that an outer launcher or a job template started with RANK and LOCAL_RANK set, whose
+    # rank 1 stops stepping at step 4
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--stall-timeout", "3", "--poll-interval", "0.5",
+                        "--kill-grace", "5", "--",
+                        *gloo_cmd(tmp_path, "--steps", "100000", "--misbehave-rank", "1", "--at-step", "4")],
+                       tmp_path, RANK="0", LOCAL_RANK="0")  # fmt: skip
+    # THEN torchrun is still the launcher (no recorder, no heartbeat), the two ranks are watched, and the
+    # stall names rank 1 as it does without those variables
+    assert res.returncode == 86, res.stderr
+    launcher = int(events(run_dir, "launched")[0]["pid"])  # type: ignore[call-overload]
+    pids = heartbeat_pids(run_dir)
+    assert sorted(pids) == [0, 1] and launcher not in pids.values()
+    assert events(run_dir, "verdict")[0]["suspect_ranks"] == [1]
+
+
 def test_python_m_torch_distributed_run(tmp_path: Path, run_dir: Path) -> None:
     res = run_blackbox(["run", "--run-dir", str(run_dir), "--", sys.executable, "-m", "torch.distributed.run",
                         "--standalone", "--nproc-per-node", "2", GLOO_JOB, "--steps", "5"], tmp_path)  # fmt: skip
