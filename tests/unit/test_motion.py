@@ -312,3 +312,20 @@ def test_the_report_says_who_was_working_without_a_step_and_who_waited(tmp_path:
         r"while rank 1 waited \(still for 7[45] s and more\)",
         texts[0],
     ), texts
+
+
+def test_an_unreadable_proc_io_is_said_once_per_rank_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a supervisor's watch over a rank whose /proc/PID/io cannot be read
+    from blackbox.supervisor.watch import Watch
+
+    said: list[str] = []
+    written: list[tuple[str, dict[str, object]]] = []
+    cfg = types.SimpleNamespace(straggler_factor=2.0, straggler_window=10)
+    ctx = types.SimpleNamespace(say=said.append, event=lambda name, **f: written.append((name, f)), cfg=cfg)
+    watch = Watch(ctx, None)  # type: ignore[arg-type]
+    # WHEN it reads the rank three times
+    for _ in range(3):
+        watch._io_unreadable(0, 4242)
+    # THEN it said so once, in the events and aloud
+    assert written == [("io_unreadable", {"rank": 0, "pid": 4242, "path": "/proc/4242/io"})]
+    assert len(said) == 1 and "/proc/4242/io cannot be read" in said[0]
