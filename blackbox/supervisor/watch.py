@@ -37,6 +37,7 @@ class Watch:
         self.table: Optional[HeartbeatTable] = None
         self.known: dict[tuple[int, int], HeartbeatState] = {}  # (rank, pid) -> last reading
         self.stepped: set[tuple[int, int]] = set()
+        self._elsewhere: set[tuple[int, int]] = set()  # (rank, pid) of ranks in another PID namespace: unwatched
         self._io_said: set[str] = set()  # rank processes whose /proc/PID/io was said unreadable
         self.history: dict[int, deque[dict[str, object]]] = {}  # rank -> recent changes (for the report)
         self.gpus = GpuWatch()
@@ -68,6 +69,8 @@ class Watch:
         views = []
         for hb in self.table.read():
             key = (hb.rank, hb.pid)
+            if key in self._elsewhere or (key not in self.known and self._in_other_pid_namespace(hb)):
+                continue
             if key not in self.known:
                 self.ctx.event("rank_start", rank=hb.rank, pid=hb.pid, local_rank=hb.local_rank,
                                world_size=hb.world_size, mode=hb.mode)  # fmt: skip
@@ -87,6 +90,22 @@ class Watch:
             views.append(view)
         self.io.end_poll()
         return views
+
+    def _in_other_pid_namespace(self, hb: HeartbeatState) -> bool:
+        """A new rank whose pid names no such process here but a process of a nested PID namespace (a container
+        with its own PID space): said once, and left unwatched — its liveness, I/O and signals would reach the
+        wrong process."""
+        if procfs.is_alive(hb.pid, hb.start_ticks):
+            return False
+        here = procfs.in_other_pid_namespace(hb.pid, hb.start_ticks)
+        if here is None:
+            return False
+        self._elsewhere.add((hb.rank, hb.pid))
+        self.ctx.event("rank_unwatchable", rank=hb.rank, pid=hb.pid, host_pid=here, why="another PID namespace")
+        self.ctx.say(f"rank {hb.rank} runs in another PID namespace (pid {hb.pid} there, {here} here): blackbox "
+                     "cannot watch it — no stall, death or straggler of it is judged; run blackbox inside that "
+                     "namespace (the container) to watch it")  # fmt: skip
+        return True
 
     def _io_unreadable(self, rank: int, pid: int) -> None:
         """Said once per rank process: without its I/O counters, I/O is no motion blackbox can see."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -301,6 +302,19 @@ def test_torchrun_with_rank_in_its_own_environment_is_the_launcher(tmp_path: Pat
     pids = heartbeat_pids(run_dir)
     assert sorted(pids) == [0, 1] and launcher not in pids.values()
     assert events(run_dir, "verdict")[0]["suspect_ranks"] == [1]
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="unshare --pid needs root")
+def test_ranks_in_another_pid_namespace_are_said_unwatchable_never_dead(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN a job whose ranks live in a PID namespace of their own (as in a container with its own PID space)
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--stall-timeout", "3", "--poll-interval", "0.5", "--",
+                        "unshare", "--pid", "--fork", "--mount-proc", *gloo_cmd(tmp_path, "--steps", "20")],
+                       tmp_path)  # fmt: skip
+    # THEN blackbox says once per rank that it cannot watch it, and no rank is taken for dead: exit 0, no bundle
+    assert res.returncode == 0, res.stderr
+    assert sorted(e["rank"] for e in events(run_dir, "rank_unwatchable")) == [0, 1]  # type: ignore[type-var]
+    assert res.stderr.decode().count("runs in another PID namespace") == 2
+    assert not bundles(run_dir) and not events(run_dir, "stall")
 
 
 def test_python_m_torch_distributed_run(tmp_path: Path, run_dir: Path) -> None:
