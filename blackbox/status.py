@@ -47,6 +47,7 @@ class RankStatus:
     read_per_s: Optional[float] = None  # between two readings (top)
     written_per_s: Optional[float] = None
     moved_at: Optional[float] = None  # Unix time of that last motion
+    io_unreadable: bool = False  # alive, but /proc refused its I/O counters: its I/O is not seen
 
 
 @dataclass
@@ -136,6 +137,7 @@ def _motion(r: RankStatus, hb: HeartbeatState, at: float, alive: bool, prior: Op
     """What moved in the rank, from its heartbeat and its I/O counters (/proc, read now: the rates and I/O's own
     motion need a reading before, as `top` has)."""
     io = procfs.io_counters(hb.pid) if alive else None
+    r.io_unreadable = alive and io is None and procfs.is_alive(hb.pid, hb.start_ticks)
     moved = hb.last_motion
     stamps = [("step" if hb.step else "batch", hb.last_progress), ("forward", hb.forwards_time),
               ("stack", hb.stack_time)]  # fmt: skip

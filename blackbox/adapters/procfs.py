@@ -189,6 +189,28 @@ def children(pid: int) -> list[int]:
     return sorted(set(out))
 
 
+def in_other_pid_namespace(ns_pid: int, start_ticks: int, root: str = "/proc") -> Optional[int]:
+    """The pid here of a process that calls itself `ns_pid` in a PID namespace nested below ours (the last number of
+    its `NSpid` line) and started at `start_ticks`; None where there is none. Scans /proc: call it once per rank
+    process, when its own pid names no such process here."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return None
+    for name in names:
+        if not name.isdigit():
+            continue
+        ids = _fields(_read(f"{root}/{name}/status")).get("NSpid", "").split()
+        if len(ids) < 2 or ids[-1] != str(ns_pid):
+            continue
+        try:
+            if parse_proc_stat(_read(f"{root}/{name}/stat") or "")[2] == start_ticks:
+                return int(name)
+        except (ValueError, IndexError):
+            continue
+    return None
+
+
 def _read(path: str, limit: int = 65536) -> Optional[str]:
     """Up to `limit` bytes of a /proc file, or None. Plain system calls: the supervisor reads several such files a
     rank at every poll, and a Python file object costs twice as much as the read itself."""

@@ -78,6 +78,13 @@ def _is_python(pid: int) -> bool:
     return any(n.startswith("python") or n in ("pt_elastic", "torchrun") for n in names)
 
 
+def _is_rank(pid: int, env: Optional[Mapping[str, str]]) -> bool:
+    """A Python process with RANK and LOCAL_RANK that is not torchrun itself (an outer launcher or a job
+    template may leave RANK in torchrun's own environment)."""
+    return (env is not None and torchelastic.rank_of(env) is not None and _is_python(pid)
+            and not torchelastic.is_launcher(procfs.cmdline(pid)))  # fmt: skip
+
+
 def _heartbeat(run_dir: str, rank: int, pid: int) -> Optional[HeartbeatState]:
     """The recorder's heartbeat of this rank, if the file there belongs to this very process (and is a regular
     file of the process's user: the run directory is named by the job's environment)."""
@@ -123,7 +130,7 @@ def _ranks_below(root: int, like: Optional[Mapping[str, str]]) -> list[tuple[int
             continue
         seen.add(pid)
         env = _env(pid)
-        if env is not None and torchelastic.rank_of(env) is not None and _is_python(pid):
+        if env is not None and _is_rank(pid, env):
             if like is None or torchelastic.same_job(env, like):
                 found.append((pid, env))
             continue
@@ -150,13 +157,17 @@ def discover(pid: int) -> Job:
     notes: list[str] = []
     agent: Optional[int] = None
     rank_procs: list[tuple[int, dict[str, str]]]
-    if torchelastic.rank_of(env) is not None and _is_python(pid):
+    if _is_rank(pid, env):
         # A rank or a rank's helper: climb to the topmost Python process with a rank, then to its launcher
         # (through a shell that carries RANK too).
         top, top_env = pid, env
         for anc in _ancestors(pid):
             anc_env = _env(anc)
-            if anc_env is None or torchelastic.rank_of(anc_env) is None:
+            if (
+                anc_env is None
+                or torchelastic.rank_of(anc_env) is None
+                or torchelastic.is_launcher(procfs.cmdline(anc))
+            ):
                 agent = anc
                 break
             if _is_python(anc):

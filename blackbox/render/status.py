@@ -66,6 +66,10 @@ def renderable(s: RunStatus, title: str = "blackbox status") -> RenderableType:
         parts.append(Text("GPUs: " + " | ".join(
             f"GPU{g['index']} {printable(str(g['name']))} util {_num(g['utilization_pct'], '{:.0f}')} % "
             f"{_num(g['temperature_c'], '{:.0f}')} C" for g in s.gpus)))  # fmt: skip
+    for r in s.ranks:
+        if r.io_unreadable:
+            parts.append(Text(f"rank {r.rank}: /proc/{r.pid}/io cannot be read (another user's process, or no "
+                              "CAP_SYS_PTRACE): its I/O is not seen, only its heartbeat", style="yellow"))  # fmt: skip
     for e in s.stragglers[-5:]:
         when = f"until {str(e['ended'])[11:19]}" if e["ended"] else "still on" if s.live else "until the run ended"
         parts.append(Text(f"straggler: rank {e['rank']} in {printable(str(e['phase']))}, {e['factor']}x the others' "

@@ -37,6 +37,8 @@ class Watch:
         self.table: Optional[HeartbeatTable] = None
         self.known: dict[tuple[int, int], HeartbeatState] = {}  # (rank, pid) -> last reading
         self.stepped: set[tuple[int, int]] = set()
+        self._elsewhere: set[tuple[int, int]] = set()  # (rank, pid) of ranks in another PID namespace: unwatched
+        self._io_said: set[str] = set()  # rank processes whose /proc/PID/io was said unreadable
         self.history: dict[int, deque[dict[str, object]]] = {}  # rank -> recent changes (for the report)
         self.gpus = GpuWatch()
         self.io = IoWatch()
@@ -67,6 +69,8 @@ class Watch:
         views = []
         for hb in self.table.read():
             key = (hb.rank, hb.pid)
+            if key in self._elsewhere or (key not in self.known and self._in_other_pid_namespace(hb)):
+                continue
             if key not in self.known:
                 self.ctx.event("rank_start", rank=hb.rank, pid=hb.pid, local_rank=hb.local_rank,
                                world_size=hb.world_size, mode=hb.mode)  # fmt: skip
@@ -77,6 +81,8 @@ class Watch:
             status = self.process.exit_status(hb.pid)
             alive = status is None and procfs.is_alive(hb.pid, hb.start_ticks)
             io = self.io.sample(hb.rank, hb.pid, now) if alive else self.io.get(hb.rank, hb.pid)
+            if alive and io is not None and not io.readable:
+                self._io_unreadable(hb.rank, hb.pid)
             read, written = io.last_minute() if io is not None else (0, 0)
             view = RankView(hb, alive, status, io.moved_at if io is not None else 0.0, read, written,
                             io is not None and io.in_call)  # fmt: skip
@@ -84,6 +90,32 @@ class Watch:
             views.append(view)
         self.io.end_poll()
         return views
+
+    def _in_other_pid_namespace(self, hb: HeartbeatState) -> bool:
+        """A new rank whose pid names no such process here but a process of a nested PID namespace (a container
+        with its own PID space): said once, and left unwatched — its liveness, I/O and signals would reach the
+        wrong process."""
+        if procfs.is_alive(hb.pid, hb.start_ticks):
+            return False
+        here = procfs.in_other_pid_namespace(hb.pid, hb.start_ticks)
+        if here is None:
+            return False
+        self._elsewhere.add((hb.rank, hb.pid))
+        self.ctx.event("rank_unwatchable", rank=hb.rank, pid=hb.pid, host_pid=here, why="another PID namespace")
+        self.ctx.say(f"rank {hb.rank} runs in another PID namespace (pid {hb.pid} there, {here} here): blackbox "
+                     "cannot watch it — no stall, death or straggler of it is judged; run blackbox inside that "
+                     "namespace (the container) to watch it")  # fmt: skip
+        return True
+
+    def _io_unreadable(self, rank: int, pid: int) -> None:
+        """Said once per rank process: without its I/O counters, I/O is no motion blackbox can see."""
+        key = f"io_unreadable:{rank}:{pid}"
+        if key in self._io_said:
+            return
+        self._io_said.add(key)
+        self.ctx.event("io_unreadable", rank=rank, pid=pid, path=f"/proc/{pid}/io")
+        self.ctx.say(f"rank {rank}: /proc/{pid}/io cannot be read (another user's process, or no CAP_SYS_PTRACE): "
+                     "its reads and writes are not seen, only its heartbeat")  # fmt: skip
 
     def _record_history(self, v: RankView, now: float) -> None:
         """The rank's recent history for the report's timeline: a sample when its step, phase or state changed, and

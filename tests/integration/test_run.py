@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -285,6 +286,35 @@ def test_ranks_started_by_torch_multiprocessing_spawn_are_found(tmp_path: Path, 
     assert sorted(pids) == [0, 1] and launcher not in pids.values()
     stepped = (run_dir / "ranks" / "0" / "recorder-events.jsonl").read_text()
     assert '"what": "stepped_aside"' in stepped
+
+
+def test_torchrun_with_rank_in_its_own_environment_is_the_launcher(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN a torchrun that an outer launcher or a job template started with RANK and LOCAL_RANK set, whose
+    # rank 1 stops stepping at step 4
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--stall-timeout", "3", "--poll-interval", "0.5",
+                        "--kill-grace", "5", "--",
+                        *gloo_cmd(tmp_path, "--steps", "100000", "--misbehave-rank", "1", "--at-step", "4")],
+                       tmp_path, RANK="0", LOCAL_RANK="0")  # fmt: skip
+    # THEN torchrun is still the launcher (no recorder, no heartbeat), the two ranks are watched, and the
+    # stall names rank 1 as it does without those variables
+    assert res.returncode == 86, res.stderr
+    launcher = int(events(run_dir, "launched")[0]["pid"])  # type: ignore[call-overload]
+    pids = heartbeat_pids(run_dir)
+    assert sorted(pids) == [0, 1] and launcher not in pids.values()
+    assert events(run_dir, "verdict")[0]["suspect_ranks"] == [1]
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="unshare --pid needs root")
+def test_ranks_in_another_pid_namespace_are_said_unwatchable_never_dead(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN a job whose ranks live in a PID namespace of their own (as in a container with its own PID space)
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--stall-timeout", "3", "--poll-interval", "0.5", "--",
+                        "unshare", "--pid", "--fork", "--mount-proc", *gloo_cmd(tmp_path, "--steps", "20")],
+                       tmp_path)  # fmt: skip
+    # THEN blackbox says once per rank that it cannot watch it, and no rank is taken for dead: exit 0, no bundle
+    assert res.returncode == 0, res.stderr
+    assert sorted(e["rank"] for e in events(run_dir, "rank_unwatchable")) == [0, 1]  # type: ignore[type-var]
+    assert res.stderr.decode().count("runs in another PID namespace") == 2
+    assert not bundles(run_dir) and not events(run_dir, "stall")
 
 
 def test_python_m_torch_distributed_run(tmp_path: Path, run_dir: Path) -> None:

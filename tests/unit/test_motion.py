@@ -312,3 +312,37 @@ def test_the_report_says_who_was_working_without_a_step_and_who_waited(tmp_path:
         r"while rank 1 waited \(still for 7[45] s and more\)",
         texts[0],
     ), texts
+
+
+def test_an_unreadable_proc_io_is_said_once_per_rank_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a supervisor's watch over a rank whose /proc/PID/io cannot be read
+    from blackbox.supervisor.watch import Watch
+
+    said: list[str] = []
+    written: list[tuple[str, dict[str, object]]] = []
+    cfg = types.SimpleNamespace(straggler_factor=2.0, straggler_window=10)
+    ctx = types.SimpleNamespace(say=said.append, event=lambda name, **f: written.append((name, f)), cfg=cfg)
+    watch = Watch(ctx, None)  # type: ignore[arg-type]
+    # WHEN it reads the rank three times
+    for _ in range(3):
+        watch._io_unreadable(0, 4242)
+    # THEN it said so once, in the events and aloud
+    assert written == [("io_unreadable", {"rank": 0, "pid": 4242, "path": "/proc/4242/io"})]
+    assert len(said) == 1 and "/proc/4242/io cannot be read" in said[0]
+
+
+def test_a_rank_in_a_nested_pid_namespace_is_found_by_its_nspid(tmp_path: Path) -> None:
+    # GIVEN a /proc tree with a process that is 7 in its own PID namespace and 301 here, and another 7 of another age
+    def proc(pid: int, nspid: str, start: int) -> None:
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "status").write_text(f"Name:\tpython\nNSpid:\t{nspid}\n")
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (py thon) S 1 " + " ".join(["0"] * 17) + f" {start} 0\n")
+
+    proc(7, "7", 555)
+    proc(300, "300\t7", 999)
+    proc(301, "301\t7", 555)
+    (tmp_path / "self").mkdir()
+    # THEN the rank that calls itself 7 and started at 555 is 301 here; no other is taken for it
+    assert procfs.in_other_pid_namespace(7, 555, root=str(tmp_path)) == 301
+    assert procfs.in_other_pid_namespace(7, 123, root=str(tmp_path)) is None
+    assert procfs.in_other_pid_namespace(8, 555, root=str(tmp_path)) is None

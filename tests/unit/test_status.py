@@ -118,3 +118,19 @@ def test_each_rank_shows_what_moves(tmp_path: Path) -> None:
     render_status_json(second, out)
     data = json.loads(out.getvalue())["ranks"][0]
     assert data["forwards"] == 1234 and data["moving"] == ["forward", "stack", "io"] and data["moved_at"] > 0
+
+
+def test_an_unreadable_proc_io_is_said(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a live run whose ranks (this process) have I/O counters /proc refuses (another user's, no ptrace)
+    run = make_run(tmp_path, os.getpid())
+    monkeypatch.setattr("blackbox.status.procfs.io_counters", lambda pid, tid=None: None)
+    table = open_table(str(run))
+    try:
+        status = read_status(str(run), table, gpus=[])
+    finally:
+        table.close()
+    # THEN each rank says so, and status says it under the table: its I/O is not seen
+    assert all(r.io_unreadable and r.read_bytes is None for r in status.ranks)
+    out = io.StringIO()
+    render_status(status, out, width=200)
+    assert f"/proc/{os.getpid()}/io cannot be read" in out.getvalue()

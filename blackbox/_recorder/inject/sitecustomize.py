@@ -65,14 +65,15 @@ def _blackbox_mode(env: "os._Environ[str]") -> "str | None":
     parent_pid, _, parent = env.get(_RECORDER, "").partition(":")  # "<pid>:<mode>:<rank>"
     parent_mode = parent.partition(":")[0]
     inherited = bool(parent_pid) and parent_pid != str(os.getpid())
+    if not inherited and _blackbox_is_launcher():
+        # torchrun is the launcher even where an outer launcher or a job template left RANK in its environment.
+        return None
     if env.get("RANK") is not None and env.get("LOCAL_RANK") is not None:
         # A child of an active rank (DataLoader worker, helper) inherits RANK: it is not a second rank.
         # A child of a single-process recorder that has RANK was started by a launcher we did not know.
         return None if inherited and parent_mode == "rank" else "rank"
     if inherited:
         return "deferred" if parent_mode in ("single", "slurm") else None
-    if _blackbox_is_launcher():
-        return None
     return "slurm" if _blackbox_slurm_rank(env) is not None else "single"
 
 
