@@ -17,7 +17,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from .recorder import Recorder
+    from .seam import RecorderLike
 
 MAX_FRAMES = 64  # per thread, innermost kept
 MAX_REPR = 200
@@ -73,7 +73,7 @@ def append_jsonl(path: str, record: Any) -> None:
 
 
 class LastWords:
-    def __init__(self, rec: Recorder) -> None:
+    def __init__(self, rec: RecorderLike) -> None:
         self.rec = rec
         self.dir = rec.rank_dir
         self._files: dict[str, Any] = {}  # kept open: faulthandler writes to their descriptors

@@ -12,8 +12,13 @@ import time
 
 from . import protocol as P
 from .heartbeat_writer import HeartbeatWriter
+from .importwatch import watch_imports
 from .lastwords import LastWords, python_stacks, thread_names, write_json
 from .motion import Motion
+from .patch_backward import wrap_backward
+from .patch_checkpoint import wrap_checkpoint, wrap_dcp
+from .patch_collectives import wrap_collectives
+from .patch_data import SHAPES_EVERY, batch_shapes, describe_batch, wrap_dataloader
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs milliseconds at start-up
 if TYPE_CHECKING:  # annotations only
@@ -124,11 +129,11 @@ class Recorder:
         self.guard("exit", lambda: atexit.register(self._on_exit))
         self.lastwords.install()
         self.guard("fork", lambda: os.register_at_fork(after_in_child=self._after_fork))
-        self.guard("imports", _watch_imports, {
+        self.guard("imports", watch_imports, {
             "torch": self._on_torch_imported,
             "numpy.random": lambda m: self.guard("seeds", self._wrap_seed, m, "numpy.random.seed"),
             "random": lambda m: self.guard("seeds", self._wrap_seed, m, "random.seed"),
-            "torch.distributed.checkpoint": lambda m: self.guard("checkpoint", _wrap_dcp, self, m),
+            "torch.distributed.checkpoint": lambda m: self.guard("checkpoint", wrap_dcp, self, m),
         })  # fmt: skip
         self._liveness = threading.Thread(target=self._liveness_loop, name="blackbox-liveness", daemon=True)
         self._liveness.start()
@@ -652,10 +657,10 @@ class Recorder:
     def _on_torch_imported(self, torch: Any) -> None:
         self.torch = torch
         self.guard("optimizer_step", self._install_optimizer_hook, torch)
-        self.guard("collectives", _wrap_collectives, self, torch)
-        self.guard("data", _wrap_dataloader, self)
-        self.guard("checkpoint", _wrap_checkpoint, self, torch)
-        self.guard("backward", _wrap_backward, self, torch)
+        self.guard("collectives", wrap_collectives, self, torch)
+        self.guard("data", wrap_dataloader, self)
+        self.guard("checkpoint", wrap_checkpoint, self, torch)
+        self.guard("backward", wrap_backward, self, torch)
         self.guard("forwards", self.motion.watch_compile, torch)
         self.guard("oom", self.lastwords.watch_oom, torch)
         self.guard("seeds", self._wrap_seed, torch, "torch.manual_seed", "manual_seed")
@@ -699,153 +704,6 @@ class Recorder:
 
 
 # --- torch integration ------------------------------------------------------------------------------
-def _watch_imports(callbacks: dict[str, Callable[[Any], None]]) -> None:
-    """Call each callback with its module right after the job imports it; never import anything ourselves.
-    (Modules already imported are handled at once.)"""
-    pending = {}
-    for name, callback in callbacks.items():
-        if name in sys.modules:
-            callback(sys.modules[name])
-        else:
-            pending[name] = callback
-    if pending:
-        sys.meta_path.insert(0, _ImportWatcher(pending))
-
-
-class _ImportWatcher:
-    def __init__(self, pending: dict[str, Callable[[Any], None]]) -> None:
-        self.pending = pending
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name not in self.pending:
-            return None
-        callback = self.pending.pop(name)
-        if not self.pending:
-            try:
-                sys.meta_path.remove(self)
-            except ValueError:
-                pass
-        for finder in sys.meta_path:
-            if finder is self:
-                continue
-            find = getattr(finder, "find_spec", None)
-            spec = find(name, path, target) if find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        exec_module = getattr(loader, "exec_module", None)
-        if exec_module is None:
-            return spec
-
-        def exec_and_notify(module: Any) -> None:
-            exec_module(module)
-            try:
-                callback(module)
-            except Exception:
-                pass  # the callbacks guard their own hooks; nothing may reach the job's import
-
-        try:
-            loader.exec_module = exec_and_notify
-        except Exception:
-            return spec
-        return spec
-
-
-def _is_compiling(torch: Any) -> Callable[[], bool]:
-    """torch.compiler.is_compiling where this torch has it: a phase wrapper steps aside while dynamo traces."""
-    return getattr(getattr(torch, "compiler", None), "is_compiling", None) or (lambda: False)
-
-
-def _wrap_collectives(rec: Recorder, torch: Any) -> None:
-    dist = getattr(torch, "distributed", None)
-    if dist is None or not dist.is_available():
-        return
-    is_compiling = _is_compiling(torch)
-
-    def wrap(fn: Callable[..., Any], op: int) -> Callable[..., Any]:
-        try:  # where the `group` argument sits, for the per-group sequence number
-            group_at = fn.__code__.co_varnames[: fn.__code__.co_argcount].index("group")
-        except (AttributeError, ValueError):
-            group_at = -1
-
-        def enter(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, float, bytes]:
-            if "group" in kwargs:
-                return rec.enter_collective(op, kwargs["group"])
-            return rec.enter_collective(op, args[group_at] if 0 <= group_at < len(args) else None)
-
-        return _phase_wrapper(rec, "collectives", fn, enter, skip=is_compiling)
-
-    for op, name in enumerate(P.COLLECTIVE_OPS):
-        fn = getattr(dist, name, None) if op else None
-        if fn is None or getattr(fn, "__blackbox_wrapped__", False):
-            continue
-        setattr(dist, name, wrap(fn, op))
-
-
-def _phase_wrapper(
-    rec: Recorder,
-    hook: str,
-    fn: Callable[..., Any],
-    enter: Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, float, bytes]],
-    skip: Optional[Callable[[], bool]] = None,
-) -> Callable[..., Any]:
-    """`fn` with the rank's phase set by `enter(args, kwargs)` while it runs and restored after; the job's
-    own errors pass through untouched, and a fault of ours switches `hook` off."""
-    import functools
-
-    @functools.wraps(fn)
-    def in_phase(*args: Any, **kwargs: Any) -> Any:
-        if not rec.enabled or hook in rec._failed or (skip is not None and skip()):
-            return fn(*args, **kwargs)
-        try:
-            previous = enter(args, kwargs)
-        except Exception as exc:
-            rec.fail(hook, exc)
-            return fn(*args, **kwargs)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            try:
-                rec.exit_phase(previous)
-            except Exception as exc:
-                rec.fail(hook, exc)
-
-    in_phase.__blackbox_wrapped__ = True  # type: ignore[attr-defined]
-    return in_phase
-
-
-def _enter(rec: Recorder, code: int) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, float, bytes]]:
-    return lambda args, kwargs: rec.enter_phase(code)
-
-
-def _wrap_checkpoint(rec: Recorder, torch: Any) -> None:
-    for name in ("save", "load"):
-        fn = getattr(torch, name, None)
-        if fn is not None and not getattr(fn, "__blackbox_wrapped__", False):
-            setattr(torch, name, _phase_wrapper(rec, "checkpoint", fn, _enter(rec, P.PHASE_CHECKPOINT)))
-
-
-def _wrap_backward(rec: Recorder, torch: Any) -> None:
-    """Phase `backward` while autograd's backward runs (`loss.backward()` calls `torch.autograd.backward`): under
-    DDP and FSDP the gradient collectives are issued, and waited for, in there."""
-    autograd: Any = getattr(torch, "autograd", None)
-    fn = getattr(autograd, "backward", None)
-    if fn is None or getattr(fn, "__blackbox_wrapped__", False):
-        return
-    autograd.backward = _phase_wrapper(rec, "backward", fn, _enter(rec, P.PHASE_BACKWARD), skip=_is_compiling(torch))
-    rec._strided.append([autograd, "backward", fn, autograd.backward, P.PHASE_BACKWARD])
-
-
-def _wrap_dcp(rec: Recorder, dcp: Any) -> None:
-    """torch.distributed.checkpoint: its save and load entry points run in the `checkpoint` phase."""
-    for name in ("save", "load", "async_save", "save_state_dict", "load_state_dict"):
-        fn = getattr(dcp, name, None)
-        if fn is not None and not getattr(fn, "__blackbox_wrapped__", False):
-            setattr(dcp, name, _phase_wrapper(rec, "checkpoint", fn, _enter(rec, P.PHASE_CHECKPOINT)))
-
-
 def _torch_version(torch: Any) -> tuple[int, int]:
     try:
         major, minor = str(torch.__version__).split(".")[:2]
@@ -912,75 +770,6 @@ def _versions(torch: Any) -> dict[str, Any]:
     if numpy is not None:
         out["numpy"] = getattr(numpy, "__version__", None)
     return out
-
-
-MAX_BATCH_TENSORS = 32
-SHAPES_EVERY = 64  # batches between two readings of the batch's shapes (and the first of every loader)
-
-
-def batch_shapes(batch: Any, path: str = "batch", depth: int = 0, out: Optional[list[Any]] = None) -> list[Any]:
-    """(path, shape, dtype) of the tensors in a batch: tuples, lists and dicts, three levels deep, bounded.
-    Runs on every batch: shapes and dtypes are kept as objects, turned into text only by a dump."""
-    if out is None:
-        out = []
-    shape = getattr(batch, "shape", None)
-    if shape is not None and hasattr(batch, "dtype"):
-        out.append((path, shape, batch.dtype))
-    elif depth < 3 and isinstance(batch, (tuple, list)):
-        for i, item in enumerate(batch):
-            if len(out) >= MAX_BATCH_TENSORS or i >= 16:
-                break
-            batch_shapes(item, "%s[%d]" % (path, i), depth + 1, out)
-    elif depth < 3 and isinstance(batch, dict):
-        for i, (key, item) in enumerate(batch.items()):
-            if len(out) >= MAX_BATCH_TENSORS or i >= 16:
-                break
-            batch_shapes(item, "%s[%r]" % (path, key), depth + 1, out)
-    return out
-
-
-def describe_batch(shapes: Any) -> Optional[list[dict[str, Any]]]:
-    if not shapes:
-        return None
-    return [{"path": p, "shape": list(shape), "dtype": str(dtype).replace("torch.", "")} for p, shape, dtype in shapes]
-
-
-def _wrap_dataloader(rec: Recorder) -> None:
-    """Phase `data` while the job waits in DataLoader `__next__` (the iterator class, not the user's loader)."""
-    import functools
-    import importlib
-
-    cls = importlib.import_module("torch.utils.data.dataloader")._BaseDataLoaderIter
-    original = cls.__next__
-    if getattr(original, "__blackbox_wrapped__", False):
-        return
-
-    @functools.wraps(original)
-    def __next__(self: Any) -> Any:
-        if not rec.enabled or "data" in rec._failed:
-            return original(self)
-        try:
-            previous = rec.enter_phase(P.PHASE_DATA)
-        except Exception as exc:
-            rec.fail("data", exc)
-            return original(self)
-        try:
-            batch = original(self)
-        except BaseException:
-            try:
-                rec.exit_phase(previous)
-            except Exception as exc:
-                rec.fail("data", exc)
-            raise
-        try:
-            rec.batch_delivered(previous, batch, self)
-        except Exception as exc:
-            rec.fail("data", exc)
-        return batch
-
-    __next__.__blackbox_wrapped__ = True  # type: ignore[attr-defined]
-    cls.__next__ = __next__
-    rec._strided.append([cls, "__next__", original, __next__, P.PHASE_DATA])
 
 
 # --- helpers ----------------------------------------------------------------------------------------
@@ -1059,7 +848,7 @@ def defer(run_dir: str) -> None:
         init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
         dist.init_process_group = init_process_group
 
-    _watch_imports({"torch.distributed": wrap})
+    watch_imports({"torch.distributed": wrap})
 
 
 def retire_parent(run_dir: str, parent: str, rank: int) -> None:

@@ -1,0 +1,39 @@
+"""The collectives room: torch.distributed's collectives run in the rank's `collective` phase, with the op and
+the group's sequence number. Stdlib only; imports protocol and patch_phase."""
+
+from __future__ import annotations
+
+from . import protocol as P
+from .patch_phase import is_compiling, phase_wrapper
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs milliseconds at start-up
+if TYPE_CHECKING:
+    from typing import Any, Callable
+
+    from .seam import PatchingRecorder
+
+
+def wrap_collectives(rec: PatchingRecorder, torch: Any) -> None:
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available():
+        return
+    compiling = is_compiling(torch)
+
+    def wrap(fn: Callable[..., Any], op: int) -> Callable[..., Any]:
+        try:  # where the `group` argument sits, for the per-group sequence number
+            group_at = fn.__code__.co_varnames[: fn.__code__.co_argcount].index("group")
+        except (AttributeError, ValueError):
+            group_at = -1
+
+        def enter(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, float, bytes]:
+            if "group" in kwargs:
+                return rec.enter_collective(op, kwargs["group"])
+            return rec.enter_collective(op, args[group_at] if 0 <= group_at < len(args) else None)
+
+        return phase_wrapper(rec, "collectives", fn, enter, skip=compiling)
+
+    for op, name in enumerate(P.COLLECTIVE_OPS):
+        fn = getattr(dist, name, None) if op else None
+        if fn is None or getattr(fn, "__blackbox_wrapped__", False):
+            continue
+        setattr(dist, name, wrap(fn, op))
