@@ -211,6 +211,11 @@ RUN_OPTIONS: tuple[Option, ...] = (
     Option("coord_port", _port, AUTO, "a port number (1-65535) or `auto`",
            "Multi-node: the coordination store's port, the same on every node; `auto` = torchrun's rendezvous or "
            "master port + 1000 (- 1000 above 64535)."),
+    Option("coord_secret_file", _text, "", "a file path",
+           "Multi-node: a file holding the job's secret (the same on every node; on Kubernetes a mounted Secret) "
+           "that signs what nodes post to the coordination store; the secret itself may be given in "
+           "BLACKBOX_COORD_SECRET instead. On Slurm, without either, node 0 creates one in the job's submit "
+           "directory. Without a secret the store is unauthenticated (said once at start)."),
     Option("console_log_max", _count, 256, "a whole number of MiB",
            "console.log's bound: its first quarter keeps the head of the job's output, the rest the newest output "
            "(console.tail.log); what lies between is dropped and counted in the log (the terminal has all of it)."),
@@ -255,6 +260,7 @@ class RunConfig:
     straggler_window: float
     coord: str
     coord_port: Union[int, str]
+    coord_secret_file: str
     console_log_max: int
     cuda_memory_history: int
     upload: str

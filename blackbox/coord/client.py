@@ -12,19 +12,36 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any, Callable, Optional
+from typing import IO, Any, Callable, Mapping, Optional
 
 from .topology import Topology
 
 POST_WAIT_S = 3.0  # a post unanswered this long: the node collects under an incident id of its own
 CONNECT_TIMEOUT_S = 60.0  # a client waits this long for the hosting node's store at each attempt
 EPISODE_S = 60.0  # an incident posted this recently is joined rather than a second one posted
+SECRET_ENV = "BLACKBOX_COORD_SECRET"  # the job's secret itself, the same on every node
+REJECTED_EVERY_S = 60.0  # rejected posts: one event at the first, then one a minute with the count
+
+
+def secret_source(given: str, env: Mapping[str, str]) -> tuple[str, bool]:
+    """Where the job's secret is read from: the file the user named, else on Slurm a file in the job's submit
+    directory (shared by its nodes) that node 0 creates; ("", False) when the secret is in the environment or none
+    is to be had. The bool: whether this node may create the file (Slurm only; a named file is the user's)."""
+    if env.get(SECRET_ENV):
+        return "", False
+    if given:
+        return os.path.abspath(given), False
+    job, shared = env.get("SLURM_JOB_ID"), env.get("SLURM_SUBMIT_DIR")
+    if job and shared:
+        return os.path.join(shared, ".blackbox", f"coord-secret-{job}"), True
+    return "", False
 
 
 class Coordination:
     def __init__(
         self, topo: Topology, run_id: str, hostname: str, run_dir: str, poll_interval: float,
         event: Callable[..., None], say_once: Callable[[str, str], None], wake: Callable[[], None],
+        secret_file: str = "",
     ) -> None:  # fmt: skip
         self.topo = topo
         self.run_id = run_id
@@ -49,6 +66,10 @@ class Coordination:
         self._answered = threading.Condition(self._lock)
         self._ref = 0
         self._closing = False
+        self.secret_file, self._create_secret = secret_source(secret_file, os.environ)
+        self.signed = bool(self.secret_file or os.environ.get(SECRET_ENV))
+        self._rejected = 0  # posts not believed since the last event about them
+        self._rejected_said = 0.0
 
     @property
     def pid(self) -> Optional[int]:
@@ -60,6 +81,7 @@ class Coordination:
             "nnodes": self.topo.nnodes, "node": self.label, "hostname": self.hostname, "run_id": self.run_id,
             "poll_interval": self.poll_interval, "silent_after": max(10.0, 5 * self.poll_interval),
             "connect_timeout": CONNECT_TIMEOUT_S, "episode_s": EPISODE_S,
+            "secret_file": self.secret_file, "secret_create": self._create_secret and self.topo.hosting,
         }  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["TORCH_CPP_LOG_LEVEL"] = "ERROR"
@@ -72,6 +94,11 @@ class Coordination:
         self._event("coordination", status="starting", address=self.topo.address, hosting=self.topo.hosting,
                     node=self.label, nnodes=self.topo.nnodes, job_key=self.topo.job_key,
                     learned_from=self.topo.source, helper_pid=self.proc.pid)  # fmt: skip
+        if not self.signed:
+            self._say_once("coordination-unauthenticated", (
+                f"warning: the coordination store at {self.topo.address} is unauthenticated: anyone who reaches that "
+                "port can post an incident (and so end the job); give every node the same secret in "
+                f"{SECRET_ENV} or --coord-secret-file (docs/multinode.md)"))  # fmt: skip
         assert self.proc.stdout is not None
         threading.Thread(target=self._read, args=(self.proc.stdout,), name="blackbox-coord", daemon=True).start()
 
@@ -184,6 +211,18 @@ class Coordination:
             code = self.proc.poll() if self.proc is not None else None
             self._alone("helper", f"the coordination helper ended (exit code {code}; see coordination.log)")
 
+    def _on_rejected(self, key: str, why: str) -> None:
+        """A value in the store that the job's secret did not sign: never believed; said at the first and then once
+        a minute with the count, so that whoever floods the port cannot fill the disk."""
+        self._rejected += 1
+        now = time.monotonic()
+        if self._rejected_said and now - self._rejected_said < REJECTED_EVERY_S:
+            return
+        self._event("coordination_rejected", key=key, why=why, count=self._rejected)
+        self._say_once("coordination-rejected", f"rejected a post to the coordination store ({why}, `{key}`): "
+                       "someone outside this job wrote to its port; the job goes on")  # fmt: skip
+        self._rejected, self._rejected_said = 0, now
+
     def _alone(self, reason: str, sentence: str) -> None:
         self.status, self.why_alone = "alone", sentence
         self._event("coordination", status="alone", reason=reason, message=sentence)
@@ -212,6 +251,7 @@ class Coordination:
                 "no_host": f"{where} answers but its node-0 supervisor has not registered this job",
                 "lost": f"lost {where} ({detail})",
                 "no_torch": f"multi-node coordination needs torch in blackbox's own environment ({detail})",
+                "secret": f"cannot read the job's coordination secret ({detail})",
             }  # fmt: skip
             sentence = sentences.get(reason, f"coordination failed: {detail}")
             if msg.get("retry"):
@@ -233,6 +273,8 @@ class Coordination:
             with self._lock:
                 self._inbox.append(msg)
             self._wake()
+        elif ev == "rejected":
+            self._on_rejected(str(msg.get("key")), str(msg.get("why")))
         elif ev == "peers":
             self.joined = int(msg.get("joined") or 0)
         elif ev == "hosts" and isinstance(msg.get("hosts"), dict):

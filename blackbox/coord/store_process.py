@@ -8,6 +8,8 @@ Imports the stdlib and torch.distributed (the store); nothing of blackbox, so th
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import hmac
 import json
 import os
 import queue
@@ -33,8 +35,15 @@ from typing import Any, Optional
 #                       other's once, so a report names the host a rank on another node lives on
 # A node costs the store four operations a poll; only the hosting node reads every node's liveness (one
 # multi_get), so a job of hundreds of nodes stays cheap.
+# With the job's secret (every node's blackbox has it, nobody else does), what steers the other nodes — `incident/<n>`,
+# `silent`, `motion` — is stored signed: {"body": <the JSON text>, "mac": HMAC-SHA256(secret, key + "\n" + body)}.
+# The key is in the MAC, so a signed value cannot be moved to another key (an old incident replayed as a new one).
+# A value that is unsigned or wrongly signed is not believed: one `rejected` event, and the node goes on.
 OP_TIMEOUT_S = 5.0
 RECONNECT_S = 10.0
+SECRET_ENV = "BLACKBOX_COORD_SECRET"  # the secret itself (never on a command line: /proc/PID/cmdline is public)
+SECRET_WAIT_S = 60.0  # a node waits this long for the first node to create the job's secret file
+SIGNED = ("incident/", "silent", "motion")
 
 
 def emit(event: str, **fields: Any) -> None:
@@ -61,6 +70,27 @@ class StoreProcess:
         self.hosts_set = False  # this node's hosts/<node> written
         self.hosts: dict[str, Any] = {}  # node -> {"host", "ranks"}, as read from the store
         self.host_roster: list[str] = []  # the roster as read for the hosts
+        self.secret: Optional[bytes] = None  # the job's secret; None: the store is unauthenticated
+
+    # --- signing ---------------------------------------------------------------------------------
+    def seal(self, key: str, body: str) -> str:
+        """The value to store under `key`: the body itself, or signed when the job has a secret."""
+        if self.secret is None:
+            return body
+        return json.dumps({"body": body, "mac": mac(self.secret, key, body)})
+
+    def unseal(self, key: str, raw: bytes) -> Optional[str]:
+        """The body of a value read from `key`, or None (and one `rejected` event) when it is not the job's."""
+        text = raw.decode(errors="replace")
+        if self.secret is None:
+            return text
+        sealed = _loads(raw)
+        body = sealed.get("body") if isinstance(sealed, dict) else None
+        given = sealed.get("mac") if isinstance(sealed, dict) else None
+        if isinstance(body, str) and isinstance(given, str) and hmac.compare_digest(given, mac(self.secret, key, body)):
+            return body
+        emit("rejected", key=key, why="wrongly signed" if isinstance(given, str) else "unsigned")
+        return None
 
     # --- the store --------------------------------------------------------------------------------
     def connect(self) -> bool:
@@ -85,7 +115,7 @@ class StoreProcess:
                 return False
         store = PrefixStore(f"blackbox/{cfg['job_key']}/", base)
         if cfg["hosting"]:
-            store.set("motion", "[]")  # before `job`: a node that finds the job finds this key too
+            store.set("motion", self.seal("motion", "[]"))  # before `job`: a node that finds the job finds this key too
             store.set("job", json.dumps({"job_id": cfg["run_id"], "nnodes": cfg["nnodes"], "host": cfg["hostname"]}))
         try:
             store.set_timeout(timedelta(seconds=float(cfg["connect_timeout"])))
@@ -123,14 +153,17 @@ class StoreProcess:
         while True:
             n = self.next_incident
             incident = {**incident, "id": f"{self.job_id}-i{n}", "n": n, "origin": self.me}
-            mine = json.dumps(incident, sort_keys=True)
+            mine = self.seal(f"incident/{n}", json.dumps(incident, sort_keys=True))
             won = store.compare_set(f"incident/{n}", "", mine).decode()
             self.next_incident = n + 1
             if won == mine:
                 self.latest = incident
                 emit("posted", ref=ref, incident=incident, own=True)
                 return
-            other = json.loads(won)
+            body = self.unseal(f"incident/{n}", won.encode())
+            other = _loads(body.encode()) if body is not None else None
+            if not isinstance(other, dict):  # a forged post took this number: post under the next
+                continue
             self.latest = other
             if self.same_episode(incident, other):
                 emit("posted", ref=ref, incident=other, own=False)
@@ -143,19 +176,21 @@ class StoreProcess:
         store.set(f"summary/{self.me}", json.dumps({**self.summary, "time": time.time()}))
         moved = self.summary.get("moved_s")
         store.set(f"beat/{self.me}", f"{self.beat} {moved:.1f}" if isinstance(moved, (int, float)) else str(self.beat))
-        motion = _loads(store.get("motion"))  # where the job last moved, as the hosting node last said
+        motion = self.read("motion")  # where the job last moved, as the hosting node last said
         if isinstance(motion, list) and motion:
             emit("motion", nodes=motion)
         while store.check([f"incident/{self.next_incident}"]):
-            incident = json.loads(store.get(f"incident/{self.next_incident}"))
+            incident = self.read(f"incident/{self.next_incident}")
             self.next_incident += 1
+            if not isinstance(incident, dict):
+                continue
             self.latest = incident
             if incident.get("origin") != self.me:
                 emit("incident", incident=incident)
         if self.cfg["hosting"]:
             self.watch()
         self.learn_hosts()
-        silent = _loads(store.get("silent")) if store.check(["silent"]) else {}
+        silent = self.read("silent") if store.check(["silent"]) else {}
         silent = {k: v for k, v in silent.items() if k != self.me} if isinstance(silent, dict) else {}
         for node in silent.keys() - self.silent.keys():
             emit("silent", node=node, **silent[node])
@@ -164,6 +199,11 @@ class StoreProcess:
         if silent != self.silent or self.beat == 1:
             self.silent = silent
             emit("peers", joined=int(store.add("roster", 0)))
+
+    def read(self, key: str) -> Any:
+        """A steering key's value as JSON, None when it is not the job's (or not JSON)."""
+        body = self.unseal(key, self.store.get(key))
+        return _loads(body.encode()) if body is not None else None
 
     def learn_hosts(self) -> None:
         """Publish which host this node's ranks live on, once they are known; read the other nodes' until every
@@ -217,8 +257,9 @@ class StoreProcess:
                 summary = before.get("summary") if isinstance(before, dict) else _loads(store.get(f"summary/{name}"))
                 verdict[name] = {"silent_s": round(quiet, 1), "summary": summary}
         if verdict.keys() != self.silent.keys():
-            store.set("silent", json.dumps(verdict))
-        store.set("motion", json.dumps([[name, round(now - at, 1)] for at, name in sorted(motion, reverse=True)[:2]]))
+            store.set("silent", self.seal("silent", json.dumps(verdict)))
+        nodes = [[name, round(now - at, 1)] for at, name in sorted(motion, reverse=True)[:2]]
+        store.set("motion", self.seal("motion", json.dumps(nodes)))
 
     # --- the loop --------------------------------------------------------------------------------
     def read_commands(self) -> None:
@@ -231,6 +272,13 @@ class StoreProcess:
 
     def run(self) -> int:
         threading.Thread(target=self.read_commands, daemon=True).start()
+        try:
+            self.secret = job_secret(self.cfg, os.environ)
+        except OSError as exc:
+            emit("failed", reason="secret", message=f"{exc.strerror or exc}: `{self.cfg.get('secret_file')}`",
+                 retry=False)  # fmt: skip
+            self.serve_commands(None)
+            return 0
         while not self.connect():
             if self.cfg["hosting"]:  # a store that cannot be served stays unserved: this node goes alone
                 self.serve_commands(None)
@@ -265,6 +313,51 @@ class StoreProcess:
             elif cmd.get("op") == "post":
                 self.post(int(cmd["ref"]), cmd["incident"])
         return False
+
+
+def mac(secret: bytes, key: str, body: str) -> str:
+    return hmac.new(secret, f"{key}\n{body}".encode(), hashlib.sha256).hexdigest()
+
+
+def job_secret(cfg: dict[str, Any], env: Any) -> Optional[bytes]:
+    """The job's secret: BLACKBOX_COORD_SECRET, else the file named in `secret_file` — created (0600, at once and
+    whole) by the node that `secret_create` names, waited for by the others. None: no secret was given."""
+    if env.get(SECRET_ENV):
+        return str(env[SECRET_ENV]).encode()
+    path = cfg.get("secret_file")
+    if not path:
+        return None
+    if cfg.get("secret_create"):
+        _create_secret(path)
+    deadline = time.monotonic() + float(cfg.get("secret_wait_s", SECRET_WAIT_S))
+    while True:
+        try:
+            with open(path, "rb") as f:
+                secret = f.read().strip()
+            if secret:
+                return secret
+        except FileNotFoundError:
+            if time.monotonic() > deadline:
+                raise
+        if time.monotonic() > deadline:
+            raise OSError(f"the secret file is empty after {SECRET_WAIT_S:g} s")
+        time.sleep(0.2)
+
+
+def _create_secret(path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, os.urandom(32).hex().encode())
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)  # the first node's file wins, whole; a file already there is kept
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
 
 
 def _moved_at(beat: bytes, now: float) -> Optional[float]:

@@ -225,7 +225,7 @@ class Episodes:
             return
         ctx = self.ctx
         coord = Coordination(self.topology, ctx.run_id, ctx.node, ctx.run_dir, ctx.cfg.poll_interval, ctx.event,
-                             ctx.say_once, wake)  # fmt: skip
+                             ctx.say_once, wake, secret_file=ctx.cfg.coord_secret_file)  # fmt: skip
         try:
             coord.start()
         except Exception as exc:

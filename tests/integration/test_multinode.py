@@ -10,9 +10,11 @@ import os
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
+from blackbox.coord.topology import topology
 from tests.conftest import BIN, BLACKBOX, ROOT, job_env, wait_for
 
 TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
@@ -101,6 +103,7 @@ def test_a_stall_on_one_node_is_collected_on_both(tmp_path: Path) -> None:
     results = [finish(p) for p in nodes]
     for code, err in results:
         assert code == 86, err[-3000:]
+        assert f"the coordination store at 127.0.0.1:{port + 1000} is unauthenticated" in err, err[-3000:]
     bundles = [sorted((d / "bundles").glob("*.tar.gz")) for d in dirs]
     assert [len(b) for b in bundles] == [1, 1], results[0][1][-2000:] + results[1][1][-2000:]
     m0, m1 = manifest(bundles[0][0]), manifest(bundles[1][0])
@@ -202,3 +205,51 @@ def test_ranks_waiting_for_a_working_rank_of_another_node_are_not_stalled(tmp_pa
     (note,) = [e for e in events(tmp_path / "node1") if e["event"] == "slow_phase"]
     assert note["reason"].startswith("no rank here has taken a step for") and "node 0 still works" in note["reason"]
     assert "ranks 2-3 wait for it" in note["reason"], note
+
+
+def forge(port: int, job_key: str, key: str, value: dict[str, Any]) -> None:
+    """Write to a job's coordination store as anyone who reaches its port could: no secret."""
+    from datetime import timedelta
+
+    from torch.distributed import PrefixStore, TCPStore
+
+    base = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+    PrefixStore(f"blackbox/{job_key}/", base).set(key, json.dumps(value))
+
+
+def test_a_forged_stall_from_outside_the_job_is_rejected_and_the_job_runs_on(tmp_path: Path) -> None:
+    # GIVEN a two-node job whose nodes share a secret, both stepping
+    port = free_ports()
+    secret = tmp_path / "job-secret"
+    secret.write_text("a-secret-only-the-job-has\n")
+    nodes = [start_node(tmp_path, i, port, 3, "--coord-secret-file", str(secret)) for i in (0, 1)]
+    dirs = [tmp_path / "node0", tmp_path / "node1"]
+    for d in dirs:
+        wait_for(lambda d=d: has_event(d, "coordination", status="connected") and stepping(d), 90, f"{d} to step")
+    argv = [str(BIN / "torchrun"), "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+            "--master-port", str(port), str(TRAIN)]  # fmt: skip
+    found = topology(argv, {})
+    assert found is not None
+    job_key = found.job_key  # the events say it redacted; whoever reaches the port can read the job's command line
+    # WHEN someone outside the job posts a stall and declares node 1 silent, as a node would without the secret
+    incident = {"kind": "stall", "origin": "0", "id": "forged-i1", "n": 1, "time": 0, "message": "forged"}
+    forge(port + 1000, job_key, "incident/1", incident)
+    forge(port + 1000, job_key, "silent", {"1": {"silent_s": 99.0, "summary": {}}})
+    # THEN every node rejects both, says so once, and the job runs on: no bundle, no incident
+    for d in dirs:
+        wait_for(lambda d=d: has_event(d, "coordination_rejected"), 30, f"{d} to reject the forged post")
+    time.sleep(4 * POLL_S)  # what a believed post would start within a poll: nothing may come of these
+    assert all(p.poll() is None for p in nodes), [p.poll() for p in nodes]
+    assert not any(sorted((d / "bundles").glob("*.tar.gz")) for d in dirs)
+    assert not any(has_event(d, "remote_incident") or has_event(d, "node_silent") for d in dirs)
+    # and a real stall afterwards is still posted, signed, and collected on both nodes as one incident
+    (tmp_path / "fail-now").touch()
+    results = [finish(p) for p in nodes]
+    for code, err in results:
+        assert code == 86, err[-3000:]
+        assert "rejected a post to the coordination store" in err and "the job goes on" in err
+        assert "is unauthenticated" not in err and "a-secret-only-the-job-has" not in err
+    bundles = [sorted((d / "bundles").glob("*.tar.gz")) for d in dirs]
+    assert [len(b) for b in bundles] == [1, 1], results[0][1][-2000:] + results[1][1][-2000:]
+    assert manifest(bundles[0][0])["incident"]["id"] == manifest(bundles[1][0])["incident"]["id"] != "forged-i1"
+    assert report(bundles[0][0], bundles[1][0])["verdict"]["suspect_ranks"] == [3]
