@@ -15,9 +15,6 @@ from .heartbeat_writer import HeartbeatWriter
 from .importwatch import watch_imports
 from .lastwords import LastWords, python_stacks, thread_names, write_json
 from .motion import Motion
-from .patch_backward import wrap_backward
-from .patch_checkpoint import wrap_checkpoint, wrap_dcp
-from .patch_collectives import wrap_collectives
 from .patch_data import SHAPES_EVERY, batch_shapes, describe_batch, wrap_dataloader
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs milliseconds at start-up
@@ -133,7 +130,7 @@ class Recorder:
             "torch": self._on_torch_imported,
             "numpy.random": lambda m: self.guard("seeds", self._wrap_seed, m, "numpy.random.seed"),
             "random": lambda m: self.guard("seeds", self._wrap_seed, m, "random.seed"),
-            "torch.distributed.checkpoint": lambda m: self.guard("checkpoint", wrap_dcp, self, m),
+            "torch.distributed.checkpoint": lambda m: self.guard("checkpoint", _wrap_dcp, self, m),
         })  # fmt: skip
         self._liveness = threading.Thread(target=self._liveness_loop, name="blackbox-liveness", daemon=True)
         self._liveness.start()
@@ -655,6 +652,11 @@ class Recorder:
 
     # --- torch ------------------------------------------------------------------------------------
     def _on_torch_imported(self, torch: Any) -> None:
+        # the rooms of torch's patches are read now, not at every interpreter start of the job
+        from .patch_backward import wrap_backward
+        from .patch_checkpoint import wrap_checkpoint
+        from .patch_collectives import wrap_collectives
+
         self.torch = torch
         self.guard("optimizer_step", self._install_optimizer_hook, torch)
         self.guard("collectives", wrap_collectives, self, torch)
@@ -704,6 +706,12 @@ class Recorder:
 
 
 # --- torch integration ------------------------------------------------------------------------------
+def _wrap_dcp(rec: Recorder, dcp: Any) -> None:
+    from .patch_checkpoint import wrap_dcp
+
+    wrap_dcp(rec, dcp)
+
+
 def _torch_version(torch: Any) -> tuple[int, int]:
     try:
         major, minor = str(torch.__version__).split(".")[:2]
