@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from .common import MAX_KEY_LINES, REDACTED
 from .config import CONFIG_SUFFIXES, redact_config
-from .known import MIN_KNOWN_LEN, add_env_secrets, add_known_secret, known_count
-from .names import NONE, PHRASE, SECRET, WEAK, is_secret_name, worth_knowing
+from .known import add_env_secrets, add_known_secret, known_count
+from .names import WEAK, is_secret_name, worth_knowing
 from .records import redact_argv, redact_env, redact_json_text, redact_named, redact_value
 from .stream import StreamRedactor
 from .text import redact_text
@@ -18,11 +18,7 @@ from .text import redact_text
 __all__ = [
     "CONFIG_SUFFIXES",
     "MAX_KEY_LINES",
-    "MIN_KNOWN_LEN",
-    "NONE",
-    "PHRASE",
     "REDACTED",
-    "SECRET",
     "WEAK",
     "StreamRedactor",
     "add_env_secrets",
