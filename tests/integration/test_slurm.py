@@ -197,7 +197,7 @@ def test_collect_slurm_job_finds_a_hung_job_started_without_blackbox(jobs: Jobs,
     jobs.cluster.run("scancel", job)
     # a job that is not running is one sentence
     bad = subprocess.run([*BLACKBOX, "collect", "--slurm-job", "999999"], capture_output=True, text=True,
-                         timeout=60, env=jobs.env())  # fmt: skip
+                         timeout=60, env=jobs.env(), cwd=jobs.base)  # fmt: skip
     assert bad.returncode != 0 and "Traceback" not in bad.stderr and "999999" in bad.stderr, bad.stderr
 
 
