@@ -8,6 +8,7 @@ import os
 import platform
 import signal
 import stat
+import struct
 from dataclasses import dataclass
 from typing import Optional
 
@@ -327,11 +328,11 @@ SYSCALLS: dict[str, dict[int, str]] = {
     "x86_64": {0: "read", 1: "write", 2: "open", 7: "poll", 16: "ioctl", 17: "pread64", 18: "pwrite64", 19: "readv",
                20: "writev", 23: "select", 24: "sched_yield", 34: "pause", 35: "nanosleep", 42: "connect",
                43: "accept", 44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 58: "vfork", 61: "wait4",
-               202: "futex", 230: "clock_nanosleep", 232: "epoll_wait", 257: "openat", 270: "pselect6",
+               202: "futex", 247: "waitid", 230: "clock_nanosleep", 232: "epoll_wait", 257: "openat", 270: "pselect6",
                271: "ppoll", 281: "epoll_pwait", 288: "accept4", 295: "preadv", 299: "recvmmsg", 327: "preadv2",
                437: "openat2"},
     "aarch64": {22: "epoll_pwait", 29: "ioctl", 56: "openat", 63: "read", 64: "write", 65: "readv", 66: "writev",
-                67: "pread64", 68: "pwrite64", 69: "preadv", 72: "pselect6", 73: "ppoll", 98: "futex",
+                67: "pread64", 68: "pwrite64", 69: "preadv", 72: "pselect6", 73: "ppoll", 95: "waitid", 98: "futex",
                 101: "nanosleep", 115: "clock_nanosleep", 124: "sched_yield", 202: "accept", 203: "connect",
                 206: "sendto", 207: "recvfrom", 211: "sendmsg", 212: "recvmsg", 242: "accept4", 243: "recvmmsg",
                 260: "wait4", 437: "openat2"},
@@ -420,19 +421,26 @@ def _address(hexed: str) -> Optional[str]:
         return None
 
 
-def _user_string(pid: int, address: int, limit: int = 4096) -> Optional[str]:
-    """A NUL-terminated string in the process's memory (the path of a blocked open): read from /proc/PID/mem, which
+def _user_bytes(pid: int, address: int, size: int) -> Optional[bytes]:
+    """Up to `size` bytes of the process's memory (a path, a poll's descriptors): read from /proc/PID/mem, which
     needs the same rights as py-spy (nothing is signalled, nothing stops)."""
     try:
-        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+        fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        data = os.pread(fd, limit, address)
+        return os.pread(fd, size, address)
     except (OSError, OverflowError, ValueError):
         return None
     finally:
         os.close(fd)
+
+
+def _user_string(pid: int, address: int, limit: int = 4096) -> Optional[str]:
+    """A NUL-terminated string in the process's memory (the path of a blocked open)."""
+    data = _user_bytes(pid, address, limit)
+    if data is None:
+        return None
     return data.split(b"\0", 1)[0].decode("utf-8", "replace") or None
 
 
@@ -496,3 +504,132 @@ def blocked(pid: int, tid: Optional[int] = None) -> dict[str, object]:
             out["fs_type"], out["mount"] = mount
         out["fd_kind"] = _file_kind(target, mount[0] if mount else None)
     return out
+
+
+# --- what a thread waits for from another process ----------------------------------------------------------
+WAIT_CHILD_CALLS = frozenset({"wait4", "waitid"})
+WAIT_FD_CALLS = frozenset({"read", "readv", "poll", "ppoll", "select", "pselect6", "epoll_wait", "epoll_pwait"})
+MAX_WAIT_FDS = 1024  # descriptors of one poll or select read, at most
+MAX_TREE = 4096  # processes below one rank followed, at most
+P_ALL, P_PID, P_PGID, P_PIDFD = 0, 1, 2, 3  # waitid's idtype
+
+
+def waited_fds(pid: int, call: str, args: list[int]) -> list[int]:
+    """The file descriptors a thread in `call` (one of WAIT_FD_CALLS) waits on: a read's one, a poll's or select's
+    set (read from the process's memory), an epoll's registered ones (its fdinfo)."""
+    if not args:
+        return []
+    if call in ("read", "readv"):
+        return [_int32(args[0])]
+    if call in ("poll", "ppoll"):
+        count = min(args[1], MAX_WAIT_FDS)
+        data = _user_bytes(pid, args[0], 8 * count) or b""
+        return [fd for fd, _, _ in struct.iter_unpack("<ihh", data[: len(data) // 8 * 8]) if fd >= 0]
+    if call in ("select", "pselect6"):
+        count = min(args[0], MAX_WAIT_FDS)
+        bits = _user_bytes(pid, args[1], (count + 7) // 8) if args[1] else None
+        return [fd for fd in range(min(count, 8 * len(bits or b""))) if bits and bits[fd // 8] >> (fd % 8) & 1]
+    if call in ("epoll_wait", "epoll_pwait"):
+        info = _read(f"/proc/{pid}/fdinfo/{_int32(args[0])}") or ""
+        return [int(line.split()[1]) for line in info.splitlines() if line.startswith("tfd:")
+                and len(line.split()) > 1 and line.split()[1].isdigit()]  # fmt: skip
+    return []
+
+
+def waited_children(pid: int, call: str, args: list[int]) -> list[int]:
+    """The children a thread in wait4 or waitid waits for: the one it names, or all of them (any child, a process
+    group)."""
+    if not args:
+        return []
+    if call == "wait4":
+        child = _int32(args[0])
+        return [child] if child > 0 else children(pid)
+    if args[0] == P_PID:
+        return [_int32(args[1])]
+    if args[0] == P_PIDFD:
+        field = _fields(_read(f"/proc/{pid}/fdinfo/{_int32(args[1])}")).get("Pid", "")
+        return [int(field)] if field.isdigit() else []
+    return children(pid)
+
+
+def waited_processes(pid: int) -> list[int]:
+    """The processes the main thread of `pid` waits for: the children of its wait4 or waitid, or those below it that
+    hold the other end of a pipe it reads or polls (a tool's captured output, a worker pool's result queue)."""
+    waited, pipes = wait_target(pid)
+    return waited if not pipes else pipe_holders_below(pid, pipes)
+
+
+def wait_target(pid: int) -> tuple[list[int], frozenset[str]]:
+    """What the main thread of `pid` waits on that another process may answer: the children of its wait4 or waitid,
+    or the pipes it reads or polls (`pipe:[inode]`); nothing of the kind: ([], empty)."""
+    call, args = thread_syscall(pid, pid)
+    if call in WAIT_CHILD_CALLS:
+        return waited_children(pid, call, args), frozenset()
+    if call in WAIT_FD_CALLS:
+        return [], frozenset(pipe_inodes(pid, waited_fds(pid, call, args)))
+    return [], frozenset()
+
+
+def pipe_holders_below(pid: int, pipes: frozenset[str]) -> list[int]:
+    """The topmost processes below `pid` that hold one of these pipes open: those at the other end (a shell's
+    pipeline inherits its pipes: the shell stands for it)."""
+    found = holding(process_tree(children(pid)), set(pipes))
+    return [p for p in found if not set(_ancestors(p, pid)) & set(found)]
+
+
+def _ancestors(pid: int, root: int) -> list[int]:
+    """The processes between `pid` and `root` (both left out), nearest first."""
+    out: list[int] = []
+    st = proc_stat(pid)
+    while st is not None and st.ppid not in (root, 0, 1) and len(out) < MAX_TREE:
+        out.append(st.ppid)
+        st = proc_stat(st.ppid)
+    return out
+
+
+def process_tree(pids: list[int]) -> list[int]:
+    """These processes and every process below them (from the children files: no scan of /proc), at most MAX_TREE."""
+    out: list[int] = []
+    todo = list(pids)
+    while todo and len(out) < MAX_TREE:
+        pid = todo.pop(0)
+        if pid not in out:
+            out.append(pid)
+            todo.extend(children(pid))
+    return out
+
+
+def pipe_inodes(pid: int, fds: list[int]) -> set[str]:
+    """The pipes (`pipe:[inode]`) among a process's file descriptors."""
+    return {t for t in (fd_target(pid, fd) for fd in fds) if t is not None and t.startswith("pipe:[")}
+
+
+def fd_targets(pid: int) -> set[str]:
+    """What every file descriptor of a process points to (`pipe:[…]`, `/dev/ptmx`, paths), at most MAX_WAIT_FDS."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")[:MAX_WAIT_FDS]
+    except OSError:
+        return set()
+    return {t for t in (fd_target(pid, int(fd)) for fd in fds if fd.isdigit()) if t is not None}
+
+
+def write_target(pid: int) -> Optional[str]:
+    """What the main thread of `pid` is writing to when it is inside write() or writev() now, else None."""
+    call, args = thread_syscall(pid, pid)
+    return fd_target(pid, _int32(args[0])) if call in ("write", "writev") and args else None
+
+
+def holding(pids: list[int], pipes: set[str]) -> list[int]:
+    """Those of `pids` that hold one of these pipes open: the processes at the other end."""
+    return [pid for pid in pids if fd_targets(pid) & pipes]
+
+
+def cpu_ticks(pid: int) -> Optional[int]:
+    """CPU time a process has used in clock ticks, with that of the children it has reaped (a shell's short-lived
+    commands): utime + stime + cutime + cstime from /proc/PID/stat."""
+    text = _read(f"/proc/{pid}/stat")
+    try:
+        rest = text[text.rindex(")") + 2 :].split() if text else []
+        return sum(int(v) for v in rest[11:15]) if len(rest) > 14 else None
+    except ValueError:
+        return None

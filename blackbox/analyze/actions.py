@@ -144,6 +144,12 @@ def _data(at: _At, facts: Facts) -> list[str]:
 
 def _io(at: _At, facts: Facts) -> list[str]:
     blocked = facts.blocked_io.get(at.first) if at.first is not None else None
+    if blocked and blocked.startswith("main thread waits for its child"):
+        return [f"R{at.where[1:]} {blocked[len('main thread '):]}. Look at that process (`py-spy dump --pid`, "
+                "`cat /proc/PID/wchan`): a tool that reads its standard input or a terminal waits for an answer no "
+                "one gives (a password or confirmation prompt).",
+                "Run tools without a terminal and with a deadline: `subprocess.run(..., stdin=subprocess.DEVNULL, "
+                "timeout=...)`, the tool's non-interactive flag, credentials from the environment."]  # fmt: skip
     return [f"R{at.where[1:]} waits for I/O" + (f": {blocked}" if blocked else "") + ". Check that file's filesystem "
             "(`df -h`, `mount | grep` its mount point, a stale NFS/Lustre/FUSE mount) or the service at the other end "
             "of the socket (is it up, reachable from this host?).",

@@ -348,12 +348,45 @@ def _proc_facts(bundle: Bundle, rank: int) -> tuple[list[Fact], Optional[int]]:
         return [Fact(psrc, "dead", "/proc state Z (zombie: exited, not yet reaped)"
                      + (f", {_describe_exit(code)}" if code is not None else ""))], code  # fmt: skip
     io = describe_blocked(blocked)
+    child = describe_waited(proc.get("waits_for"))
     if letter == "D":
         return [Fact(psrc, "kernel", f"/proc state D (uninterruptible sleep in the kernel, wchan {wchan or '?'})"
                      + (f"; {io}" if io else ""))], None  # fmt: skip
+    if child:
+        return [Fact(psrc, "io", child)], None
     if io and blocked.get("syscall") in IO_SYSCALLS and blocked.get("fd_kind") in IO_FDS:
         return [Fact(psrc, "io", io)], None
     return [], None
+
+
+def describe_waited(waits: Any) -> str:
+    """The leaf of a rank's wait on other processes (proc.json's `waits_for`, written by the collector), in words:
+    "main thread waits for its child `cat` (pid 4121), which is blocked in read() of fd 0, pipe:[88] (a pipe)". The
+    leaf is the deepest process that waits on something other than its own children."""
+    entries = [e for e in waits if isinstance(e, dict) and isinstance(e.get("pid"), int)] if isinstance(
+        waits, list) else []  # fmt: skip
+    if not entries:
+        return ""
+    first = next((e for e in entries if e.get("waited") is True), entries[0])
+    leaves = [e for e in entries if isinstance(e.get("main_thread"), dict)
+              and e["main_thread"].get("syscall") not in ("wait4", "waitid")]  # fmt: skip
+    leaf = leaves[-1] if leaves else first
+    said = f"main thread waits for its child {_command(first)} (pid {first['pid']})"
+    if leaf is not first:
+        said += f", which waits for {_command(leaf)} (pid {leaf['pid']})"
+    blocked = describe_blocked(leaf["main_thread"]) if isinstance(leaf.get("main_thread"), dict) else ""
+    state = str(leaf.get("state") or "")[:1]
+    if state == "D":
+        return said + ", in uninterruptible sleep in the kernel" + (f" ({blocked[len('main thread '):]})" if blocked
+                                                                    else "")  # fmt: skip
+    return said + (f", which is {blocked[len('main thread ') :]}" if blocked else "")
+
+
+def _command(entry: dict[str, Any]) -> str:
+    argv = entry.get("argv")
+    words = [str(a) for a in argv[:6]] if isinstance(argv, list) else []
+    line = " ".join(words)[:80]
+    return f"`{line}`" if line else "process"
 
 
 def describe_blocked(b: dict[str, Any]) -> str:

@@ -33,6 +33,7 @@ RANK_FILE_CAP = 1024 * 1024
 BINARY_FILE_CAP = 64 * 1024 * 1024  # memory snapshots and flight-recorder pickles
 CONFIG_FILE_CAP = 256 * 1024
 MAX_HELPERS_PER_RANK = 16  # DataLoader workers and other child processes of one rank given py-spy and /proc
+MAX_WAITED = 8  # processes a rank waits for (and those below them) described in its proc.json
 # What the rank recorder leaves in ranks/<rank>/ (its heartbeat is decoded separately).
 RANK_PATTERNS = tuple(L.glob(name) for name in L.RANK_FILES)
 EVENTS_CAP = 16 * 1024 * 1024  # the run's events.jsonl: its newest part
@@ -325,6 +326,9 @@ class Collector:
             if snap.get("state") is None:
                 gone.append(p.pid)
                 continue
+            waited = procfs.waited_processes(p.pid)
+            if waited:
+                snap["waits_for"] = [_waited(c, c in waited) for c in procfs.process_tree(waited)[:MAX_WAITED]]
             p.add(w, L.PROC, snap)
         w.step("/proc", "ok" if not gone else "partial", t,
                f"{len(procs) - len(gone)}/{len(procs)} process(es)" + (f"; gone: {gone}" if gone else ""))  # fmt: skip
@@ -606,3 +610,11 @@ class Collector:
             for s in w.steps:
                 events.write("collection_step", **s.__dict__)
         return CollectResult(written, list(w.steps), round(elapsed, 3))
+
+
+def _waited(pid: int, direct: bool) -> dict[str, object]:
+    """A process a rank's main thread waits for (`direct`), or one below it: what it is (its command line,
+    redacted) and what its main thread is blocked on — the leaf of the rank's wait."""
+    st = procfs.proc_stat(pid)
+    return {"pid": pid, "waited": direct, "argv": redact_argv(procfs.cmdline(pid))[:32],
+            "state": st.state if st is not None else None, "main_thread": procfs.blocked(pid)}  # fmt: skip

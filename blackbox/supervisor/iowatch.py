@@ -3,8 +3,9 @@ being read is a rank at work even when it neither steps nor runs Python code. Co
 main thread's own read and write system calls (files, pipes, sockets); the main thread woken inside one such call
 (a single long write to slow storage counts its bytes only when it returns); and storage bytes of the whole process
 (a thread writing a checkpoint while the main thread waits for it) once they pass a floor, so that a logger's appends
-and the writeback of the heartbeat page do not make a hung rank look busy. CPU time is never read: a CUDA sync or an
-NCCL wait spins a core while nothing moves. Imports the stdlib and blackbox's /proc adapter."""
+and the writeback of the heartbeat page do not make a hung rank look busy; and, while the rank is otherwise still,
+the processes its main thread waits for (supervisor.waits). The rank's own CPU time is never read: a CUDA sync or an
+NCCL wait spins a core while nothing moves. Imports the stdlib and blackbox's /proc adapter and wait follower."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from ..adapters import procfs
+from .waits import WaitFollower
 
 STORAGE_FLOOR = 1 << 20  # the whole process's storage bytes count as motion from this many ...
 STORAGE_WINDOW_S = 10.0  # ... within this long
@@ -28,6 +30,7 @@ class RankIo:
     written: int = 0  # bytes through write system calls (wchar)
     readable: bool = True  # /proc let us read its counters
     in_call: bool = False  # its main thread is inside a read or write system call now
+    waits_for: str = ""  # what its main thread waits for, where that made its last motion ("waits for its child …")
     _main: Optional[int] = None  # the main thread's rchar + wchar at the last poll
     _wakeups: Optional[int] = None  # its wake-ups inside a read or write call at the last poll (None: in none)
     _base: tuple[float, int] = (0.0, -1)  # (when, storage bytes) the floor counts from
@@ -45,6 +48,7 @@ class IoWatch:
     def __init__(self) -> None:
         self._ranks: dict[tuple[int, int], RankIo] = {}  # (rank, pid)
         self._rebase = False
+        self.waits = WaitFollower()
 
     def get(self, rank: int, pid: int) -> Optional[RankIo]:
         return self._ranks.get((rank, pid))
@@ -56,8 +60,11 @@ class IoWatch:
 
     def end_poll(self) -> None:
         self._rebase = False
+        self.waits.end_poll()
 
-    def sample(self, rank: int, pid: int, now: float) -> RankIo:
+    def sample(self, rank: int, pid: int, now: float, follow: bool = False) -> RankIo:
+        """The rank's I/O at this poll, and whether it moved. `follow`: the rank is otherwise still (no step, batch,
+        forward call or stack change for a while), so what its main thread waits for is followed too."""
         io = self._ranks.get((rank, pid))
         if io is None:
             io = self._ranks[(rank, pid)] = RankIo()
@@ -82,6 +89,13 @@ class IoWatch:
                 moved = True  # woken inside a long read or write: bytes are moving
             if storage - base_bytes >= STORAGE_FLOOR:
                 moved = True
+        itself = moved
+        waited = self.waits.follow(pid, now) if follow and not moved else None
+        if waited is not None and waited.moved and not self._rebase and base_bytes >= 0:
+            moved = True
+            io.waits_for = waited.describe()
+        elif itself:
+            io.waits_for = ""
         if base_bytes < 0 or self._rebase or moved or now - base_t > STORAGE_WINDOW_S:
             io._base = (now, storage)
         io._main = own

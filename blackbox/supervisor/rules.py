@@ -36,6 +36,7 @@ class RankView:
     io_read_1m: int = 0  # bytes it read and wrote over about the last minute
     io_written_1m: int = 0
     io_in_call: bool = False  # its main thread is inside a read or write system call
+    waits_for: str = ""  # what its main thread waits for that moved at this poll: "waits for its child `gzip` …"
 
     @property
     def rank(self) -> int:
@@ -57,7 +58,9 @@ class RankView:
         if now - self.moved_at > recent:
             return f"waits ({where}, still for {now - self.moved_at:.0f} s)"
         how = []
-        if now - self.io_at <= recent:
+        if now - self.io_at <= recent and self.waits_for:
+            how.append(self.waits_for)
+        elif now - self.io_at <= recent:
             amounts = (("writing", self.io_written_1m), ("reading", self.io_read_1m))
             io = [f"{verb} {human_bytes(n)}" for verb, n in amounts if n >= 1_000_000]
             if io:

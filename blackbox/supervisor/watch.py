@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from typing import Optional
 
 from .._recorder import protocol as P
@@ -18,6 +19,7 @@ from ..adapters import gpu, procfs
 from ..detections import Detection
 from ..heartbeat_reader import HeartbeatState, HeartbeatTable
 from ..safeopen import RunDir
+from . import outputwait
 from .context import RunContext
 from .gpuwatch import GpuWatch
 from .iowatch import IoWatch
@@ -27,6 +29,7 @@ from .stragglers import Stragglers, describe
 
 HISTORY_SAMPLES = 2000  # per rank: the last changes of step, phase or state kept for the report's timeline
 MOTION_SAMPLE_S = 10.0  # while a rank moves without a step, a history sample this often (its bytes, its calls)
+FOLLOW_AFTER_S = 2.0  # a rank still for this long has what its main thread waits for followed (supervisor.waits)
 STRAGGLER_FR_MIN = 10  # collectives every rank recorded, at least, before their arrival order is read
 
 
@@ -42,6 +45,7 @@ class Watch:
         self.history: dict[int, deque[dict[str, object]]] = {}  # rank -> recent changes (for the report)
         self.gpus = GpuWatch()
         self.io = IoWatch()
+        self.output = outputwait.OutputWait()
         self._sampled: dict[int, float] = {}  # rank -> when its last history sample was taken
         self._gpu_idle_said = False
         self._status_at: Optional[float] = None  # when the next status line is due
@@ -67,6 +71,8 @@ class Watch:
         assert self.table is not None
         now = time.monotonic() if now is None else now
         views = []
+        launched = self.process.launched
+        stuck = self.output.tee_stuck(launched.helper_pids[0] if launched and launched.helper_pids else None, now)
         for hb in self.table.read():
             key = (hb.rank, hb.pid)
             if key in self._elsewhere or (key not in self.known and self._in_other_pid_namespace(hb)):
@@ -80,12 +86,16 @@ class Watch:
                 self.ctx.event("first_step", rank=hb.rank, pid=hb.pid)
             status = self.process.exit_status(hb.pid)
             alive = status is None and procfs.is_alive(hb.pid, hb.start_ticks)
-            io = self.io.sample(hb.rank, hb.pid, now) if alive else self.io.get(hb.rank, hb.pid)
+            follow = now - hb.last_motion > FOLLOW_AFTER_S
+            io = self.io.sample(hb.rank, hb.pid, now, follow) if alive else self.io.get(hb.rank, hb.pid)
             if alive and io is not None and not io.readable:
                 self._io_unreadable(hb.rank, hb.pid)
             read, written = io.last_minute() if io is not None else (0, 0)
             view = RankView(hb, alive, status, io.moved_at if io is not None else 0.0, read, written,
-                            io is not None and io.in_call)  # fmt: skip
+                            io is not None and io.in_call, io.waits_for if io is not None else "")  # fmt: skip
+            if stuck and alive and self.output.rank_blocked(hb.pid):
+                view = replace(view, io_at=now, waits_for=outputwait.WORDS)  # as alive as what reads its output
+                self._output_blocked(hb.rank, hb.pid)
             self._record_history(view, now)
             views.append(view)
         self.io.end_poll()
@@ -106,6 +116,17 @@ class Watch:
                      "cannot watch it — no stall, death or straggler of it is judged; run blackbox inside that "
                      "namespace (the container) to watch it")  # fmt: skip
         return True
+
+    def _output_blocked(self, rank: int, pid: int) -> None:
+        """Said once a run (an event per rank process): the job waits for whoever reads blackbox's output."""
+        key = f"output_blocked:{rank}:{pid}"
+        if key in self._io_said:
+            return
+        self._io_said.add(key)
+        self.ctx.event("output_blocked", rank=rank, pid=pid)
+        self.ctx.say_once("output_blocked", "the job is blocked on its output: nothing reads blackbox's stdout or "
+                          "stderr (a pager, a log shipper that stopped, a terminal paused with Ctrl-S); blackbox "
+                          "waits with it: not a stall")  # fmt: skip
 
     def _io_unreadable(self, rank: int, pid: int) -> None:
         """Said once per rank process: without its I/O counters, I/O is no motion blackbox can see."""

@@ -140,3 +140,36 @@ def test_a_stopped_console_log_or_supervisor_never_holds_the_job(tmp_path: Path)
     assert b"\nline 0000000 " in console
     assert b"bytes of the job's stdout are missing here: they came faster than the log could take them" in console
     assert b"came faster than the log could take them; the terminal had all of it" in console
+
+
+@pytest.mark.timeout(180)
+def test_a_job_blocked_on_its_unread_output_is_not_a_stall(tmp_path: Path) -> None:
+    # GIVEN blackbox's stdout piped to a reader that stops (a pager, a log shipper) for 4 stall timeouts, while rank 0
+    # prints 8 MB and rank 1 waits for it at a barrier
+    run_dir, lines = tmp_path / "run", 80_000
+    cmd = [*BLACKBOX, "run", "--run-dir", str(run_dir), "--stall-timeout", "5", "--", TORCHRUN, "--standalone",
+           "--nproc-per-node", "2", str(PROGRAMS / "unread_output.py"), str(lines)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)  # fmt: skip
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        err = bytearray()
+        read_until(proc.stderr.fileno(), err, lambda e: False, 20)  # stderr is read; stdout is not, for 20 s
+        # THEN blackbox saw the job blocked on its output, said so once, and did not call it a stall
+        events = read_events(str(run_dir / "events.jsonl"))
+        blocked = [e for e in events if e.get("event") == "output_blocked"]
+        assert [e["rank"] for e in blocked] == [0], (blocked, err.decode()[-2000:])
+        assert not [e for e in events if e.get("event") in ("stall", "bundle")], err.decode()[-2000:]
+        # AND once read, every line arrives and the job ends by itself, exit 0
+        out, rest = proc.communicate(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    text = (bytes(err) + rest).decode()
+    assert proc.returncode == 0, text[-3000:]
+    assert text.count("the job is blocked on its output: nothing reads blackbox's stdout or stderr") == 1, text
+    got = out.decode().splitlines()
+    assert [g[:13] for g in got if g.startswith("line ")] == [f"line {i:08d}" for i in range(lines)]
+    assert {"rank 0 done", "rank 1 done"} <= set(got)
+    assert not (run_dir / "bundles").exists() or not list((run_dir / "bundles").iterdir())

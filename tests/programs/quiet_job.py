@@ -10,7 +10,10 @@ passes under no_grad, each one large matmul), loader (evaluation over a validati
 moment to load), metrics (metrics in pure Python, no model), index (reading a large file slowly: an index build),
 dcp (torch.distributed.checkpoint save to storage whose every write takes a moment), compile (a first step that takes
 long to compile: before any optimizer step rank 0 spends the pause in Python, as dynamo and inductor do, while rank
-1 waits for it in backward)."""
+1 waits for it in backward), tool (an external tool run with subprocess.run: a shell pipeline that compresses as
+it goes, `… | gzip -1 > file`), captured (the same tool with capture_output=True: rank 0 polls its silent output
+pipes), workers (a DataLoader whose two workers take the whole pause to load the first batch, reading slowly). And
+one that is not quiet: stuck (rank 0 waits for a child that waits for input that never comes: a credential prompt)."""
 
 import contextlib
 import gc
@@ -158,6 +161,51 @@ def dcp(deadline: float, model: torch.nn.Module) -> None:
     dcp.save({"model": model.state_dict(), "extra": torch.zeros(size // 4)}, storage_writer=writer, no_dist=True)
 
 
+TOOL = "while [ $(date +%s) -lt {end} ]; do head -c 65536 /dev/urandom; sleep 0.1; done | gzip -1 > {out}"
+
+
+def tool(deadline: float, capture: bool = False) -> None:
+    """An external tool that works the whole pause, writing as it goes: rank 0 waits in wait4, or polls its
+    silent output pipes."""
+    end = int(time.time() + deadline - time.monotonic())
+    script = TOOL.format(end=end, out=os.path.join(WORK, "ckpt.gz"))
+    subprocess.run(["sh", "-c", script], check=True, capture_output=capture)
+
+
+class SlowReads(Dataset):
+    """Samples read from a file 64 KiB at a time, slowly (a busy network filesystem)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __len__(self) -> int:
+        return 100_000
+
+    def __getitem__(self, i: int) -> tuple:
+        with open(self.path, "rb") as f:
+            f.seek(i % 16 * CHUNK)
+            f.read(CHUNK)
+        time.sleep(0.1)
+        return torch.randn(8), torch.randn(1)
+
+
+def workers(deadline: float) -> None:
+    """A DataLoader whose two workers take the whole pause to load the first batch (an epoch's first, the workers
+    just started): the main thread polls their result queue."""
+    path = os.path.join(WORK, "shard.bin")
+    with open(path, "wb") as f:
+        f.truncate(16 * CHUNK)
+    size = int((deadline - time.monotonic()) / 0.1)
+    batch = next(iter(DataLoader(SlowReads(path), batch_size=size, num_workers=2)))
+    print(f"rank 0: first batch of {len(batch[0])}", flush=True)
+
+
+def stuck(deadline: float) -> None:
+    """A child that waits for input that never comes (a credential prompt): rank 0 waits for it for good."""
+    r, _w = os.pipe()
+    subprocess.run(["cat"], stdin=r)
+
+
 def compiling(seconds: float) -> None:
     """What a compiler does for a long while: walk and rewrite graphs in Python."""
     deadline = time.monotonic() + seconds
@@ -190,7 +238,16 @@ def main() -> None:
             if rank == 0:
                 started = time.monotonic()
                 deadline = started + PAUSE_S
-                work = {"save": slow_save, "forward": forward, "metrics": metrics, "index": index}
+                work = {
+                    "save": slow_save,
+                    "forward": forward,
+                    "metrics": metrics,
+                    "index": index,
+                    "tool": tool,
+                    "captured": lambda d: tool(d, capture=True),
+                    "workers": workers,
+                    "stuck": stuck,
+                }
                 if CASE in work:
                     work[CASE](deadline)
                 else:

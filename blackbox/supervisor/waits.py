@@ -1,0 +1,136 @@
+"""Following a rank's wait: when its main thread waits on another process — a child it waits for (wait4, waitid), or
+the processes at the other end of a pipe it reads or polls (a tool's captured output, a DataLoader's or a process
+pool's result queue) — whether those processes, or any below them, move. Motion there is bytes through their system
+calls (their /proc/PID/io, which also holds what their reaped children moved) or CPU time from a floor: a compressor
+or a conversion script works for a while without a byte, a poll loop's wake-ups use far less. No CUDA or NCCL spin
+lives in a process the rank waits for, so its CPU time is work. Imports the stdlib, blackbox's /proc adapter and
+blackbox.redact (a command line is shown redacted)."""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..adapters import procfs
+from ..detections import human_bytes
+from ..redact import redact_argv
+
+CPU_FLOOR_TICKS = 20  # a followed process's CPU time counts as motion from this many clock ticks (0.2 s at 100 Hz) ...
+CPU_WINDOW_S = 10.0  # ... within this long
+RATE_WINDOW_S = 60.0  # "writing 412 MB in the last minute"
+SHOWN_CHARS = 60  # of a child's command line
+HOLDERS_TTL_S = 30.0  # who holds the pipes a rank polls is looked up again after this long (or when one is gone)
+
+
+@dataclass
+class _Seen:
+    """One followed process at the last poll that read it."""
+
+    read: int
+    written: int
+    base: tuple[float, int]  # (when, CPU ticks) the floor counts from
+
+
+@dataclass(frozen=True)
+class Waited:
+    """What a rank's main thread waits for at one poll, and whether it moved."""
+
+    name: str  # "its child `gzip -1` (pid 4121)", "its 2 child processes (pids 4121, 4122)"
+    moved: bool
+    read_1m: int = 0  # bytes the followed processes read and wrote over about the last minute
+    written_1m: int = 0
+
+    def describe(self) -> str:
+        """The words for the slow-phase line and `top`: "waits for its child `gzip -1` (pid 4121), which works:
+        writing 3.1 MB in the last minute"."""
+        amounts = [f"{verb} {human_bytes(n)}" for verb, n in (("writing", self.written_1m), ("reading", self.read_1m))
+                   if n >= 1_000_000]  # fmt: skip
+        how = " and ".join(amounts) + " in the last minute" if amounts else "using CPU or moving bytes"
+        return f"waits for {self.name}, which {'work' if ' child processes ' in self.name else 'works'}: {how}"
+
+
+@dataclass
+class _Rank:
+    totals: tuple[int, int] = (0, 0)  # bytes read and written by what it waited for, since followed
+    samples: deque[tuple[float, int, int]] = field(default_factory=deque)  # (time, read, written)
+
+
+class WaitFollower:
+    def __init__(self) -> None:
+        self._seen: dict[tuple[int, int], _Seen] = {}  # (pid, start ticks) of a followed process
+        self._ranks: dict[int, _Rank] = {}  # rank pid -> what its waits moved
+        self._polled: set[tuple[int, int]] = set()
+        self._following: set[int] = set()  # rank pids followed at this poll
+        self._holders: dict[tuple[int, frozenset[str]], tuple[float, list[tuple[int, int]]]] = {}  # (rank pid, pipes)
+
+    def follow(self, pid: int, now: float) -> Optional[Waited]:
+        """What the main thread of process `pid` waits for, if another process, and whether that moved since the
+        last poll; None when it waits for no other process."""
+        waited = self._waited(pid, now)
+        if not waited:
+            return None
+        rank = self._ranks.setdefault(pid, _Rank())
+        moved, read, written = False, 0, 0
+        for p in procfs.process_tree(waited):
+            st, io, ticks = procfs.proc_stat(p), procfs.io_counters(p), procfs.cpu_ticks(p)
+            if st is None or ticks is None:
+                continue
+            key = (p, st.start_ticks)
+            self._polled.add(key)
+            r, w = (io.rchar, io.wchar) if io is not None else (0, 0)
+            seen = self._seen.get(key)
+            if seen is None:
+                self._seen[key] = _Seen(r, w, (now, ticks))
+                continue
+            if (r, w) != (seen.read, seen.written):
+                moved = True
+                read, written = read + max(0, r - seen.read), written + max(0, w - seen.written)
+            busy = ticks - seen.base[1] >= CPU_FLOOR_TICKS
+            moved = moved or busy
+            if busy or now - seen.base[0] > CPU_WINDOW_S:
+                seen.base = (now, ticks)
+            seen.read, seen.written = r, w
+        rank.totals = (rank.totals[0] + read, rank.totals[1] + written)
+        rank.samples.append((now, *rank.totals))
+        while len(rank.samples) > 2 and rank.samples[1][0] < now - RATE_WINDOW_S:
+            rank.samples.popleft()
+        _, r0, w0 = rank.samples[0]
+        return Waited(_name(waited), moved, rank.totals[0] - r0, rank.totals[1] - w0)
+
+    def _waited(self, pid: int, now: float) -> list[int]:
+        """procfs.waited_processes, with who holds a polled pipe remembered for HOLDERS_TTL_S (a DataLoader's workers
+        stay the same for an epoch; finding them reads every descriptor below the rank)."""
+        self._following.add(pid)
+        waited, pipes = procfs.wait_target(pid)
+        if not pipes:
+            return waited
+        known = self._holders.get((pid, pipes))
+        if known is None or now - known[0] > HOLDERS_TTL_S or not all(procfs.is_alive(*p) for p in known[1]):
+            found = procfs.pipe_holders_below(pid, pipes)
+            stats = [(p, procfs.proc_stat(p)) for p in found]
+            known = self._holders[(pid, pipes)] = (now, [(p, st.start_ticks) for p, st in stats if st is not None])
+        return [p for p, _ in known[1]]
+
+    def end_poll(self) -> None:
+        """Forget the processes no rank waited for at this poll, and the ranks not followed."""
+        self._seen = {k: v for k, v in self._seen.items() if k in self._polled}
+        self._holders = {k: v for k, v in self._holders.items() if k[0] in self._following}
+        self._ranks = {k: v for k, v in self._ranks.items() if k in self._following}
+        self._following = set()
+        self._polled = set()
+
+
+def _name(pids: list[int]) -> str:
+    """How a user knows what the rank waits for: one child by its command line (redacted, shortened), several by
+    their pids."""
+    if len(pids) > 1:
+        shown = ", ".join(map(str, pids[:8])) + (", …" if len(pids) > 8 else "")
+        return f"its {len(pids)} child processes (pids {shown})"
+    argv = procfs.cmdline(pids[0])
+    if not argv:
+        return f"its child process (pid {pids[0]})"
+    line = " ".join([os.path.basename(argv[0]), *redact_argv(argv)[1:]])
+    line = line if len(line) <= SHOWN_CHARS else line[: SHOWN_CHARS - 1] + "…"
+    return f"its child `{line}` (pid {pids[0]})"
