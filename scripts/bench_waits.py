@@ -52,7 +52,12 @@ POLL_INTERVAL_S = 1.0  # the supervisor's default (--poll-interval)
 
 
 def start(code: str, n: int) -> list[subprocess.Popen[bytes]]:
-    return [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], start_new_session=True) for _ in range(n)]
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code)], stderr=subprocess.DEVNULL, start_new_session=True
+        )
+        for _ in range(n)
+    ]
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:

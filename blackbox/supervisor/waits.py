@@ -63,6 +63,8 @@ class WaitFollower:
         self._ranks: dict[int, _Rank] = {}  # rank pid -> what its waits moved
         self._polled: set[tuple[int, int]] = set()
         self._following: set[int] = set()  # rank pids followed at this poll
+        self._names: dict[tuple[int, ...], str] = {}  # the processes waited for -> their name (a redacted command line)
+        self._named: set[tuple[int, ...]] = set()  # ... named at this poll
         self._holders: dict[tuple[int, frozenset[str]], tuple[float, list[tuple[int, int]]]] = {}  # (rank pid, pipes)
 
     def follow(self, pid: int, now: float) -> Optional[Waited]:
@@ -71,7 +73,21 @@ class WaitFollower:
         waited = self._waited(pid, now)
         if not waited:
             return None
+        moved, read, written = self._moved(waited, now)
         rank = self._ranks.setdefault(pid, _Rank())
+        rank.totals = (rank.totals[0] + read, rank.totals[1] + written)
+        rank.samples.append((now, *rank.totals))
+        while len(rank.samples) > 2 and rank.samples[1][0] < now - RATE_WINDOW_S:
+            rank.samples.popleft()
+        _, r0, w0 = rank.samples[0]
+        who = tuple(waited)
+        name = self._names[who] = self._names.get(who) or _name(waited)
+        self._named.add(who)
+        return Waited(name, moved, rank.totals[0] - r0, rank.totals[1] - w0)
+
+    def _moved(self, waited: list[int], now: float) -> tuple[bool, int, int]:
+        """Whether these processes or any below them moved since the last poll (bytes, or CPU time over the floor),
+        and the bytes they read and wrote meanwhile. A process seen for the first time sets its baseline."""
         moved, read, written = False, 0, 0
         for p in procfs.process_tree(waited):
             st, io, ticks = procfs.proc_stat(p), procfs.io_counters(p), procfs.cpu_ticks(p)
@@ -92,12 +108,7 @@ class WaitFollower:
             if busy or now - seen.base[0] > CPU_WINDOW_S:
                 seen.base = (now, ticks)
             seen.read, seen.written = r, w
-        rank.totals = (rank.totals[0] + read, rank.totals[1] + written)
-        rank.samples.append((now, *rank.totals))
-        while len(rank.samples) > 2 and rank.samples[1][0] < now - RATE_WINDOW_S:
-            rank.samples.popleft()
-        _, r0, w0 = rank.samples[0]
-        return Waited(_name(waited), moved, rank.totals[0] - r0, rank.totals[1] - w0)
+        return moved, read, written
 
     def _waited(self, pid: int, now: float) -> list[int]:
         """procfs.waited_processes, with who holds a polled pipe remembered for HOLDERS_TTL_S (a DataLoader's workers
@@ -118,6 +129,8 @@ class WaitFollower:
         self._seen = {k: v for k, v in self._seen.items() if k in self._polled}
         self._holders = {k: v for k, v in self._holders.items() if k[0] in self._following}
         self._ranks = {k: v for k, v in self._ranks.items() if k in self._following}
+        self._names = {k: v for k, v in self._names.items() if k in self._named}
+        self._named = set()
         self._following = set()
         self._polled = set()
 
