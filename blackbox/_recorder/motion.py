@@ -1,5 +1,6 @@
-"""What moves in a rank besides its steps and batches: the main thread's Python stack changing between two samples,
-and forward calls counted during a pause. Both run on the recorder's liveness thread, one sample a tick (a few µs);
+"""What moves in a rank besides its steps and batches: the main thread's Python stack changing between two samples
+(or, while it waits for a thread of its own, another thread's), and the main thread's forward calls counted during a
+pause. Both run on the recorder's liveness thread, one sample a tick (a few µs);
 the training step pays nothing. Stdlib only, Python >= 3.9: loaded inside the job's interpreter."""
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ RUNNING_OPS = frozenset(("JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_AB
 # Their numbers in this interpreter, read at import (in the main thread): no `dis` imported on the liveness thread.
 _RUNNING_CODES = frozenset(opcode.opmap[name] for name in RUNNING_OPS if name in opcode.opmap)
 FORWARD_HOOK_AFTER_S = 5.0  # a pause (no step, no batch) this long: forward calls are counted until the next one
+# Where a main thread waits for another thread of its own: (file suffix, function) of its innermost frame — a join,
+# a future's result, a queue's get, an event or a condition. Then the other threads' stacks are its motion.
+THREAD_WAITS = frozenset((("threading.py", "wait"), ("threading.py", "join"), ("threading.py", "_wait_for_tstate_lock"),
+                          ("concurrent/futures/_base.py", "result"), ("concurrent/futures/_base.py", "wait"),
+                          ("queue.py", "get"), ("queue.py", "join")))  # fmt: skip
 
 
 class Motion:
@@ -31,9 +37,14 @@ class Motion:
     calls nothing hands the GIL over at its back-edge every time, so it shows the same frames too: a sample that
     finds the innermost frame at a loop's back-edge or a function's start (where only a thread running bytecode
     stops: never one in a C call) counts as a change as well. A thread holding the GIL lets no sample be taken at
-    all: it does not move, and its liveness stops (the frozen rule).
+    all: it does not move, and its liveness stops (the frozen rule). While the main thread waits for another thread
+    of the job (a join, a future's result, a queue's get, an event: THREAD_WAITS), the other threads' stacks are
+    compared the same way: the rank is as alive as the thread it waits for. blackbox's own threads never count.
 
-    Forward calls: a global forward pre-hook makes every module call of the job take torch's slower path (about
+    Forward calls count only from the main thread, the one whose stack is sampled: an EMA or teacher model run in
+    another thread says nothing about a hung training loop.
+
+    The forward counter: a global forward pre-hook makes every module call of the job take torch's slower path (about
     0.9 µs more a call, measured): it is installed only once the rank has gone FORWARD_HOOK_AFTER_S without a step or
     batch, and removed at the next one, so a training loop never runs with it. Never while torch.compile is in use
     (`torch.compile` called, or dynamo has converted a frame): dynamo guards on the global hooks, and a hook coming
@@ -45,6 +56,8 @@ class Motion:
         self.main = threading.main_thread().ident
         self._signature: tuple[int, ...] = ()
         self._codes: tuple[Any, ...] = ()  # the signature's code objects, held so that their ids are never reused
+        # the job's other threads while the main thread waits for one: thread id -> (signature, codes, bytes)
+        self._others: dict[int, tuple[tuple[int, ...], tuple[Any, ...], int]] = {}
         self._running: dict[int, tuple[Any, frozenset[int]]] = {}  # id(code) -> (code, its RUNNING_OPS offsets)
         self.stack_changes = 0
         self.stack_time = 0.0
@@ -95,7 +108,25 @@ class Motion:
         rec.hb.motion(forwards, self.forwards_time, self.stack_changes, self.stack_time, self.mode)
 
     def _sample(self, now: float) -> None:
-        frame = sys._current_frames().get(self.main)  # type: ignore[arg-type]
+        frames = sys._current_frames()
+        codes, sig, running = self._read(frames.get(self.main))  # type: ignore[arg-type]
+        moved = (sig != self._signature and bool(self._signature)) or running  # the first sample: nothing to differ
+        waits = bool(codes) and _waits_for_thread(codes[0])
+        others = self._read_others(frames) if waits else {}
+        frames = {}  # no frame outlives the sample: a frame held keeps its locals (tensors) alive
+        if waits:  # it waits for a thread of its own: one whose stack or bytes move works (a new one: baseline)
+            moved = moved or any(running or (t in self._others and self._others[t][::2] != (other, io))
+                                 for t, (other, _, io, running) in others.items())  # fmt: skip
+        if moved:
+            self.stack_changes += 1
+            self.stack_time = now
+        self._signature = sig
+        self._codes = tuple(codes)
+        self._others = {t: v[:3] for t, v in others.items()}
+
+    def _read(self, frame: Any) -> tuple[list[Any], tuple[int, ...], bool]:
+        """A thread's innermost frames: their code objects, the signature compared between samples (code ids and
+        instruction offsets), and whether it stands where only a thread running bytecode stops."""
         codes: list[Any] = []
         signature: list[int] = []
         while frame is not None and len(codes) < STACK_DEPTH:
@@ -104,14 +135,22 @@ class Motion:
             signature.append(id(code))
             signature.append(frame.f_lasti)
             frame = frame.f_back
-        frame = None  # no frame outlives the sample: a frame held keeps its locals (tensors) alive
-        sig = tuple(signature)
-        running = bool(codes) and signature[1] in self._running_at(codes[0])
-        if (sig != self._signature and self._signature) or running:  # the first sample has nothing to differ from
-            self.stack_changes += 1
-            self.stack_time = now
-        self._signature = sig
-        self._codes = tuple(codes)
+        return codes, tuple(signature), bool(codes) and signature[1] in self._running_at(codes[0])
+
+    def _read_others(self, frames: dict[int, Any]) -> dict[int, tuple[tuple[int, ...], tuple[Any, ...], int, bool]]:
+        """The other Python threads of the job (not the main one, not blackbox's): thread id -> (signature, codes held
+        so that their ids are never reused, bytes through its read and write system calls, running). The bytes: an
+        upload over TLS or a checkpoint written to a pipe or a FUSE mount moves them while its stack stands still
+        inside one call."""
+        ours = threading.get_ident()
+        out = {}
+        for ident, frame in frames.items():
+            thread = threading._active.get(ident)  # type: ignore[attr-defined]
+            if ident in (self.main, ours) or thread is None or thread.name.startswith("blackbox"):
+                continue
+            codes, sig, running = self._read(frame)
+            out[ident] = (sig, tuple(codes), _thread_bytes(getattr(thread, "native_id", None)), running)
+        return out
 
     def _running_at(self, code: Any) -> frozenset[int]:
         """The offsets in `code` where a thread stops only while it runs bytecode: loop back-edges and the function's
@@ -152,12 +191,31 @@ class Motion:
             self.mode = P.FORWARDS_COUNTING
 
     def _count(self, module: Any, args: Any) -> None:
-        self.forwards += 1
+        if threading.get_ident() == self.main:  # the training loop's thread: another's module (an EMA, a teacher
+            self.forwards += 1  # model, an evaluation thread) says nothing about whether the main thread is hung
 
     def _unhook(self) -> None:
         handle, self._handle = self._handle, None
         if handle is not None:
             handle.remove()
+
+
+def _waits_for_thread(code: Any) -> bool:
+    """Whether a main thread's innermost frame is a wait for another thread (THREAD_WAITS)."""
+    name = code.co_name
+    return any(code.co_filename.endswith(f) and name == fn for f, fn in THREAD_WAITS)
+
+
+def _thread_bytes(native_id: Any) -> int:
+    """rchar + wchar of one thread of this process (/proc/self/task/TID/io); -1 where it cannot be read."""
+    if native_id is None:
+        return -1
+    try:
+        with open("/proc/self/task/%d/io" % native_id, "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f.read(1024).splitlines() if b":" in line)
+        return int(fields[b"rchar"]) + int(fields[b"wchar"])
+    except (OSError, KeyError, ValueError):
+        return -1
 
 
 def _dynamo_converted() -> bool:

@@ -2,15 +2,17 @@
 DDP). Quiet: healthy jobs in which rank 0 alone does something ordinary for 75 s — longer than the `auto` stall
 timeout (60 s) — while rank 1 waits for it at a barrier (tests/programs/quiet_job.py): a torch.save to slow storage,
 an evaluation in a forward loop, one over a validation DataLoader, metrics in pure Python, an index read slowly, a
-torch.distributed.checkpoint save, a first step that compiles at length, an external tool (a shell pipeline into gzip)
-run with subprocess.run with and without its output captured, and a DataLoader whose workers take the whole pause to
-load a first batch (blackbox follows rank 0's wait to the processes it waits for). Each must end by itself with exit 0,
-no bundle, no incident, no stall line, and its `slow_phase` event naming what rank 0 was doing. Meanwhile real hangs
-of the scenario gallery (a loader blocked on a read, a checkpoint blocked on a FIFO, a stopped rank, the GIL held in
-a native call), failing at step 8 so that `auto`'s 60 s applies, must each be caught about 60 s after their last
-progress, with the gallery's verdict, and so must a rank waiting for a child that waits for input that never comes
-(its child followed: no byte, no CPU time). A quiet job under SIGUSR1 shows that its motion is kept in the heartbeat
-history a bundle carries. Every job runs at once: about two and a half minutes in all."""
+torch.distributed.checkpoint save, a first step that compiles at length, an external tool (a shell pipeline into
+gzip) run with subprocess.run with and without its output captured, and a DataLoader whose workers take the whole
+pause to load a first batch (blackbox follows rank 0's wait to the processes it waits for), and an upload in a
+thread whose future the main thread waits on. Each must end by itself with exit 0, no bundle, no incident, no stall
+line, and its `slow_phase` event naming what rank 0 was doing. Meanwhile real hangs of the scenario gallery (a
+loader blocked on a read, a checkpoint blocked on a FIFO, a stopped rank, the GIL held in a native call), failing at
+step 8 so that `auto`'s 60 s applies, must each be caught about 60 s after their last progress, with the gallery's
+verdict, and so must a rank waiting for a child that waits for input that never comes (its child followed: no byte,
+no CPU time), and a rank whose main thread hangs in a read while a thread of its own keeps running a module (an EMA
+model: forward calls count only from the main thread). A quiet job under SIGUSR1 shows that its motion is kept in
+the heartbeat history a bundle carries. Every job runs at once: about two and a half minutes in all."""
 
 from __future__ import annotations
 
@@ -49,7 +51,9 @@ QUIET = {  # case -> what its slow-phase line must say rank 0 was doing
     "tool": "waits for its child `sh -c while [ $(date +%s) -lt ",  # in wait4: the tool's bytes and CPU time
     "captured": "waits for its child `sh -c while [ $(date +%s) -lt ",  # in poll on the tool's silent pipes
     "workers": "waits for its 2 child processes (pids ",  # in poll on the result queue: the workers read
+    "upload": "running Python code",  # the main thread waits on a future: the uploading thread's bytes move
 }
+EMA_HANG = "ema-hang"  # rank 0's main thread hung in a read while a thread of its own runs a module: a hang
 STUCK = "stuck"  # rank 0 waits for a child that waits for input that never comes: a hang
 HANGS = ("data-hang", "ckpt-hang", "ddp-stopped", "gil-hang")  # the gallery's, failing at step 8 under `auto`
 COLLECTED = "dcp-collected"  # the dcp case again, with a manual bundle taken mid-pause (SIGUSR1 to blackbox)
@@ -98,6 +102,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[
     started = {name: quiet(name, name, base) for name in QUIET}
     started[COLLECTED] = quiet(COLLECTED, "dcp", base)
     started[STUCK] = quiet(STUCK, STUCK, base)
+    started[EMA_HANG] = quiet(EMA_HANG, EMA_HANG, base)
     started.update({name: hang(name, base) for name in HANGS})
     threading.Thread(target=_collect_mid_pause, args=(started[COLLECTED],), daemon=True).start()
     pool = ThreadPoolExecutor(len(started))
@@ -208,3 +213,19 @@ def test_a_child_that_waits_for_input_that_never_comes_is_a_stall(
                      r"blocked in read\(\) of fd 0, pipe:\[\d+\] \(a pipe\)\), while rank 1 waits for it",
                      verdict["summary"]), verdict  # fmt: skip
     assert any("a password or confirmation prompt" in a for a in report["next_actions"]), report["next_actions"]
+
+
+@pytest.mark.timeout(480)
+def test_a_hung_main_thread_is_a_stall_while_another_thread_runs_a_module(
+    jobs: dict[str, Future[tuple[Job, int, str, str]]],
+) -> None:
+    job, code, _, err = jobs[EMA_HANG].result()
+    # THEN the teacher thread's forward calls do not count (only the main thread's do), its stack does not either
+    # (the main thread waits for no thread): the stall rule fires under `auto` about 60 s after the last motion
+    assert code == 86, err[-3000:]
+    (stall,) = [e for e in job.events("stall") if not e.get("expected")]
+    still = min(f["idle_s"] for f in stall["findings"])
+    assert {f["timeout_rule"] for f in stall["findings"]} == {"auto"} and 60 <= still <= 63, stall
+    assert not job.events("slow_phase"), err[-3000:]
+    verdict = analyze(read_bundle(str(job.bundles()[0]))).to_json()["verdict"]
+    assert (verdict["category"], verdict["suspect_ranks"]) == ("hang.io", [0]), verdict

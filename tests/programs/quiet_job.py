@@ -8,12 +8,14 @@ runs every case under `blackbox run` with default options: none may be called a 
 Cases: save (torch.save to slow storage: a FIFO drained by a slow reader process), forward (evaluation: forward
 passes under no_grad, each one large matmul), loader (evaluation over a validation DataLoader whose samples take a
 moment to load), metrics (metrics in pure Python, no model), index (reading a large file slowly: an index build),
-dcp (torch.distributed.checkpoint save to storage whose every write takes a moment), compile (a first step that takes
-long to compile: before any optimizer step rank 0 spends the pause in Python, as dynamo and inductor do, while rank
-1 waits for it in backward), tool (an external tool run with subprocess.run: a shell pipeline that compresses as
-it goes, `… | gzip -1 > file`), captured (the same tool with capture_output=True: rank 0 polls its silent output
-pipes), workers (a DataLoader whose two workers take the whole pause to load the first batch, reading slowly). And
-one that is not quiet: stuck (rank 0 waits for a child that waits for input that never comes: a credential prompt)."""
+dcp (torch.distributed.checkpoint save to storage whose every write takes a moment), compile (a first step that
+takes long to compile: before any optimizer step rank 0 spends the pause in Python, as dynamo and inductor do, while
+rank 1 waits for it in backward), tool (an external tool run with subprocess.run: a shell pipeline that compresses
+as it goes, `… | gzip -1 > file`), captured (the same tool with capture_output=True: rank 0 polls its silent output
+pipes), workers (a DataLoader whose two workers take the whole pause to load the first batch, reading slowly),
+upload (an upload in a thread to a slow peer: the main thread waits on its future). And two that are not quiet:
+stuck (rank 0 waits for a child that waits for input that never comes: a credential prompt), ema-hang (rank 0's main
+thread blocks for good in a read while a thread of its own keeps running a module)."""
 
 import contextlib
 import gc
@@ -200,6 +202,44 @@ def workers(deadline: float) -> None:
     print(f"rank 0: first batch of {len(batch[0])}", flush=True)
 
 
+def upload(deadline: float) -> None:
+    """An upload in a thread (boto3's transfer manager, huggingface_hub): the main thread waits on its future while
+    the thread sends part after part to a slow peer (a pipe drained by another process, 64 KiB at a time): the
+    thread's stack stands inside one write while its bytes move."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    fifo = os.path.join(WORK, "upload")
+    os.mkfifo(fifo)
+    reader = subprocess.Popen([sys.executable, "-c", READER, fifo, "0.1"])
+
+    def parts() -> int:
+        sent = 0
+        with open(fifo, "wb", buffering=0) as f:
+            while time.monotonic() < deadline:
+                sent += f.write(bytes(CHUNK))
+        return sent // CHUNK
+
+    with ThreadPoolExecutor(1) as pool:
+        print(f"rank 0: uploaded {pool.submit(parts).result()} parts", flush=True)
+    reader.wait()
+
+
+def ema_hang(deadline: float, model: torch.nn.Module) -> None:
+    """A hang: rank 0's main thread blocks for good in a read, while a thread of its own keeps running a module
+    (an EMA or teacher model)."""
+    import threading
+
+    def teacher() -> None:
+        with torch.no_grad():
+            while True:
+                model.module(torch.randn(4, 8))
+                time.sleep(0.05)
+
+    threading.Thread(target=teacher, daemon=True).start()
+    r, _w = os.pipe()
+    os.read(r, 1)
+
+
 def stuck(deadline: float) -> None:
     """A child that waits for input that never comes (a credential prompt): rank 0 waits for it for good."""
     r, _w = os.pipe()
@@ -247,11 +287,12 @@ def main() -> None:
                     "captured": lambda d: tool(d, capture=True),
                     "workers": workers,
                     "stuck": stuck,
+                    "upload": upload,
                 }
                 if CASE in work:
                     work[CASE](deadline)
                 else:
-                    {"loader": loader, "dcp": dcp}[CASE](deadline, model)
+                    {"loader": loader, "dcp": dcp, "ema-hang": ema_hang}[CASE](deadline, model)
                 print(f"rank 0: paused {time.monotonic() - started:.1f} s ({CASE})", flush=True)
             dist.barrier()  # rank 1 waits here for rank 0 the whole pause
     print(f"rank {rank}: done", flush=True)

@@ -82,6 +82,85 @@ def test_a_thread_walking_through_python_moves_one_blocked_or_sleeping_does_not(
     assert sampled(_walking, tmp_path) >= 3  # most samples under no load; a loaded machine runs it less often
 
 
+def waiting_on(work: Any, tmp_path: Path, how: str = "join", samples: int = 12) -> int:
+    """Stack changes seen while a "main" thread waits for a worker thread running `work` (a join, a future's
+    result, a queue's get), or while it sleeps in C with the worker beside it (`how` = "sleep": not a thread wait)."""
+    import concurrent.futures
+    import queue
+
+    stop = threading.Event()
+    worker = threading.Thread(target=work, args=(stop,), daemon=True)
+    results: queue.Queue[int] = queue.Queue()
+    r, w = os.pipe()
+
+    def main() -> None:
+        if how == "join":
+            worker.join()
+        elif how == "future":
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                pool.submit(work, stop).result()
+        elif how == "queue":
+            results.get()
+        else:
+            os.read(r, 1)  # hung in a C call of its own
+
+    waiter = threading.Thread(target=main, daemon=True)
+    if how != "future":
+        worker.start()
+    waiter.start()
+    try:
+        time.sleep(0.05)
+        m = M.Motion(FakeRecorder(tmp_path))
+        m.main = waiter.ident
+        for i in range(samples):
+            m.tick(100.0 + i)
+            time.sleep(0.02)
+        return m.stack_changes
+    finally:
+        stop.set()
+        results.put(0)
+        os.write(w, b"x")
+        waiter.join(5)
+        os.close(r)
+        os.close(w)
+
+
+def _uploading(stop: threading.Event) -> None:
+    fd = os.open(os.devnull, os.O_WRONLY)
+    try:
+        while not stop.is_set():  # a part on the wire, then the next: the stack stands at the sleep nearly always
+            os.write(fd, b"x" * 4096)
+            time.sleep(0.05)
+    finally:
+        os.close(fd)
+
+
+def test_a_main_thread_waiting_for_a_thread_moves_as_that_thread_does(tmp_path: Path) -> None:
+    # GIVEN a main thread that waits for another thread of the job: it moves when that thread runs Python, or moves
+    # bytes through its read and write system calls (an upload over TLS, a checkpoint to a pipe)
+    for how in ("join", "future", "queue"):
+        assert waiting_on(_walking, tmp_path, how) >= 3, how
+        assert waiting_on(_uploading, tmp_path, how) >= 3, how
+        assert waiting_on(_blocked_in_c, tmp_path, how) == 0, how
+        assert waiting_on(_sleeping, tmp_path, how) <= 2, how
+    # AND a main thread hung elsewhere (in a C call) does not move because another thread of the job does
+    assert waiting_on(_walking, tmp_path, "sleep") == 0
+
+
+def test_forward_calls_count_only_from_the_main_thread(tmp_path: Path) -> None:
+    torch = fake_torch()
+    m = M.Motion(FakeRecorder(tmp_path, torch))
+    for t in range(10):  # a pause: the counter is installed
+        m.tick(100.0 + t)
+    assert m.mode == P.FORWARDS_COUNTING
+    ema = threading.Thread(target=forward, args=(torch, 5))  # an EMA or teacher model in a thread of its own
+    ema.start()
+    ema.join()
+    assert m.forwards == 0
+    forward(torch, 2)  # the main thread's (this test runs in it)
+    assert m.forwards == 2
+
+
 def test_the_motion_group_reaches_the_heartbeat(tmp_path: Path) -> None:
     rec = FakeRecorder(tmp_path)
     m = M.Motion(rec)
