@@ -197,16 +197,10 @@ def test_the_heartbeat_history_keeps_what_moved(jobs: dict[str, Future[tuple[Job
 def test_a_child_that_waits_for_input_that_never_comes_is_a_stall(
     jobs: dict[str, Future[tuple[Job, int, str, str]]],
 ) -> None:
-    job, code, _, err = jobs[STUCK].result()
     # THEN following rank 0's wait to its child (no byte, no CPU time) finds nothing moving: the stall rule fires
     # under `auto` 60 s after the job last moved, and ends the job
-    assert code == 86, err[-3000:]
-    (stall,) = [e for e in job.events("stall") if not e.get("expected")]
-    still = min(f["idle_s"] for f in stall["findings"])
-    assert {f["timeout_rule"] for f in stall["findings"]} == {"auto"} and 60 <= still <= 63, stall
-    assert not job.events("slow_phase"), err[-3000:]
+    report = caught_by_auto(jobs[STUCK].result())
     # AND the bundle blames rank 0, waiting for I/O at the leaf of its wait: the child, and what the child waits on
-    report = analyze(read_bundle(str(job.bundles()[0]))).to_json()
     verdict = report["verdict"]
     assert (verdict["category"], verdict["suspect_ranks"]) == ("hang.io", [0]), verdict
     assert re.search(r"rank 0 is waiting for I/O \(main thread waits for its child `cat` \(pid \d+\), which is "
@@ -219,13 +213,19 @@ def test_a_child_that_waits_for_input_that_never_comes_is_a_stall(
 def test_a_hung_main_thread_is_a_stall_while_another_thread_runs_a_module(
     jobs: dict[str, Future[tuple[Job, int, str, str]]],
 ) -> None:
-    job, code, _, err = jobs[EMA_HANG].result()
     # THEN the teacher thread's forward calls do not count (only the main thread's do), its stack does not either
     # (the main thread waits for no thread): the stall rule fires under `auto` about 60 s after the last motion
+    verdict = caught_by_auto(jobs[EMA_HANG].result())["verdict"]
+    assert (verdict["category"], verdict["suspect_ranks"]) == ("hang.io", [0]), verdict
+
+
+def caught_by_auto(done: tuple[Job, int, str, str]) -> dict[str, Any]:
+    """The job was ended (exit 86) by one stall under `auto`, 60 s after its last motion (a poll's slack), with no
+    slow phase before it: its first bundle's report."""
+    job, code, _, err = done
     assert code == 86, err[-3000:]
     (stall,) = [e for e in job.events("stall") if not e.get("expected")]
     still = min(f["idle_s"] for f in stall["findings"])
     assert {f["timeout_rule"] for f in stall["findings"]} == {"auto"} and 60 <= still <= 63, stall
     assert not job.events("slow_phase"), err[-3000:]
-    verdict = analyze(read_bundle(str(job.bundles()[0]))).to_json()["verdict"]
-    assert (verdict["category"], verdict["suspect_ranks"]) == ("hang.io", [0]), verdict
+    return analyze(read_bundle(str(job.bundles()[0]))).to_json()

@@ -47,16 +47,21 @@ def sampled(target: Any, tmp_path: Path, samples: int = 12) -> int:
     thread = threading.Thread(target=target, args=(stop,), daemon=True)
     thread.start()
     try:
-        time.sleep(0.05)
-        m = M.Motion(FakeRecorder(tmp_path))
-        m.main = thread.ident
-        for i in range(samples):
-            m.tick(100.0 + i)
-            time.sleep(0.02)
-        return m.stack_changes
+        return watched(thread, tmp_path, samples)
     finally:
         stop.set()
         thread.join(5)
+
+
+def watched(main: threading.Thread, tmp_path: Path, samples: int) -> int:
+    """Stack changes over `samples` ticks, 20 ms apart, of a Motion that takes `main` for the main thread."""
+    time.sleep(0.05)
+    m = M.Motion(FakeRecorder(tmp_path))
+    m.main = main.ident
+    for i in range(samples):
+        m.tick(100.0 + i)
+        time.sleep(0.02)
+    return m.stack_changes
 
 
 def _blocked_in_c(stop: threading.Event) -> None:
@@ -109,13 +114,7 @@ def waiting_on(work: Any, tmp_path: Path, how: str = "join", samples: int = 12) 
         worker.start()
     waiter.start()
     try:
-        time.sleep(0.05)
-        m = M.Motion(FakeRecorder(tmp_path))
-        m.main = waiter.ident
-        for i in range(samples):
-            m.tick(100.0 + i)
-            time.sleep(0.02)
-        return m.stack_changes
+        return watched(waiter, tmp_path, samples)
     finally:
         stop.set()
         results.put(0)
