@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from ._recorder import protocol as P
+from ._recorder.redact import redact_argv
 from .adapters import gpu, procfs
 from .config import RUNS_DIR
 from .detections import straggler_episodes
@@ -48,6 +49,7 @@ class RankStatus:
     written_per_s: Optional[float] = None
     moved_at: Optional[float] = None  # Unix time of that last motion
     io_unreadable: bool = False  # alive, but /proc refused its I/O counters: its I/O is not seen
+    waits_for: Optional[str] = None  # still for a while, its main thread waits for other processes: which ones
 
 
 @dataclass
@@ -150,6 +152,8 @@ def _motion(r: RankStatus, hb: HeartbeatState, at: float, alive: bool, prior: Op
                 stamps.append(("io", at))
                 moved = max(moved, at)
     r.moving = [name for name, t in stamps if t and at - t <= MOVING_S]
+    waited = procfs.waited_processes(hb.pid) if alive and not r.moving else []
+    r.waits_for = procfs.waited_name(waited, redact_argv) if waited else None
     earlier = prior.moved_at if prior is not None and prior.moved_at is not None else 0.0
     r.moved_at = max(round(hb.wall(moved), 3) if moved else 0.0, earlier) or None
     r.moved_s = round(max(0.0, hb.wall(at) - r.moved_at), 3) if r.moved_at else round(max(0.0, at - moved), 3)

@@ -10,7 +10,7 @@ import signal
 import stat
 import struct
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import psutil
 
@@ -585,6 +585,23 @@ def _ancestors(pid: int, root: int) -> list[int]:
         out.append(st.ppid)
         st = proc_stat(st.ppid)
     return out
+
+
+SHOWN_CHARS = 60  # of a waited child's command line
+
+
+def waited_name(pids: list[int], redact: Callable[[list[str]], list[str]]) -> str:
+    """How a user knows what a rank waits for: one child by its command line (through `redact`, shortened: a secret
+    on it never shown), several by their pids."""
+    if len(pids) > 1:
+        shown = ", ".join(map(str, pids[:8])) + (", …" if len(pids) > 8 else "")
+        return f"its {len(pids)} child processes (pids {shown})"
+    argv = cmdline(pids[0])
+    if not argv:
+        return f"its child process (pid {pids[0]})"
+    line = " ".join([os.path.basename(argv[0]), *redact(argv)[1:]])
+    line = line if len(line) <= SHOWN_CHARS else line[: SHOWN_CHARS - 1] + "…"
+    return f"its child `{line}` (pid {pids[0]})"
 
 
 def process_tree(pids: list[int]) -> list[int]:

@@ -67,6 +67,8 @@ def renderable(s: RunStatus, title: str = "blackbox status") -> RenderableType:
             f"GPU{g['index']} {printable(str(g['name']))} util {_num(g['utilization_pct'], '{:.0f}')} % "
             f"{_num(g['temperature_c'], '{:.0f}')} C" for g in s.gpus)))  # fmt: skip
     for r in s.ranks:
+        if r.waits_for:
+            parts.append(Text(f"rank {r.rank} waits for {printable(r.waits_for)}"))
         if r.io_unreadable:
             parts.append(Text(f"rank {r.rank}: /proc/{r.pid}/io cannot be read (another user's process, or no "
                               "CAP_SYS_PTRACE): its I/O is not seen, only its heartbeat", style="yellow"))  # fmt: skip

@@ -8,7 +8,6 @@ blackbox.redact (a command line is shown redacted)."""
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
@@ -20,7 +19,6 @@ from ..redact import redact_argv
 CPU_FLOOR_TICKS = 20  # a followed process's CPU time counts as motion from this many clock ticks (0.2 s at 100 Hz) ...
 CPU_WINDOW_S = 10.0  # ... within this long
 RATE_WINDOW_S = 60.0  # "writing 412 MB in the last minute"
-SHOWN_CHARS = 60  # of a child's command line
 HOLDERS_TTL_S = 30.0  # who holds the pipes a rank polls is looked up again after this long (or when one is gone)
 
 
@@ -81,7 +79,7 @@ class WaitFollower:
             rank.samples.popleft()
         _, r0, w0 = rank.samples[0]
         who = tuple(waited)
-        name = self._names[who] = self._names.get(who) or _name(waited)
+        name = self._names[who] = self._names.get(who) or procfs.waited_name(waited, redact_argv)
         self._named.add(who)
         return Waited(name, moved, rank.totals[0] - r0, rank.totals[1] - w0)
 
@@ -133,17 +131,3 @@ class WaitFollower:
         self._named = set()
         self._following = set()
         self._polled = set()
-
-
-def _name(pids: list[int]) -> str:
-    """How a user knows what the rank waits for: one child by its command line (redacted, shortened), several by
-    their pids."""
-    if len(pids) > 1:
-        shown = ", ".join(map(str, pids[:8])) + (", …" if len(pids) > 8 else "")
-        return f"its {len(pids)} child processes (pids {shown})"
-    argv = procfs.cmdline(pids[0])
-    if not argv:
-        return f"its child process (pid {pids[0]})"
-    line = " ".join([os.path.basename(argv[0]), *redact_argv(argv)[1:]])
-    line = line if len(line) <= SHOWN_CHARS else line[: SHOWN_CHARS - 1] + "…"
-    return f"its child `{line}` (pid {pids[0]})"

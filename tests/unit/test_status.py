@@ -134,3 +134,39 @@ def test_an_unreadable_proc_io_is_said(tmp_path: Path, monkeypatch: pytest.Monke
     out = io.StringIO()
     render_status(status, out, width=200)
     assert f"/proc/{os.getpid()}/io cannot be read" in out.getvalue()
+
+
+def test_a_still_rank_says_which_child_it_waits_for(tmp_path: Path) -> None:
+    # GIVEN a live run whose rank 0 has not moved for 100 s: its main thread waits for a child (subprocess.run)
+    import subprocess
+    import sys
+
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess; subprocess.run(['sleep', '30'])"])
+    try:
+        run = make_run(tmp_path, os.getpid())
+        now = time.monotonic()
+        hb = HeartbeatWriter(str(run / "ranks" / "0" / "heartbeat"), pid=parent.pid, start_ticks=0, rank=0,
+                             local_rank=0, world_size=2, mode="rank")  # fmt: skip
+        hb.progress(40, now - 100, 0.25, 0.3)
+        hb.liveness(9, now)
+        time.sleep(1.0)  # the parent settles in wait4
+        table = open_table(str(run))
+        try:
+            s = read_status(str(run), table, gpus=[])
+        finally:
+            table.close()
+        # THEN status names the child, and the table's line says so
+        r0 = s.ranks[0]
+        assert r0.moving == [] and r0.waits_for is not None, r0
+        assert r0.waits_for.startswith("its child `sleep 30` (pid ") and r0.waits_for.endswith(")"), r0.waits_for
+        out = io.StringIO()
+        render_status(s, out, width=200)
+        assert "rank 0 waits for its child `sleep 30` (pid " in out.getvalue(), out.getvalue()
+        assert s.ranks[1].waits_for is None  # this test's process: it waits for no child
+    finally:
+        from blackbox.adapters import procfs
+
+        for child in procfs.children(parent.pid):  # this test's own `sleep`, never another's
+            os.kill(child, 9)
+        parent.kill()
+        parent.wait()
