@@ -13,7 +13,7 @@ import time
 from . import protocol as P
 from .heartbeat_writer import HeartbeatWriter
 from .importwatch import watch_imports
-from .lastwords import LastWords, python_stacks, thread_names, write_json
+from .lastwords import LastWords, write_json
 from .motion import Motion
 from .patch_data import SHAPES_EVERY, batch_shapes, describe_batch, wrap_dataloader
 
@@ -500,6 +500,8 @@ class Recorder:
                 f.write("blackbox-live")
         except (OSError, AttributeError):
             pass
+        from .dumps import serve_dump_request, write_state_files  # on this thread: never at the job's start
+
         counter = 0
         while not self._stop.is_set():
             try:
@@ -518,11 +520,11 @@ class Recorder:
                         self._flush()
                     except Exception as exc:
                         self.fail("flush", exc)
-                self.guard("dump", self._serve_dump_request)
+                self.guard("dump", serve_dump_request, self)
                 # every few ticks (and at once when torch has just been imported): facts the collector wants
                 # before anything happens
                 if counter % 4 == 1 or (self.torch is not None and not self._versions_written):
-                    self.guard("state_files", self._write_state_files)
+                    self.guard("state_files", write_state_files, self)
             except Exception as exc:
                 self.fail("liveness", exc)
                 return
@@ -544,118 +546,13 @@ class Recorder:
         self.lastwords.step_aside()
         return True
 
-    # --- dumps and state files (daemon thread only) -------------------------------------------------
-    def _serve_dump_request(self) -> None:
-        """The supervisor asks by bumping the heartbeat's dump-request word (no signal needed while the GIL
-        is free): write the Python-side dump, the flight-recorder trace and the memory snapshot."""
-        request = self.hb.dump_request()
-        if request <= self.hb.dump_ack():
-            return
-        self.write_dump(request)
-        self.hb.ack_dump(request)
-        self.lastwords.rotate_stack_file()
-
-    def write_dump(self, request: int) -> str:
-        path = os.path.join(self.rank_dir, P.RANK_PYDUMP % request)
-        record: dict[str, Any] = {
-            "request": request, "time": time.time(), "rank": self.rank, "pid": self.pid,
-            "threads": python_stacks(), "context": self.context(), "dataloader": self.loader_state(),
-            "metrics": list(self._metrics)[-32:], "annotations": dict(self._annotations),
-        }  # fmt: skip
-        torch = self.torch
-        if torch is not None:
-            record["initial_seed"] = _call(torch, "initial_seed")
-            record["flight_recorder"] = self.guard("flight_recorder", self._dump_flight_recorder, torch, request)
-            record["memory_snapshot"] = self.guard("memory_snapshot", self._dump_memory_snapshot, torch, request)
-        write_json(path, record)
-        return path
-
-    def _dump_flight_recorder(self, torch: Any, request: int) -> Optional[dict[str, Any]]:
-        dist = getattr(torch, "distributed", None)
-        if dist is None or not dist.is_available() or not dist.is_initialized():
-            return None
-        c10d = getattr(torch._C, "_distributed_c10d", None)
-        # The unified recorder (every backend) where this torch has it, else the NCCL-only one of older releases.
-        dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
-        if dump is None:
-            return {"error": "this torch has no flight-recorder dump API"}
-        fr_dir = os.environ.get(P.ENV_FR_DIR) or os.path.join(os.path.dirname(os.path.dirname(self.rank_dir)),
-                                                               P.FR_DIR)  # fmt: skip
-        os.makedirs(fr_dir, mode=0o700, exist_ok=True)
-        path = os.path.join(fr_dir, "%s%d" % (P.FR_PREFIX, self.rank))  # the analyzer's <prefix><rank> names
-        data = dump()
-        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(path + ".tmp", path)
-        out: dict[str, Any] = {"pickle": path, "bytes": len(data)}
-        dump_json = getattr(c10d, "_dump_fr_trace_json", None)
-        if dump_json is not None:
-            json_path = os.path.join(self.rank_dir, P.RANK_FR_JSON)
-            fd = os.open(json_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(dump_json())
-            out["json"] = json_path
-        return out
-
-    def _dump_memory_snapshot(self, torch: Any, request: int) -> Optional[str]:
-        cuda: Any = getattr(torch, "cuda", None)
-        dump = getattr(getattr(cuda, "memory", None), "_dump_snapshot", None)
-        if dump is None or not cuda.is_initialized():
-            return None
-        path = os.path.join(self.rank_dir, P.RANK_MEMORY_SNAPSHOT % request)
-        dump(path)
-        return os.path.basename(path)
-
-    def loader_state(self) -> Optional[dict[str, Any]]:
-        it = self._loader() if self._loader is not None else None
-        if it is None:
-            return None
-        workers = getattr(it, "_workers", None) or []
-        state: dict[str, Any] = {
-            "iterator": type(it).__name__,
-            "dataset": type(getattr(it, "_dataset", None)).__name__,
-            "num_workers": getattr(it, "_num_workers", 0),
-            "worker_pids": [w.pid for w in workers if getattr(w, "pid", None)],
-            "prefetch_factor": getattr(it, "_prefetch_factor", None),
-            "tasks_outstanding": getattr(it, "_tasks_outstanding", None),
-            "timeout": getattr(it, "_timeout", None),
-            "persistent_workers": getattr(it, "_persistent_workers", None),
-            "batches_delivered": self._batches,
-            "data_wait_total_s": round(self._data_wait, 6),
-            "last_data_wait_s": round(self._last_wait, 6),
-        }
-        queue = getattr(it, "_data_queue", None)
-        try:
-            state["queue_depth"] = queue.qsize() if queue is not None else None
-        except (NotImplementedError, OSError):
-            state["queue_depth"] = None
-        return state
-
-    def _write_state_files(self) -> None:
-        names = thread_names()
-        if names != self._threads_written:
-            write_json(os.path.join(self.rank_dir, P.RANK_THREADS), names)
-            self._threads_written = names
-        loader = self.loader_state()
-        key = loader and (loader["iterator"], tuple(loader["worker_pids"]))
-        if loader is not None and key != self._loader_written:
-            write_json(os.path.join(self.rank_dir, P.RANK_LOADER), loader)
-            self._loader_written = key
-        if self.torch is not None and not self._versions_written:
-            self._versions_written = True
-            write_json(os.path.join(self.rank_dir, P.RANK_INFO), {
-                "pid": self.pid, "rank": self.rank, "mode": self.mode, "versions": _versions(self.torch),
-                # torchelastic's own error file (written by its @record decorator): left as it is, collected
-                "torchelastic_error_file": os.environ.get("TORCHELASTIC_ERROR_FILE"),
-            })  # fmt: skip
-
     # --- torch ------------------------------------------------------------------------------------
     def _on_torch_imported(self, torch: Any) -> None:
         # the rooms of torch's patches are read now, not at every interpreter start of the job
         from .patch_backward import wrap_backward
         from .patch_checkpoint import wrap_checkpoint
         from .patch_collectives import wrap_collectives
+        from .torch_setup import flight_recorder_env, record_memory_history_at_cuda_init
 
         self.torch = torch
         self.guard("optimizer_step", self._install_optimizer_hook, torch)
@@ -669,10 +566,10 @@ class Recorder:
         cuda = getattr(torch, "cuda", None)
         for name in ("manual_seed", "manual_seed_all"):
             self.guard("seeds", self._wrap_seed, cuda, "torch.cuda." + name, name)
-        self.guard("flight_recorder", _flight_recorder_env, torch)
+        self.guard("flight_recorder", flight_recorder_env, torch)
         history = os.environ.get(P.ENV_CUDA_MEMORY_HISTORY)
         if history:
-            self.guard("memory_history", _record_memory_history_at_cuda_init, torch, int(history))
+            self.guard("memory_history", record_memory_history_at_cuda_init, torch, int(history))
 
     def _wrap_seed(self, module: Any, label: str, attr: str = "seed") -> None:
         """Record the seed values the job sets; the call itself is unchanged."""
@@ -710,74 +607,6 @@ def _wrap_dcp(rec: Recorder, dcp: Any) -> None:
     from .patch_checkpoint import wrap_dcp
 
     wrap_dcp(rec, dcp)
-
-
-def _torch_version(torch: Any) -> tuple[int, int]:
-    try:
-        major, minor = str(torch.__version__).split(".")[:2]
-        return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
-    except ValueError:
-        return (0, 0)
-
-
-def _flight_recorder_env(torch: Any) -> None:
-    """Turn the flight recorder on for this process under the names this torch reads (torch >= 2.7 reads
-    TORCH_FR_*, older ones TORCH_NCCL_*; setting the old ones on a new torch prints deprecation warnings).
-    Done at `import torch`, before any process group exists; a value the user set wins."""
-    fr_dir = os.environ.get(P.ENV_FR_DIR)
-    if not fr_dir:
-        return
-    names = {
-        "buffer": ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
-        "file": ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
-    }
-    values = {"buffer": P.FR_ENTRIES, "file": os.path.join(fr_dir, P.FR_PREFIX)}
-    new = _torch_version(torch) >= (2, 7)
-    for key, (new_name, old_name) in names.items():
-        if os.environ.get(new_name) or os.environ.get(old_name):
-            continue
-        os.environ[new_name if new else old_name] = values[key]
-
-
-def _record_memory_history_at_cuda_init(torch: Any, max_entries: int) -> None:
-    """Start CUDA memory history once CUDA is initialised (never initialise it ourselves)."""
-    record = getattr(getattr(torch.cuda, "memory", None), "_record_memory_history", None)
-    lazy_call = getattr(torch.cuda, "_lazy_call", None)
-    if record is None or lazy_call is None:
-        raise RuntimeError("this torch cannot record CUDA memory history")
-
-    def start() -> None:
-        try:
-            record(max_entries=max_entries)
-        except TypeError:  # older signature
-            record(True, max_entries=max_entries)
-
-    lazy_call(start)
-
-
-def _call(obj: Any, name: str) -> Any:
-    try:
-        return getattr(obj, name)()
-    except Exception as exc:
-        return "unavailable: %r" % (exc,)
-
-
-def _versions(torch: Any) -> dict[str, Any]:
-    """The job's own environment, read inside the rank (it may differ from blackbox's)."""
-    out: dict[str, Any] = {"python": sys.version.split()[0], "torch": getattr(torch, "__version__", None)}
-    version = getattr(torch, "version", None)
-    out["cuda"] = getattr(version, "cuda", None)
-    out["hip"] = getattr(version, "hip", None)
-    try:
-        if torch.cuda.is_available():
-            nccl = torch.cuda.nccl.version()
-            out["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl
-    except Exception as exc:
-        out["nccl"] = "unavailable: %r" % (exc,)
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        out["numpy"] = getattr(numpy, "__version__", None)
-    return out
 
 
 # --- helpers ----------------------------------------------------------------------------------------

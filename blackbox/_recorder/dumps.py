@@ -1,0 +1,154 @@
+"""What the rank writes when asked, on the recorder's liveness thread: its own dump at the supervisor's request (the
+heartbeat's dump-request word: every thread's stack, the context, the DataLoader's state, the last metrics and
+annotations, the flight recorder's trace, the CUDA memory snapshot), and the state files the collector reads before
+anything happens (thread names, the DataLoader, versions). Stdlib only, Python >= 3.9; imports the protocol and last
+words, never the recorder (it is handed in)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from . import protocol as P
+from .lastwords import python_stacks, thread_names, write_json
+
+TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs milliseconds at start-up
+if TYPE_CHECKING:  # annotations only
+    from typing import Any, Optional
+
+
+def serve_dump_request(rec: Any) -> None:
+    """The supervisor asks by bumping the heartbeat's dump-request word (no signal needed while the GIL
+    is free): write the Python-side dump, the flight-recorder trace and the memory snapshot."""
+    request = rec.hb.dump_request()
+    if request <= rec.hb.dump_ack():
+        return
+    write_dump(rec, request)
+    rec.hb.ack_dump(request)
+    rec.lastwords.rotate_stack_file()
+
+
+def write_dump(rec: Any, request: int) -> str:
+    path = os.path.join(rec.rank_dir, P.RANK_PYDUMP % request)
+    record: dict[str, Any] = {
+        "request": request, "time": time.time(), "rank": rec.rank, "pid": rec.pid,
+        "threads": python_stacks(), "context": rec.context(), "dataloader": loader_state(rec),
+        "metrics": list(rec._metrics)[-32:], "annotations": dict(rec._annotations),
+    }  # fmt: skip
+    torch = rec.torch
+    if torch is not None:
+        record["initial_seed"] = _call(torch, "initial_seed")
+        record["flight_recorder"] = rec.guard("flight_recorder", _dump_flight_recorder, torch, request)
+        record["memory_snapshot"] = rec.guard("memory_snapshot", _dump_memory_snapshot, torch, request)
+    write_json(path, record)
+    return path
+
+
+def _dump_flight_recorder(rec: Any, torch: Any, request: int) -> Optional[dict[str, Any]]:
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    c10d = getattr(torch._C, "_distributed_c10d", None)
+    # The unified recorder (every backend) where this torch has it, else the NCCL-only one of older releases.
+    dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
+    if dump is None:
+        return {"error": "this torch has no flight-recorder dump API"}
+    fr_dir = os.environ.get(P.ENV_FR_DIR) or os.path.join(os.path.dirname(os.path.dirname(rec.rank_dir)),
+                                                           P.FR_DIR)  # fmt: skip
+    os.makedirs(fr_dir, mode=0o700, exist_ok=True)
+    path = os.path.join(fr_dir, "%s%d" % (P.FR_PREFIX, rec.rank))  # the analyzer's <prefix><rank> names
+    data = dump()
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(path + ".tmp", path)
+    out: dict[str, Any] = {"pickle": path, "bytes": len(data)}
+    dump_json = getattr(c10d, "_dump_fr_trace_json", None)
+    if dump_json is not None:
+        json_path = os.path.join(rec.rank_dir, P.RANK_FR_JSON)
+        fd = os.open(json_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(dump_json())
+        out["json"] = json_path
+    return out
+
+
+def _dump_memory_snapshot(rec: Any, torch: Any, request: int) -> Optional[str]:
+    cuda: Any = getattr(torch, "cuda", None)
+    dump = getattr(getattr(cuda, "memory", None), "_dump_snapshot", None)
+    if dump is None or not cuda.is_initialized():
+        return None
+    path = os.path.join(rec.rank_dir, P.RANK_MEMORY_SNAPSHOT % request)
+    dump(path)
+    return os.path.basename(path)
+
+
+def loader_state(rec: Any) -> Optional[dict[str, Any]]:
+    it = rec._loader() if rec._loader is not None else None
+    if it is None:
+        return None
+    workers = getattr(it, "_workers", None) or []
+    state: dict[str, Any] = {
+        "iterator": type(it).__name__,
+        "dataset": type(getattr(it, "_dataset", None)).__name__,
+        "num_workers": getattr(it, "_num_workers", 0),
+        "worker_pids": [w.pid for w in workers if getattr(w, "pid", None)],
+        "prefetch_factor": getattr(it, "_prefetch_factor", None),
+        "tasks_outstanding": getattr(it, "_tasks_outstanding", None),
+        "timeout": getattr(it, "_timeout", None),
+        "persistent_workers": getattr(it, "_persistent_workers", None),
+        "batches_delivered": rec._batches,
+        "data_wait_total_s": round(rec._data_wait, 6),
+        "last_data_wait_s": round(rec._last_wait, 6),
+    }
+    queue = getattr(it, "_data_queue", None)
+    try:
+        state["queue_depth"] = queue.qsize() if queue is not None else None
+    except (NotImplementedError, OSError):
+        state["queue_depth"] = None
+    return state
+
+
+def write_state_files(rec: Any) -> None:
+    names = thread_names()
+    if names != rec._threads_written:
+        write_json(os.path.join(rec.rank_dir, P.RANK_THREADS), names)
+        rec._threads_written = names
+    loader = loader_state(rec)
+    key = loader and (loader["iterator"], tuple(loader["worker_pids"]))
+    if loader is not None and key != rec._loader_written:
+        write_json(os.path.join(rec.rank_dir, P.RANK_LOADER), loader)
+        rec._loader_written = key
+    if rec.torch is not None and not rec._versions_written:
+        rec._versions_written = True
+        write_json(os.path.join(rec.rank_dir, P.RANK_INFO), {
+            "pid": rec.pid, "rank": rec.rank, "mode": rec.mode, "versions": versions(rec.torch),
+            # torchelastic's own error file (written by its @record decorator): left as it is, collected
+            "torchelastic_error_file": os.environ.get("TORCHELASTIC_ERROR_FILE"),
+        })  # fmt: skip
+
+
+def _call(obj: Any, name: str) -> Any:
+    try:
+        return getattr(obj, name)()
+    except Exception as exc:
+        return "unavailable: %r" % (exc,)
+
+
+def versions(torch: Any) -> dict[str, Any]:
+    """The job's own environment, read inside the rank (it may differ from blackbox's)."""
+    out: dict[str, Any] = {"python": sys.version.split()[0], "torch": getattr(torch, "__version__", None)}
+    version = getattr(torch, "version", None)
+    out["cuda"] = getattr(version, "cuda", None)
+    out["hip"] = getattr(version, "hip", None)
+    try:
+        if torch.cuda.is_available():
+            nccl = torch.cuda.nccl.version()
+            out["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl
+    except Exception as exc:
+        out["nccl"] = "unavailable: %r" % (exc,)
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        out["numpy"] = getattr(numpy, "__version__", None)
+    return out
