@@ -39,8 +39,8 @@ def write_dump(rec: Any, request: int) -> str:
     torch = rec.torch
     if torch is not None:
         record["initial_seed"] = _call(torch, "initial_seed")
-        record["flight_recorder"] = rec.guard("flight_recorder", _dump_flight_recorder, torch, request)
-        record["memory_snapshot"] = rec.guard("memory_snapshot", _dump_memory_snapshot, torch, request)
+        record["flight_recorder"] = rec.guard("flight_recorder", _dump_flight_recorder, rec, torch, request)
+        record["memory_snapshot"] = rec.guard("memory_snapshot", _dump_memory_snapshot, rec, torch, request)
     write_json(path, record)
     return path
 
