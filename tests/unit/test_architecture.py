@@ -93,3 +93,58 @@ def test_analysis_flows_one_way_from_states_to_the_verdict() -> None:
                 names = [node.module] if node.module else [a.name for a in node.names]
                 wrong += [f"{stem} -> {n.split('.')[0]}" for n in names if n.split(".")[0] not in below]
     assert not wrong, f"imports against analyze/'s one way: {wrong}"
+
+
+def _module_imports() -> dict[str, set[str]]:
+    """module (dotted) -> the modules of blackbox it imports, at the top or inside a function alike."""
+    modules = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in PACKAGE.rglob("*.py")}  # fmt: skip
+    out: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                base = (package[: len(package) - node.level + 1] if node.level else []) + (
+                    node.module.split(".") if node.module else [])  # fmt: skip
+                names = [".".join(base)] + [".".join([*base, a.name]) for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            out[module] |= {n for n in names if n in modules and n != module}
+    return out
+
+
+def test_no_module_imports_itself_back_through_others() -> None:
+    graph = _module_imports()
+    circles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if nxt.startswith(node + "."):
+                continue  # a package importing its own modules is how a package speaks, not a circle
+            if state.get(nxt) == 1 and not node.startswith(nxt + "."):
+                circles.append([*path[path.index(nxt) :], node, nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                walk(nxt, [*path, node])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            walk(module, [])
+    assert not circles, f"modules that import themselves back: {circles}"
+
+
+def test_every_file_fits_a_room_and_every_command_only_parses() -> None:
+    long_files = [f"{p.relative_to(PACKAGE.parent)}: {n}" for p in PACKAGE.rglob("*.py")
+                  if (n := len(p.read_text().splitlines())) > 700]  # fmt: skip
+    assert not long_files, f"files over 700 lines: {long_files}"
+    long_commands = []
+    for path in (PACKAGE / "cli").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.end_lineno is None:
+                continue
+            if (n := node.end_lineno - node.lineno + 1) > 40:
+                long_commands.append(f"{path.name}:{node.name}: {n}")
+    assert not long_commands, f"CLI functions over 40 lines (move the work into the core): {long_commands}"

@@ -1,4 +1,4 @@
-"""The stride's sample spacing (blackbox/_recorder/recorder.py): a sample of SAMPLE_STEPS hooked steps every
+"""The stride's sample spacing (blackbox/_recorder/stride.py): a sample of SAMPLE_STEPS hooked steps every
 SAMPLE_STEPS * STRIDE_EVERY steps, and SAMPLE_GAP_S after the one before at the earliest. Driven through the step hook
 with the recorder's clock replaced; the strided hook is a plain attribute swapped in and out."""
 
@@ -11,6 +11,7 @@ import pytest
 
 from blackbox._recorder import protocol as P
 from blackbox._recorder import recorder as R
+from blackbox._recorder import stride as S
 
 
 def sample_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step_s: float, steps: int) -> list[int]:
@@ -32,7 +33,7 @@ def sample_starts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step_s: float
         if rec.samples > len(starts):
             starts.append(rec.step_count)
         hooked += owner.load is wrapper
-    assert rec._striding and hooked <= len(starts) * R.SAMPLE_STEPS + R.STRIDE_AFTER + 1  # hooks out in between
+    assert rec._striding and hooked <= len(starts) * S.SAMPLE_STEPS + S.STRIDE_AFTER + 1  # hooks out in between
     return starts
 
 
@@ -42,7 +43,7 @@ def test_short_steps_are_sampled_a_second_apart(tmp_path: Path, monkeypatch: pyt
     # THEN a sample begins a second after the one before (within one stretch of STRIDE_EVERY steps), no sooner
     gaps = {b - a for a, b in zip(starts, starts[1:])}
     assert len(starts) >= 8
-    assert all(1000 <= gap <= 1000 + R.STRIDE_EVERY for gap in gaps), gaps
+    assert all(1000 <= gap <= 1000 + S.STRIDE_EVERY for gap in gaps), gaps
 
 
 def test_longer_steps_keep_the_step_count_period(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -50,4 +51,4 @@ def test_longer_steps_keep_the_step_count_period(tmp_path: Path, monkeypatch: py
     starts = sample_starts(tmp_path, monkeypatch, 0.005, 3_000)
     # THEN the samples come every SAMPLE_STEPS * STRIDE_EVERY steps, as before the gap
     gaps = {b - a for a, b in zip(starts, starts[1:])}
-    assert gaps == {R.SAMPLE_STEPS * R.STRIDE_EVERY}, gaps
+    assert gaps == {S.SAMPLE_STEPS * S.STRIDE_EVERY}, gaps
