@@ -5,11 +5,10 @@ bundle layout and reader (the history is untrusted: every number through `number
 
 from __future__ import annotations
 
-import json
 from typing import Any, Optional
 
 from ..bundle import layout as L
-from ..bundle.reader import Bundle, number
+from ..bundle.reader import Bundle, number, parse_json
 from ..detections import human_bytes, plural_ranks
 
 WINDOW_S = 60.0  # "in the last minute"
@@ -73,7 +72,7 @@ def _last_sample(data: Optional[bytes]) -> Optional[dict[str, Any]]:
     if not body.endswith(b"}]"):
         return None
     try:
-        value = json.loads(body[body.rfind(b"{") : -1])
+        value = parse_json(body[body.rfind(b"{") : -1])
     except ValueError:
         return None
     return value if isinstance(value, dict) else None

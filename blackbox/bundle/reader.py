@@ -1,6 +1,7 @@
 """Reads a bundle as untrusted input: a tar.gz, an extracted bundle directory, or a run directory (its
 newest bundle). Members are read into memory, never extracted: only regular files with relative paths,
-bounded in count and size; nothing is executed or unpickled. Imports the stdlib and blackbox only."""
+bounded in count and size; nothing is executed or unpickled. Imports the stdlib and blackbox only (and orjson, where
+installed, to parse JSON faster: the stdlib's json decides whatever orjson refuses)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import json
 import math
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -19,6 +20,12 @@ from ..errors import BlackboxError
 from . import layout as L
 from .layout import MANIFEST, MANIFEST_SCHEMA_VERSION
 from .writer import Written
+
+_fast_loads: Optional[Callable[[bytes], Any]] = None
+try:  # a 32,768-rank bundle holds 131,072 rank records: orjson parses them 3-4x faster than the stdlib's json
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - a dependency, but the report works without it
+    pass
 
 MAX_MEMBERS = 400_000  # 32,768 ranks with a dozen members each
 MAX_MEMBER_BYTES = 64 * 1024 * 1024
@@ -155,6 +162,11 @@ def parse_json(data: bytes) -> Any:
     more than MAX_JSON_ITEMS tables, lists and items (16 MB of `[{},{},…]` would take ~500 MB parsed)."""
     if len(data) > MAX_JSON_ITEMS and data.count(b",") + data.count(b"{") + data.count(b"[") > MAX_JSON_ITEMS:
         raise ValueError(f"more than {MAX_JSON_ITEMS} items")
+    if _fast_loads is not None:
+        try:
+            return _fast_loads(data)
+        except ValueError:  # NaN, an integer past 64 bits, a lone surrogate, deep nesting: as the stdlib says
+            pass
     try:
         if len(data) > 1 and data[0] in b"{[" and data[1]:  # what json.loads would detect as UTF-8, without asking
             return json.loads(data.decode("utf-8", "surrogatepass"))

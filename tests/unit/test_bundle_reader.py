@@ -142,3 +142,39 @@ def test_a_corrupt_header_is_one_sentence(tmp_path: Path) -> None:
     bad.write_bytes(gzip.compress(bytes(data)))
     with pytest.raises(BlackboxError, match="checksum"):
         read_bundle(str(bad))
+
+
+@pytest.mark.parametrize("text", [
+    b'{"loss": NaN, "best": Infinity, "worst": -Infinity}',  # a metric the job logged as NaN
+    b'{"name": "\\ud800 alone"}',  # a lone surrogate, escaped
+    b'{"name": "caf\xc3\xa9", "a": 1, "a": 2}',  # UTF-8, a key twice (the last wins)
+    b'[1.0000000000000002, 5e-324, 1e308, -0.0, 0.1]',
+    b' \n{"x": [true, false, null, "\\u00e9\\n"]}\n',
+])  # fmt: skip
+def test_bundle_json_is_what_the_stdlib_reads(text: bytes) -> None:
+    # orjson is the fast path; whatever it refuses, the stdlib's json decides: one answer either way
+    from blackbox.bundle import reader
+
+    assert reader._fast_loads is not None, "orjson is a dependency: the report's speed at 32,768 ranks needs it"
+    expected = json.loads(text)
+    got = reader.parse_json(text)
+    assert json.dumps(got, sort_keys=True) == json.dumps(expected, sort_keys=True)
+
+
+def test_an_integer_past_64_bits_is_no_integer_to_the_report() -> None:
+    # orjson reads it as a float (as a browser would), the stdlib as an int: either way no rank, step or pid, and
+    # no finite number the report computes with (number() bounds at 1e20)
+    from blackbox.bundle import reader
+
+    value = reader.parse_json(b'{"rank": 123456789012345678901234567890}')["rank"]
+    assert reader.integer(value) is None and reader.number(value) is None
+
+
+@pytest.mark.parametrize("text", [b'{"a": 1,}', b"{'a': 1}", b'{"a": "tab\tinside"}', b"[" * 100_000, b"\xff{}", b""])
+def test_bundle_json_refuses_what_the_stdlib_refuses(text: bytes) -> None:
+    from blackbox.bundle import reader
+
+    with pytest.raises((ValueError, RecursionError)):
+        json.loads(text)
+    with pytest.raises(ValueError):  # one error type for the report to catch
+        reader.parse_json(text)
