@@ -4,7 +4,6 @@ Parses, calls the index (blackbox.incidents), renders tables or JSON."""
 from __future__ import annotations
 
 import json
-import os
 import sys
 from typing import Any, Optional
 
@@ -26,36 +25,27 @@ def _printable(text: str) -> str:
 
 
 def _list_shared(source: str, category: Optional[str], since: Optional[str], limit: int, fmt: str) -> int:
-    from ..storage.remote import Store, records
-    from ..storage.urls import display
+    from ..storage.shared_incidents import listed
 
-    store = Store(source)
-    rows = records(store)
-    if category:
-        rows = [r for r in rows if r.get("category") == category or str(r.get("category") or "").startswith(
-            category.rstrip(".") + ".")]  # fmt: skip
-    if since:
-        rows = [r for r in rows if str(r.get("time") or "") >= since]
-    rows = rows[: max(0, limit)] if limit else rows
+    where, rows = listed(source, category, since, limit)
     if fmt == "json":
-        json.dump({"from": display(store.url), "incidents": rows}, sys.stdout, indent=2)
+        json.dump({"from": where, "incidents": rows}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     if not rows:
-        click.echo(f"no incidents under {display(store.url)}" + (" that match" if category or since else ""))
+        click.echo(f"no incidents under {where}" + (" that match" if category or since else ""))
         return 0
     cells = [(r.get("id"), r.get("time"), r.get("category"), r.get("phase"),
               ",".join(map(str, r.get("suspects") or [])), r.get("host"), r.get("top_frame"), _fixed(r.get("fix")))
              for r in rows]  # fmt: skip
-    _table(f"incidents ({display(store.url)})",
-           ("id", "when (UTC)", "category", "phase", "suspects", "host", "where", "fix"), cells)  # fmt: skip
+    _table(f"incidents ({where})", ("id", "when (UTC)", "category", "phase", "suspects", "host", "where", "fix"), cells)
     return 0
 
 
 def _show_shared(source: str, ident: str, fmt: str) -> int:
-    from ..storage.remote import Store, find_record
+    from ..storage.shared_incidents import shown
 
-    _, row = find_record(Store(source), ident)
+    row = shown(source, ident)
     if fmt == "json":
         json.dump(row, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
@@ -86,13 +76,9 @@ def _show_shared(source: str, ident: str, fmt: str) -> int:
 
 def _link_shared(source: str, ident: str, fix_commit: Optional[str], status: Optional[str], note: Optional[str],
                  fmt: str) -> int:  # fmt: skip
-    from ..storage.remote import Store, find_record, link_fix
+    from ..storage.shared_incidents import linked
 
-    store = Store(source)
-    path, row = find_record(store, ident)
-    status = status or ("fixed" if fix_commit else "hypothesis")
-    url = link_fix(store, path, {"status": status, "fix_commit": fix_commit, "note": note,
-                                 "by": os.environ.get("USER") or None})  # fmt: skip
+    row, url, status = linked(source, ident, fix_commit, status, note)
     if fmt == "json":
         json.dump({"incident": row["id"], "fix": url, "status": status}, sys.stdout, indent=2)
         sys.stdout.write("\n")
