@@ -13,9 +13,10 @@ from . import protocol as P
 from .heartbeat_writer import HeartbeatWriter
 from .importwatch import watch_imports
 from .lastwords import LastWords, write_json
+from .liveness import liveness_loop
 from .motion import Motion
 from .patch_data import SHAPES_EVERY, batch_shapes, describe_batch, wrap_dataloader
-from .stride import STRIDE_AFTER, STRIDE_EVERY, STRIDE_PAUSE_S, STRIDE_STEP_S, Stride
+from .stride import STRIDE_AFTER, STRIDE_EVERY, STRIDE_STEP_S, Stride
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs milliseconds at start-up
 if TYPE_CHECKING:  # annotations only
@@ -123,7 +124,7 @@ class Recorder(Stride):
             "random": lambda m: self.guard("seeds", self._wrap_seed, m, "random.seed"),
             "torch.distributed.checkpoint": lambda m: self.guard("checkpoint", _wrap_dcp, self, m),
         })  # fmt: skip
-        self._liveness = threading.Thread(target=self._liveness_loop, name="blackbox-liveness", daemon=True)
+        self._liveness = threading.Thread(target=liveness_loop, args=(self,), name="blackbox-liveness", daemon=True)
         self._liveness.start()
 
     def _after_fork(self) -> None:
@@ -141,7 +142,7 @@ class Recorder(Stride):
             liveness = self._liveness
             if liveness is not None and liveness is not threading.current_thread():
                 liveness.join(EXIT_JOIN_S)
-            self._flush()
+            self.flush()
             if not self._raised:  # exit handlers run after an uncaught exception too: keep what it was
                 self.hb.state(P.STATE_EXITED)
 
@@ -332,7 +333,8 @@ class Recorder(Stride):
                 del self._metrics[0]
             self._dirty = True
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Annotations and metrics to their files, when they changed (the liveness thread, and at exit)."""
         with self._lock:
             if not self._dirty:
                 return
@@ -343,59 +345,6 @@ class Recorder(Stride):
             write_json(os.path.join(self.rank_dir, P.RANK_ANNOTATIONS), annotations)
         if metrics:
             write_json(os.path.join(self.rank_dir, P.RANK_METRICS), metrics)
-
-    # --- the daemon thread --------------------------------------------------------------------------
-    def _liveness_loop(self) -> None:
-        try:  # its name in the kernel too, for `top -H`, py-spy and the overhead bench's ledger (15 bytes at most)
-            with open("/proc/self/task/%d/comm" % threading.get_native_id(), "w") as f:
-                f.write("blackbox-live")
-        except (OSError, AttributeError):
-            pass
-        from .dumps import serve_dump_request, write_state_files  # on this thread: never at the job's start
-
-        counter = 0
-        while not self._stop.is_set():
-            try:
-                if not self.enabled:
-                    return
-                counter += 1
-                if self.mode in (P.MODE_SINGLE, P.MODE_SLURM) and self._taken_over():
-                    return
-                now = _monotonic()
-                self.hb.liveness(counter, now)
-                if self._striding and now - self._last_step_time > STRIDE_PAUSE_S:
-                    self.guard("stride", self._pause_seen, now)
-                self.motion.tick(now)
-                if "flush" not in self._failed:
-                    try:
-                        self._flush()
-                    except Exception as exc:
-                        self.fail("flush", exc)
-                self.guard("dump", serve_dump_request, self)
-                # every few ticks (and at once when torch has just been imported): facts the collector wants
-                # before anything happens
-                if counter % 4 == 1 or (self.torch is not None and not self._versions_written):
-                    self.guard("state_files", write_state_files, self)
-            except Exception as exc:
-                self.fail("liveness", exc)
-                return
-            self._stop.wait(self._liveness_interval)
-
-    def _taken_over(self) -> bool:
-        """A single process that started the job's ranks itself (torch.multiprocessing.spawn): once its rank 0
-        records, it has replaced this process's heartbeat. This process is their launcher: it steps aside."""
-        try:
-            current = os.stat(self.hb_path).st_ino
-        except FileNotFoundError:  # a Slurm task's spawned rank of another number retired this one (retire_parent)
-            current = 0 if self.mode == P.MODE_SLURM else self.hb_ino
-        except OSError:
-            return False
-        if current == self.hb_ino:
-            return False
-        self.enabled = False
-        self.lastwords.note("stepped_aside", reason="rank 0 of the ranks this process started records now")
-        self.lastwords.step_aside()
-        return True
 
     # --- torch ------------------------------------------------------------------------------------
     def _on_torch_imported(self, torch: Any) -> None:

@@ -38,3 +38,25 @@ class PatchingRecorder(RecorderLike, Protocol):
     def batch_delivered(self, previous: tuple[int, float, bytes], batch: Any, it: Any) -> None: ...
 
     def enter_collective(self, op: int, group: Any) -> tuple[int, float, bytes]: ...
+
+
+class LiveRecorder(RecorderLike, Protocol):
+    """The recorder as its liveness thread sees it."""
+
+    mode: str
+    hb: Any
+    hb_path: str
+    hb_ino: int
+    motion: Any
+    lastwords: Any
+    torch: Any
+    _stop: Any
+    _failed: set[str]
+    _striding: bool
+    _last_step_time: float
+    _versions_written: bool
+    _liveness_interval: float
+
+    def flush(self) -> None: ...
+
+    def _pause_seen(self, now: float) -> None: ...
