@@ -23,7 +23,7 @@ import pytest
 
 from tests import conftest
 from tests.conftest import BIN, BLACKBOX, ROOT, job_env, wait_for
-from tests.integration.test_multinode import events, finish, report
+from tests.integration.test_multinode import events, finish, manifest, report
 from tests.slurm_cluster import free_port, slurm_version
 
 TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
@@ -118,6 +118,12 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
         run = [PY, "-m", "blackbox", "run", "--"]
         # the gallery's data hang on task 1 of a 2-task step, ranks from SLURM_PROCID, under blackbox
         j.start_srun("hang", ["--nodes=1", "--ntasks=2", *run, *train, "data-hang", "1"], **FAST)
+        # the same hang across two nodes (one task each) under blackbox, no secret named: the first task makes the
+        # job's coordination secret in the submit directory, the other node reads it (the nodes' names do not
+        # resolve here: the coordinator's address is given)
+        coord = ["--coord", f"127.0.0.1:{free_port()}"]
+        j.start_srun("twonode", ["--nodes=2", "--ntasks-per-node=1", *run[:-1], *coord, "--", *train, "data-hang", "1"],
+                     **FAST)  # fmt: skip
         # the same hang across two nodes, started without blackbox: `collect --slurm-job` finds it
         j.sbatch("plain", ["--nodes=2", "--ntasks-per-node=1", "--wrap", f"srun {PY} {TRAIN} data-hang 1"])
         # healthy jobs to end: scancel; and a time limit, after the job's own SIGUSR1 warning
@@ -168,6 +174,28 @@ def test_ranks_srun_starts_share_one_supervisor_and_get_the_gallery_verdict(jobs
     slurm = node_facts(bundles[0])["slurm"]
     assert slurm["node_list"] == "bbn0" and slurm["partition"] == "debug" and slurm["tasks_on_node"] == 2, slurm
     assert slurm["requeue_count"] == 0 and slurm["job_id"].isdigit() and slurm["state"] == "RUNNING", slurm
+
+
+def test_two_nodes_sign_with_the_secret_the_first_task_made_and_collect_together(jobs: Jobs) -> None:
+    code, err = jobs.finish("twonode")
+    assert code == 86, err[-3000:]
+    # one secret, made by the first task in the job's submit directory (shared by its nodes), private and whole
+    (secret,) = (jobs.base / "twonode" / ".blackbox").glob("coord-secret-*")
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_bytes().strip()) >= 32, secret.stat()
+    assert "unauthenticated" not in err, err[-3000:]
+    run_dirs = sorted((jobs.base / "twonode" / "blackbox-runs").glob("slurm-*/bbn*"))
+    assert [d.name for d in run_dirs] == ["bbn0", "bbn1"], run_dirs
+    for d in run_dirs:
+        # both nodes joined the signed store, believed every post (a wrong secret on one would reject the other's),
+        # and each collected its own node's ranks for the one incident
+        assert [e for e in named(d, "coordination") if e.get("status") == "connected"], events(d)
+        assert not named(d, "coordination_rejected"), named(d, "coordination_rejected")
+    bundles = [sorted((d / "bundles").glob("*.tar.gz")) for d in run_dirs]
+    assert [len(b) for b in bundles] == [1, 1], err[-3000:]
+    m0, m1 = manifest(bundles[0][0]), manifest(bundles[1][0])
+    assert m0["incident"]["id"] == m1["incident"]["id"] and m0["multinode"]["job_id"] == m1["multinode"]["job_id"]
+    merged = report(bundles[0][0], bundles[1][0])
+    assert merged["verdict"]["category"] == "hang.data_loading" and merged["verdict"]["suspect_ranks"] == [1]
 
 
 def test_collect_slurm_job_finds_a_hung_job_started_without_blackbox(jobs: Jobs, tmp_path: Path) -> None:
