@@ -416,7 +416,9 @@ def _netrc_lines(text: str) -> List[Span]:
             if not (m.start() and text[m.start() - 1] in _TOKEN_CHARS)]  # fmt: skip
 
 
-_PGPASS_HINT = re.compile(r":(?:[0-9]{1,5}|\*):")  # the port field: only lines with one are read (a fast search)
+# the port field and the three after it (NCCL's `host:pid:tid [0] NCCL INFO …` has the port but not the rest): only
+# lines with them are read (a fast search)
+_PGPASS_HINT = re.compile(r":(?:[0-9]{1,5}|\*):[^:\s\"']+:[^:\s\"']+:[^\s\"']")
 
 
 def _pgpass_lines(text: str) -> List[Span]:
