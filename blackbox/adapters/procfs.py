@@ -101,17 +101,31 @@ _RW_SYSCALLS = {
     "aarch64": frozenset((63, 64, 65, 66, 67, 68, 69, 70, 71, 76, 285, 286, 287)),
 }
 _RW_NUMBERS = _RW_SYSCALLS.get(os.uname().machine)  # this machine's
+# ... of which the reads (read, pread64, readv, preadv, preadv2): a read of a pipe or a socket returns as soon as
+# any byte arrives, so a wake-up that leaves it inside the call moved nothing (a timer's or a profiler's signal)
+_READ_SYSCALLS = {"x86_64": frozenset((0, 17, 19, 295, 327)), "aarch64": frozenset((63, 65, 67, 69, 286))}
+_READ_NUMBERS = _READ_SYSCALLS.get(os.uname().machine, frozenset())
+_STREAMS = ("pipe:", "socket:", "anon_inode:")  # what a read returns from at the first byte
 
 
 def rw_wakeups(pid: int, tid: int) -> Optional[int]:
     """How many times a thread has been woken so far (voluntary context switches) when it is inside a read or write
     system call now, else None (in no such call, running, or unreadable). A long write to slow storage (a network or
     FUSE filesystem, a pipe drained slowly) counts its bytes only when the call returns; meanwhile the thread is
-    woken each time the kernel moves some of them, which a write to a hung server never is."""
+    woken each time the kernel moves some of them, which a write to a hung server never is. A read of a pipe or a
+    socket is None too: it would have returned with the first byte, so its wake-ups are signals, not bytes."""
     text = _read(f"/proc/{pid}/task/{tid}/syscall", 512)
-    first = text.split(maxsplit=1)[0] if text else ""
+    parts = text.split(maxsplit=2) if text else []
+    first = parts[0] if parts else ""
     if _RW_NUMBERS is None or not first.isdigit() or int(first) not in _RW_NUMBERS:
         return None
+    if int(first) in _READ_NUMBERS and len(parts) > 1:
+        try:
+            target = fd_target(pid, int(parts[1], 16))
+        except ValueError:
+            target = None
+        if target is None or target.startswith(_STREAMS):
+            return None
     switches = _fields(_read(f"/proc/{pid}/task/{tid}/status")).get("voluntary_ctxt_switches", "")
     return int(switches) if switches.isdigit() else None
 

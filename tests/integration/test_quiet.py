@@ -10,8 +10,9 @@ line, and its `slow_phase` event naming what rank 0 was doing. Meanwhile real ha
 loader blocked on a read, a checkpoint blocked on a FIFO, a stopped rank, the GIL held in a native call), failing at
 step 8 so that `auto`'s 60 s applies, must each be caught about 60 s after their last progress, with the gallery's
 verdict, and so must a rank waiting for a child that waits for input that never comes (its child followed: no byte,
-no CPU time), and a rank whose main thread hangs in a read while a thread of its own keeps running a module (an EMA
-model: forward calls count only from the main thread). A quiet job under SIGUSR1 shows that its motion is kept in
+no CPU time), a rank whose main thread hangs in a read while a thread of its own keeps running a module (an EMA
+model: forward calls count only from the main thread), and one hung in a read of a pipe that a timer's signal
+wakes five times a second (a wake-up is not a byte). A quiet job under SIGUSR1 shows that its motion is kept in
 the heartbeat history a bundle carries. Every job runs at once: about two and a half minutes in all."""
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ QUIET = {  # case -> what its slow-phase line must say rank 0 was doing
 }
 EMA_HANG = "ema-hang"  # rank 0's main thread hung in a read while a thread of its own runs a module: a hang
 STUCK = "stuck"  # rank 0 waits for a child that waits for input that never comes: a hang
+WOKEN = "woken-read"  # rank 0 hung in a read of a pipe that a timer's signal wakes five times a second: a hang
 HANGS = ("data-hang", "ckpt-hang", "ddp-stopped", "gil-hang")  # the gallery's, failing at step 8 under `auto`
 COLLECTED = "dcp-collected"  # the dcp case again, with a manual bundle taken mid-pause (SIGUSR1 to blackbox)
 
@@ -103,6 +105,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[
     started[COLLECTED] = quiet(COLLECTED, "dcp", base)
     started[STUCK] = quiet(STUCK, STUCK, base)
     started[EMA_HANG] = quiet(EMA_HANG, EMA_HANG, base)
+    started[WOKEN] = quiet(WOKEN, WOKEN, base)
     started.update({name: hang(name, base) for name in HANGS})
     threading.Thread(target=_collect_mid_pause, args=(started[COLLECTED],), daemon=True).start()
     pool = ThreadPoolExecutor(len(started))
@@ -217,6 +220,17 @@ def test_a_hung_main_thread_is_a_stall_while_another_thread_runs_a_module(
     # (the main thread waits for no thread): the stall rule fires under `auto` about 60 s after the last motion
     verdict = caught_by_auto(jobs[EMA_HANG].result())["verdict"]
     assert (verdict["category"], verdict["suspect_ranks"]) == ("hang.io", [0]), verdict
+
+
+@pytest.mark.timeout(480)
+def test_a_read_woken_by_a_timer_is_a_stall(jobs: dict[str, Future[tuple[Job, int, str, str]]]) -> None:
+    # THEN a wake-up that leaves the read of a pipe waiting moved no byte (the read would have returned with the
+    # first): the stall rule fires under `auto` about 60 s after the last motion, and the bundle blames the read
+    report = caught_by_auto(jobs[WOKEN].result())
+    verdict = report["verdict"]
+    assert (verdict["category"], verdict["suspect_ranks"]) == ("hang.io", [0]), verdict
+    assert re.search(r"rank 0 is waiting for I/O \(main thread blocked in read\(\) of fd \d+, pipe:\[\d+\] \(a pipe\)",
+                     verdict["summary"]), verdict  # fmt: skip
 
 
 def caught_by_auto(done: tuple[Job, int, str, str]) -> dict[str, Any]:

@@ -13,14 +13,16 @@ takes long to compile: before any optimizer step rank 0 spends the pause in Pyth
 rank 1 waits for it in backward), tool (an external tool run with subprocess.run: a shell pipeline that compresses
 as it goes, `… | gzip -1 > file`), captured (the same tool with capture_output=True: rank 0 polls its silent output
 pipes), workers (a DataLoader whose two workers take the whole pause to load the first batch, reading slowly),
-upload (an upload in a thread to a slow peer: the main thread waits on its future). And two that are not quiet:
+upload (an upload in a thread to a slow peer: the main thread waits on its future). And three that are not quiet:
 stuck (rank 0 waits for a child that waits for input that never comes: a credential prompt), ema-hang (rank 0's main
-thread blocks for good in a read while a thread of its own keeps running a module)."""
+thread blocks for good in a read while a thread of its own keeps running a module), woken-read (rank 0 blocks for
+good in a read of a pipe while an interval timer's signal wakes it five times a second)."""
 
 import contextlib
 import gc
 import io
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -240,6 +242,15 @@ def ema_hang(deadline: float, model: torch.nn.Module) -> None:
     os.read(r, 1)
 
 
+def woken_read(deadline: float) -> None:
+    """A hang: rank 0 blocks for good in a read of a pipe nobody writes, while an interval timer (a profiler's, a
+    watchdog's) interrupts it five times a second: each signal wakes it, and Python reads again."""
+    signal.signal(signal.SIGALRM, lambda *_: None)
+    signal.setitimer(signal.ITIMER_REAL, 0.2, 0.2)
+    r, _w = os.pipe()
+    os.read(r, 1)
+
+
 def stuck(deadline: float) -> None:
     """A child that waits for input that never comes (a credential prompt): rank 0 waits for it for good."""
     r, _w = os.pipe()
@@ -287,6 +298,7 @@ def main() -> None:
                     "captured": lambda d: tool(d, capture=True),
                     "workers": workers,
                     "stuck": stuck,
+                    "woken-read": woken_read,
                     "upload": upload,
                 }
                 if CASE in work:

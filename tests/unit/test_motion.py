@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -424,3 +425,29 @@ def test_a_rank_in_a_nested_pid_namespace_is_found_by_its_nspid(tmp_path: Path) 
     assert procfs.in_other_pid_namespace(7, 555, root=str(tmp_path)) == 301
     assert procfs.in_other_pid_namespace(7, 123, root=str(tmp_path)) is None
     assert procfs.in_other_pid_namespace(8, 555, root=str(tmp_path)) is None
+
+
+def test_a_read_of_a_pipe_woken_by_signals_is_not_woken_by_bytes() -> None:
+    # GIVEN a process blocked for good in a read of a pipe nobody writes, its interval timer's signal waking it
+    # (Python's handler runs and the read starts again) every 20 ms
+    code = ("import os, signal; signal.signal(signal.SIGALRM, lambda *_: None); r, w = os.pipe(); "
+            "signal.setitimer(signal.ITIMER_REAL, 0.02, 0.02); print(flush=True); os.read(r, 1)")  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"\n"
+
+        def switches() -> int:
+            return int(procfs._fields(procfs._read(f"/proc/{proc.pid}/status"))["voluntary_ctxt_switches"])
+
+        deadline = time.monotonic() + 20
+        while procfs.thread_syscall(proc.pid, proc.pid)[0] != "read" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        before = switches()
+        time.sleep(0.5)
+        # THEN it was woken many times inside the read, yet none of it counts: no byte can have moved
+        assert switches() - before >= 5
+        assert procfs.thread_syscall(proc.pid, proc.pid)[0] == "read"
+        assert procfs.rw_wakeups(proc.pid, proc.pid) is None
+    finally:
+        proc.kill()
+        proc.wait()
