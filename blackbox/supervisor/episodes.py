@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 from .._recorder import protocol as P
 from ..analyze.model import Report
+from ..bundle.writer import Written
 from ..coord.client import Coordination
 from ..coord.topology import Topology
 from ..detections import CRASH_RULES, HANG_RULES, NOTE_RULES, Detection, Trigger, incident_kind
@@ -23,6 +24,8 @@ from .process import JobProcess
 from .rules import FatalLines, RankView, Rules
 
 CRASH_WINDOW_S = 60.0  # after a crash was collected, further deaths within this window are the same episode
+CONFIRM_S = 2.0  # after a stall's evidence is written, its ranks are watched this long (two polls at least) once more
+CONFIRMED = ("stall", "frozen")  # the hangs so confirmed (the busy rule's ranks move by definition)
 _WHAT = {"stall": "stall", "frozen": "frozen rank", "busy": "busy rank (no step)", "gpu_idle": "GPU idle"}
 
 
@@ -56,6 +59,7 @@ class Episodes:
 
     def act(self, d: Detection) -> None:
         ctx, process = self.ctx, self.process
+        detected = time.monotonic()
         if d.rule in NOTE_RULES:  # a long pause while the job moves: a line and an event, nothing else
             if process.ending_since is None and not process.interrupted and not process.terminating:
                 ctx.event(d.rule, ranks=list(d.ranks), reason=d.reason, findings=[f.__dict__ for f in d.findings])
@@ -90,7 +94,13 @@ class Episodes:
         hang = d.rule in HANG_RULES
         option = _ending_option(d.rule)
         ending = hang and getattr(ctx.cfg, option) == "kill"
-        report = self.collect(Trigger(d.rule), d, job_ends=ending)
+        taken = self._write(Trigger(d.rule), d, ending)
+        if taken is not None and d.rule in CONFIRMED and self.coord is None and ctx.watching:
+            moved = self._moved_since(detected)
+            if moved is not None:
+                self._not_a_stall(d, taken[0].path, moved)
+                return
+        report = self.evidence.take_in(taken[0], Trigger(d.rule), alert=taken[1]) if taken is not None else None
         if not hang:
             return
         flag = "--" + option.replace("_", "-")
@@ -101,6 +111,32 @@ class Episodes:
         pids = ", ".join(str(r.pid) for r in report.ranks if r.rank in suspects) if report else ", ".join(
             str(f.pid) for f in d.findings)  # fmt: skip
         ctx.say(f"leaving the job running ({flag} keep); inspect it with: py-spy dump --pid {pids}")
+
+    def _moved_since(self, detected: float) -> Optional[str]:
+        """Whether a rank moved after the hang was detected, while its evidence was collected or within CONFIRM_S
+        after: a step, batch, forward call or stack change (its heartbeat), or bytes and the processes its main thread
+        waits for (the polls after the collection; the first sets the baselines: the dump's own bytes never count).
+        What moved, in words; None when nothing did."""
+        watch, poll = self.evidence.watch, self.ctx.cfg.poll_interval
+        end = time.monotonic() + max(CONFIRM_S, 2 * poll)
+        baseline = True
+        while True:
+            now = time.monotonic()
+            for v in watch.read_views(now):
+                if v.alive and (v.hb.last_motion > detected or (not baseline and v.io_at >= now)):
+                    return f"rank {v.rank} moved: {v.doing(now, now - detected + poll)}"
+            if now >= end or not self.process.running:
+                return None
+            baseline = False
+            time.sleep(poll)
+
+    def _not_a_stall(self, d: Detection, bundle: str, moved: str) -> None:
+        """The collected evidence disagrees with the detection: the incident is closed as not a hang. No verdict, no
+        alarm, the job goes on; the bundle is kept (what the ranks did meanwhile is evidence too)."""
+        self.rules.forget_hang()  # a hang later on is an incident of its own, ended as any other
+        self.ctx.event("not_a_stall", rule=d.rule, ranks=list(d.ranks), moved=moved, bundle=bundle)
+        self.ctx.say(f"not a {_WHAT.get(d.rule, d.rule)} after all: {moved} while its evidence was collected; the job "
+                     f"goes on, no alarm sent (the bundle is kept: {bundle})")  # fmt: skip
 
     def end_after_stall(self, what: str, flag: str = "--on-stall") -> None:
         self.ended_after_stall = True
@@ -180,8 +216,16 @@ class Episodes:
     # --- incidents ------------------------------------------------------------------------------------------
     def collect(self, trigger: Trigger, detection: Optional[Detection], job_ends: bool = False,
                 incident: Optional[dict[str, object]] = None) -> Optional[Report]:  # fmt: skip
-        """Bundle this node's evidence for an incident. `incident`: another node's, which this node collects for;
-        otherwise this node's trigger is posted to every node first."""
+        """Bundle this node's evidence for an incident, and take it in (the verdict said, the alarms). `incident`:
+        another node's, which this node collects for; otherwise this node's trigger is posted to every node first."""
+        taken = self._write(trigger, detection, job_ends, incident)
+        return self.evidence.take_in(taken[0], trigger, alert=taken[1]) if taken is not None else None
+
+    def _write(self, trigger: Trigger, detection: Optional[Detection], job_ends: bool,
+               incident: Optional[dict[str, object]] = None) -> Optional[tuple[Written, bool]]:  # fmt: skip
+        """Bundle this node's evidence (collect, before the bundle is taken in): the bundle, and whether this node
+        posted the incident (it raises the alarm); None when this node has already collected for the incident, or
+        the collection failed."""
         ctx = self.ctx
         own = incident is None
         if incident is None:
@@ -200,7 +244,7 @@ class Episodes:
         self._incidents[iid] = written.path
         ctx.event("bundle", path=written.path, trigger=trigger.name, incident=iid)
         ctx.say(f"evidence bundle: {written.path}")
-        return self.evidence.take_in(written, trigger, alert=own)
+        return written, own
 
     def _post_incident(self, trigger: Trigger, detection: Optional[Detection]) -> tuple[dict[str, object], bool]:
         """Tell every node (each collects its own evidence under the same incident id); or, alone, an id of

@@ -136,6 +136,10 @@ class Rules:
         self._pause_reported: Optional[float] = None  # the job's last step when its slow phase was noted
         self._elsewhere: Optional[tuple[float, str]] = None  # another node moved after every rank here: when, which
 
+    def forget_hang(self) -> None:
+        """The hang just reported was not one (its ranks moved meanwhile): the next is an incident of its own."""
+        self._hang_mark = None
+
     def evaluate(self, views: list[RankView], now: float, remote: Optional[tuple[float, str]] = None
                  ) -> list[Detection]:  # fmt: skip
         """`remote`: when another node's ranks last moved, and which node (multi-node coordination): a rank that

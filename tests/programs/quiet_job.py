@@ -16,7 +16,8 @@ pipes), workers (a DataLoader whose two workers take the whole pause to load the
 upload (an upload in a thread to a slow peer: the main thread waits on its future). And three that are not quiet:
 stuck (rank 0 waits for a child that waits for input that never comes: a credential prompt), ema-hang (rank 0's main
 thread blocks for good in a read while a thread of its own keeps running a module), woken-read (rank 0 blocks for
-good in a read of a pipe while an interval timer's signal wakes it five times a second)."""
+good in a read of a pipe while an interval timer's signal wakes it five times a second). And nap: rank 0 sleeps the
+pause (with a short --stall-timeout, a stall whose rank moves again while its evidence is collected)."""
 
 import contextlib
 import gc
@@ -299,6 +300,7 @@ def main() -> None:
                     "workers": workers,
                     "stuck": stuck,
                     "woken-read": woken_read,
+                    "nap": lambda d: time.sleep(max(0.0, d - time.monotonic())),
                     "upload": upload,
                 }
                 if CASE in work:
