@@ -24,7 +24,7 @@ from .process import JobProcess
 from .rules import FatalLines, RankView, Rules
 
 CRASH_WINDOW_S = 60.0  # after a crash was collected, further deaths within this window are the same episode
-CONFIRM_S = 2.0  # after a stall's evidence is written, its ranks are watched this long (two polls at least) once more
+CONFIRM_S = 2.0  # a stall's ranks are watched this long (two polls at least) once more before it counts
 CONFIRMED = ("stall", "frozen")  # the hangs so confirmed (the busy rule's ranks move by definition)
 _WHAT = {"stall": "stall", "frozen": "frozen rank", "busy": "busy rank (no step)", "gpu_idle": "GPU idle"}
 
@@ -86,6 +86,11 @@ class Episodes:
                       else None)  # fmt: skip
             ctx.say_once(f"same-episode:{d.rule}", f"{d.message()} (the stall already collected: same incident)")
             return
+        if d.rule in CONFIRMED and ctx.watching:
+            moved = self._moved_since(detected)
+            if moved is not None:
+                self._not_a_stall(d, moved)
+                return
         ctx.event(d.rule, ranks=list(d.ranks), reason=d.reason, findings=[f.__dict__ for f in d.findings])
         ctx.say(d.message())
         for f in d.findings:
@@ -94,13 +99,7 @@ class Episodes:
         hang = d.rule in HANG_RULES
         option = _ending_option(d.rule)
         ending = hang and getattr(ctx.cfg, option) == "kill"
-        taken = self._write(Trigger(d.rule), d, ending)
-        if taken is not None and d.rule in CONFIRMED and self.coord is None and ctx.watching:
-            moved = self._moved_since(detected)
-            if moved is not None:
-                self._not_a_stall(d, taken[0].path, moved)
-                return
-        report = self.evidence.take_in(taken[0], Trigger(d.rule), alert=taken[1]) if taken is not None else None
+        report = self.collect(Trigger(d.rule), d, job_ends=ending)
         if not hang:
             return
         flag = "--" + option.replace("_", "-")
@@ -113,30 +112,31 @@ class Episodes:
         ctx.say(f"leaving the job running ({flag} keep); inspect it with: py-spy dump --pid {pids}")
 
     def _moved_since(self, detected: float) -> Optional[str]:
-        """Whether a rank moved after the hang was detected, while its evidence was collected or within CONFIRM_S
-        after: a step, batch, forward call or stack change (its heartbeat), or bytes and the processes its main thread
-        waits for (the polls after the collection; the first sets the baselines: the dump's own bytes never count).
-        What moved, in words; None when nothing did."""
+        """Whether a rank moved within CONFIRM_S (two polls at least) after the hang was detected: a step, batch,
+        forward call or stack change (its heartbeat), bytes, or the processes its main thread waits for. Watched
+        before the evidence is collected: the collection's dump signal may wake what the job sleeps in (a C
+        sleep() returns early), and that would be blackbox moving the job. What moved, in words; None when nothing
+        did."""
         watch, poll = self.evidence.watch, self.ctx.cfg.poll_interval
         end = time.monotonic() + max(CONFIRM_S, 2 * poll)
-        baseline = True
         while True:
+            time.sleep(poll)
             now = time.monotonic()
             for v in watch.read_views(now):
-                if v.alive and (v.hb.last_motion > detected or (not baseline and v.io_at >= now)):
-                    return f"rank {v.rank} moved: {v.doing(now, now - detected + poll)}"
+                if v.alive and (v.hb.last_motion > detected or v.io_at >= now):
+                    return f"rank {v.rank} moved: {v.doing(now, now - detected)}"
             if now >= end or not self.process.running:
                 return None
-            baseline = False
-            time.sleep(poll)
 
-    def _not_a_stall(self, d: Detection, bundle: str, moved: str) -> None:
-        """The collected evidence disagrees with the detection: the incident is closed as not a hang. No verdict, no
-        alarm, the job goes on; the bundle is kept (what the ranks did meanwhile is evidence too)."""
+    def _not_a_stall(self, d: Detection, moved: str) -> None:
+        """A rank moved right after the detection: closed as not a hang before anything is said, collected or
+        posted. An event and one line; no bundle, no alarm, the job goes on."""
         self.rules.forget_hang()  # a hang later on is an incident of its own, ended as any other
-        self.ctx.event("not_a_stall", rule=d.rule, ranks=list(d.ranks), moved=moved, bundle=bundle)
-        self.ctx.say(f"not a {_WHAT.get(d.rule, d.rule)} after all: {moved} while its evidence was collected; the job "
-                     f"goes on, no alarm sent (the bundle is kept: {bundle})")  # fmt: skip
+        self.ctx.event("not_a_stall", rule=d.rule, ranks=list(d.ranks), reason=d.reason, moved=moved,
+                       findings=[f.__dict__ for f in d.findings])  # fmt: skip
+        idle = min((f.idle_s for f in d.findings), default=0.0)
+        self.ctx.say(f"no progress for {idle:.0f} s, then {moved}: not a {_WHAT.get(d.rule, d.rule)}; the job goes "
+                     "on (no evidence taken, no alarm)")  # fmt: skip
 
     def end_after_stall(self, what: str, flag: str = "--on-stall") -> None:
         self.ended_after_stall = True
