@@ -17,8 +17,10 @@ TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs millis
 if TYPE_CHECKING:  # annotations only
     from typing import Any, Optional
 
+    from .seam import DumpingRecorder
 
-def serve_dump_request(rec: Any) -> None:
+
+def serve_dump_request(rec: DumpingRecorder) -> None:
     """The supervisor asks by bumping the heartbeat's dump-request word (no signal needed while the GIL
     is free): write the Python-side dump, the flight-recorder trace and the memory snapshot."""
     request = rec.hb.dump_request()
@@ -29,7 +31,7 @@ def serve_dump_request(rec: Any) -> None:
     rec.lastwords.rotate_stack_file()
 
 
-def write_dump(rec: Any, request: int) -> str:
+def write_dump(rec: DumpingRecorder, request: int) -> str:
     path = os.path.join(rec.rank_dir, P.RANK_PYDUMP % request)
     record: dict[str, Any] = {
         "request": request, "time": time.time(), "rank": rec.rank, "pid": rec.pid,
@@ -45,7 +47,7 @@ def write_dump(rec: Any, request: int) -> str:
     return path
 
 
-def _dump_flight_recorder(rec: Any, torch: Any, request: int) -> Optional[dict[str, Any]]:
+def _dump_flight_recorder(rec: DumpingRecorder, torch: Any, request: int) -> Optional[dict[str, Any]]:
     dist = getattr(torch, "distributed", None)
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
@@ -74,7 +76,7 @@ def _dump_flight_recorder(rec: Any, torch: Any, request: int) -> Optional[dict[s
     return out
 
 
-def _dump_memory_snapshot(rec: Any, torch: Any, request: int) -> Optional[str]:
+def _dump_memory_snapshot(rec: DumpingRecorder, torch: Any, request: int) -> Optional[str]:
     cuda: Any = getattr(torch, "cuda", None)
     dump = getattr(getattr(cuda, "memory", None), "_dump_snapshot", None)
     if dump is None or not cuda.is_initialized():
@@ -84,7 +86,7 @@ def _dump_memory_snapshot(rec: Any, torch: Any, request: int) -> Optional[str]:
     return os.path.basename(path)
 
 
-def loader_state(rec: Any) -> Optional[dict[str, Any]]:
+def loader_state(rec: DumpingRecorder) -> Optional[dict[str, Any]]:
     it = rec._loader() if rec._loader is not None else None
     if it is None:
         return None
@@ -110,7 +112,7 @@ def loader_state(rec: Any) -> Optional[dict[str, Any]]:
     return state
 
 
-def write_state_files(rec: Any) -> None:
+def write_state_files(rec: DumpingRecorder) -> None:
     names = thread_names()
     if names != rec._threads_written:
         write_json(os.path.join(rec.rank_dir, P.RANK_THREADS), names)

@@ -60,3 +60,21 @@ class LiveRecorder(RecorderLike, Protocol):
     def flush(self) -> None: ...
 
     def _pause_seen(self, now: float) -> None: ...
+
+
+class DumpingRecorder(RecorderLike, Protocol):
+    """The recorder as its dumps and state files see it (dumps.py)."""
+
+    mode: str
+    hb: Any
+    lastwords: Any
+    torch: Any
+    _loader: Any
+    _loader_written: Any
+    _threads_written: dict[str, str]
+    _versions_written: bool
+    _annotations: dict[str, Any]
+    _metrics: list[dict[str, Any]]
+    _batches: int
+    _data_wait: float
+    _last_wait: float

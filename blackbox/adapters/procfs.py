@@ -22,15 +22,17 @@ class ProcStat:
     state: str  # R, S, D, Z, T ...
     ppid: int
     start_ticks: int
+    cpu_ticks: int  # CPU time used in clock ticks, with that of the children it has reaped (a shell's commands)
 
 
 def proc_stat(pid: int) -> Optional[ProcStat]:
-    text = _read(f"/proc/{pid}/stat")
+    text = _read(f"/proc/{pid}/stat") or ""
     try:
-        state, ppid, start = parse_proc_stat(text or "")
+        state, ppid, start = parse_proc_stat(text)
+        times = text[text.rindex(")") + 2 :].split()[11:15]  # utime, stime, cutime, cstime
+        return ProcStat(state, ppid, start, sum(int(v) for v in times))
     except (ValueError, IndexError):
         return None
-    return ProcStat(state, ppid, start)
 
 
 def is_alive(pid: int, start_ticks: int = 0) -> bool:
@@ -653,14 +655,3 @@ def write_target(pid: int) -> Optional[str]:
 def holding(pids: list[int], pipes: set[str]) -> list[int]:
     """Those of `pids` that hold one of these pipes open: the processes at the other end."""
     return [pid for pid in pids if fd_targets(pid) & pipes]
-
-
-def cpu_ticks(pid: int) -> Optional[int]:
-    """CPU time a process has used in clock ticks, with that of the children it has reaped (a shell's short-lived
-    commands): utime + stime + cutime + cstime from /proc/PID/stat."""
-    text = _read(f"/proc/{pid}/stat")
-    try:
-        rest = text[text.rindex(")") + 2 :].split() if text else []
-        return sum(int(v) for v in rest[11:15]) if len(rest) > 14 else None
-    except ValueError:
-        return None

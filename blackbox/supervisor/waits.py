@@ -88,9 +88,10 @@ class WaitFollower:
         and the bytes they read and wrote meanwhile. A process seen for the first time sets its baseline."""
         moved, read, written = False, 0, 0
         for p in procfs.process_tree(waited):
-            st, io, ticks = procfs.proc_stat(p), procfs.io_counters(p), procfs.cpu_ticks(p)
-            if st is None or ticks is None:
+            st, io = procfs.proc_stat(p), procfs.io_counters(p)
+            if st is None:
                 continue
+            ticks = st.cpu_ticks
             key = (p, st.start_ticks)
             self._polled.add(key)
             r, w = (io.rchar, io.wchar) if io is not None else (0, 0)
