@@ -374,12 +374,10 @@ def describe_waited(waits: Any) -> str:
     said = f"main thread waits for its child {_command(first)} (pid {first['pid']})"
     if leaf is not first:
         said += f", which waits for {_command(leaf)} (pid {leaf['pid']})"
-    blocked = describe_blocked(leaf["main_thread"]) if isinstance(leaf.get("main_thread"), dict) else ""
-    state = str(leaf.get("state") or "")[:1]
-    if state == "D":
-        return said + ", in uninterruptible sleep in the kernel" + (f" ({blocked[len('main thread '):]})" if blocked
-                                                                    else "")  # fmt: skip
-    return said + (f", which is {blocked[len('main thread ') :]}" if blocked else "")
+    blocked = describe_blocked(leaf["main_thread"], subject="") if isinstance(leaf.get("main_thread"), dict) else ""
+    if str(leaf.get("state") or "")[:1] == "D":
+        return said + ", in uninterruptible sleep in the kernel" + (f" ({blocked})" if blocked else "")
+    return said + (f", which is {blocked}" if blocked else "")
 
 
 def _command(entry: dict[str, Any]) -> str:
@@ -389,8 +387,9 @@ def _command(entry: dict[str, Any]) -> str:
     return f"`{line}`" if line else "process"
 
 
-def describe_blocked(b: dict[str, Any]) -> str:
-    """The main thread's blocking syscall in words: "blocked in read() of fd 5, /data/train.bin (a file on nfs4)"."""
+def describe_blocked(b: dict[str, Any], subject: str = "main thread") -> str:
+    """A thread's blocking syscall in words, after its `subject`: "main thread blocked in read() of fd 5,
+    /data/train.bin (a file on nfs4)"."""
     call = b.get("syscall")
     if not isinstance(call, str) or call in ("running", ""):
         return ""
@@ -400,7 +399,7 @@ def describe_blocked(b: dict[str, Any]) -> str:
     peer = f" to {b['peer']}" if b.get("peer") else ""
     fd = f" of fd {b['fd']}" if isinstance(b.get("fd"), int) else ""
     thing = f", {what} (a {kind}{on}{peer})" if what and kind else f", {what}" if what else ""
-    return f"main thread blocked in {call}(){fd}{thing}"
+    return (f"{subject} " if subject else "") + f"blocked in {call}(){fd}{thing}"
 
 
 def _stack_facts(bundle: Bundle, rank: int, rs: Optional[RankStack], alive: Optional[bool],
