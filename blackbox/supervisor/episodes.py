@@ -12,7 +12,6 @@ from typing import Callable, Optional
 
 from .._recorder import protocol as P
 from ..analyze.model import Report
-from ..bundle.writer import Written
 from ..coord.client import Coordination
 from ..coord.topology import Topology
 from ..detections import CRASH_RULES, HANG_RULES, NOTE_RULES, Detection, Trigger, incident_kind
@@ -216,16 +215,8 @@ class Episodes:
     # --- incidents ------------------------------------------------------------------------------------------
     def collect(self, trigger: Trigger, detection: Optional[Detection], job_ends: bool = False,
                 incident: Optional[dict[str, object]] = None) -> Optional[Report]:  # fmt: skip
-        """Bundle this node's evidence for an incident, and take it in (the verdict said, the alarms). `incident`:
-        another node's, which this node collects for; otherwise this node's trigger is posted to every node first."""
-        taken = self._write(trigger, detection, job_ends, incident)
-        return self.evidence.take_in(taken[0], trigger, alert=taken[1]) if taken is not None else None
-
-    def _write(self, trigger: Trigger, detection: Optional[Detection], job_ends: bool,
-               incident: Optional[dict[str, object]] = None) -> Optional[tuple[Written, bool]]:  # fmt: skip
-        """Bundle this node's evidence (collect, before the bundle is taken in): the bundle, and whether this node
-        posted the incident (it raises the alarm); None when this node has already collected for the incident, or
-        the collection failed."""
+        """Bundle this node's evidence for an incident. `incident`: another node's, which this node collects for;
+        otherwise this node's trigger is posted to every node first."""
         ctx = self.ctx
         own = incident is None
         if incident is None:
@@ -244,7 +235,7 @@ class Episodes:
         self._incidents[iid] = written.path
         ctx.event("bundle", path=written.path, trigger=trigger.name, incident=iid)
         ctx.say(f"evidence bundle: {written.path}")
-        return written, own
+        return self.evidence.take_in(written, trigger, alert=own)
 
     def _post_incident(self, trigger: Trigger, detection: Optional[Detection]) -> tuple[dict[str, object], bool]:
         """Tell every node (each collects its own evidence under the same incident id); or, alone, an id of
