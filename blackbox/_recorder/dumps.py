@@ -52,21 +52,27 @@ def _dump_flight_recorder(rec: DumpingRecorder, torch: Any, request: int) -> Opt
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return None
     c10d = getattr(torch._C, "_distributed_c10d", None)
-    # The unified recorder (every backend) where this torch has it, else the NCCL-only one of older releases.
-    dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
-    if dump is None:
+    recorders = [(name, getattr(c10d, name), getattr(c10d, name + "_json", None))
+                 for name in _RECORDERS if getattr(c10d, name, None) is not None]  # fmt: skip
+    if not recorders:
         return {"error": "this torch has no flight-recorder dump API"}
     fr_dir = os.environ.get(P.ENV_FR_DIR) or os.path.join(os.path.dirname(os.path.dirname(rec.rank_dir)),
                                                            P.FR_DIR)  # fmt: skip
     os.makedirs(fr_dir, mode=0o700, exist_ok=True)
     path = os.path.join(fr_dir, "%s%d" % (P.FR_PREFIX, rec.rank))  # the analyzer's <prefix><rank> names
-    data = dump()
-    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.replace(path + ".tmp", path)
-    out: dict[str, Any] = {"pickle": path, "bytes": len(data)}
-    dump_json = getattr(c10d, "_dump_fr_trace_json", None)
+    name, data = _fullest(recorders)
+    out: dict[str, Any] = {"pickle": path, "recorder": name.lstrip("_"), "bytes": len(data)}
+    if path not in _WRITTEN and _mtime(path) >= _SINCE:
+        # torch's own dump, written since this process started when a collective timed out or failed
+        # (TORCH_FR_DUMP_TEMP_FILE): the record of that moment, kept as it is
+        out["by"] = "torch"
+    else:
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+        _WRITTEN.add(path)
+    dump_json = dict((n, j) for n, _, j in recorders).get(name)
     if dump_json is not None:
         json_path = os.path.join(rec.rank_dir, P.RANK_FR_JSON)
         fd = os.open(json_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -74,6 +80,39 @@ def _dump_flight_recorder(rec: DumpingRecorder, torch: Any, request: int) -> Opt
             f.write(dump_json())
         out["json"] = json_path
     return out
+
+
+# NCCL's own recorder first (CUDA builds since torch split the recorder: NCCL groups' collectives are only there),
+# then the one the other backends use (gloo; NCCL too on releases before the split, which have only the first name)
+_RECORDERS = ("_dump_nccl_trace", "_dump_fr_trace")
+_WRITTEN: set[str] = set()  # the dump paths this process wrote (any other file there is torch's own dump)
+_SINCE = time.time()  # imported when the liveness thread starts, before any process group exists
+
+
+def _mtime(path: str) -> float:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return -1.0
+
+
+def _fullest(recorders: list[tuple[str, Any, Any]]) -> tuple[str, bytes]:
+    """The first recorder's dump that holds entries (a gloo job on a CUDA build leaves NCCL's empty), else the
+    first's. The dump is this process's own, pickled by torch: plain data."""
+    import pickle
+
+    first: Optional[tuple[str, bytes]] = None
+    for name, dump, _ in recorders:
+        data = dump()
+        first = first or (name, data)
+        try:
+            entries = pickle.loads(data).get("entries")
+        except Exception:  # a dump this code cannot read is still evidence
+            entries = None
+        if entries:
+            return name, data
+    assert first is not None
+    return first
 
 
 def _dump_memory_snapshot(rec: DumpingRecorder, torch: Any, request: int) -> Optional[str]:
