@@ -63,7 +63,7 @@ class RunStatus:
     started: Optional[str]
     exit_code: Optional[int]  # blackbox run's, once it ended
     ranks: list[RankStatus]
-    gpus: list[dict[str, Any]]  # index, name, utilization_pct, temperature_c (this node's, read now)
+    gpus: list[dict[str, Any]]  # index, name, utilization_pct, temperature_c, memory_used_mib, memory_total_mib (now)
     stragglers: list[dict[str, Any]]  # episodes: ranks, phase, factor, started, ended (None while it lasts)
     incidents: list[dict[str, Any]]  # each bundle with its verdict: bundle, trigger, category, suspect_ranks, time
     read_at: float = field(default_factory=time.time)
@@ -198,7 +198,8 @@ def read_status(run_dir: str, table: HeartbeatTable, previous: Optional[RunStatu
         command=[str(a) for a in start.get("command") or []], started=start.get("time"),
         exit_code=ended.get("exit_code") if isinstance(ended.get("exit_code"), int) else None,
         ranks=ranks, gpus=[{"index": g.index, "name": g.name, "utilization_pct": g.utilization_pct,
-                            "temperature_c": g.temperature_c} for g in gpus],
+                            "temperature_c": g.temperature_c, "memory_used_mib": g.memory_used_mib,
+                            "memory_total_mib": g.memory_total_mib} for g in gpus],
         stragglers=stragglers, incidents=_incidents(events),
     )  # fmt: skip
 

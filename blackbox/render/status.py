@@ -65,7 +65,8 @@ def renderable(s: RunStatus, title: str = "blackbox status") -> RenderableType:
     if s.gpus:
         parts.append(Text("GPUs: " + " | ".join(
             f"GPU{g['index']} {printable(str(g['name']))} util {_num(g['utilization_pct'], '{:.0f}')} % "
-            f"{_num(g['temperature_c'], '{:.0f}')} C" for g in s.gpus)))  # fmt: skip
+            f"{_num(g['temperature_c'], '{:.0f}')} C {_num(g.get('memory_used_mib'), '{:.0f}')}/"
+            f"{_num(g.get('memory_total_mib'), '{:.0f}')} MiB" for g in s.gpus)))  # fmt: skip
     for r in s.ranks:
         if r.waits_for:
             parts.append(Text(f"rank {r.rank} waits for {printable(r.waits_for)}"))

@@ -14,6 +14,7 @@ import pytest
 
 from blackbox._recorder import protocol as P
 from blackbox._recorder.heartbeat_writer import HeartbeatWriter
+from blackbox.adapters import gpu
 from blackbox.errors import BlackboxError
 from blackbox.render.status import render_status, render_status_json
 from blackbox.status import find_run, open_table, read_status
@@ -69,6 +70,26 @@ def test_a_run_as_it_stands(tmp_path: Path) -> None:
     render_status_json(s, out)
     data = json.loads(out.getvalue())
     assert data["schema_version"] == 1 and data["ranks"][1]["time_share"]["data"] > 0.5
+
+
+def test_the_gpus_with_their_memory(tmp_path: Path) -> None:
+    # the readings as the GPU adapter gives them (NVML on a lent H200 gave utilisation but, before, no memory here)
+    run = make_run(tmp_path, os.getpid())
+    reading = gpu.GpuReading(index=0, name="NVIDIA H200", temperature_c=47.0, utilization_pct=100.0,
+                             memory_used_mib=1989.875, memory_total_mib=143771.0, power_w=None, throttle=None,
+                             slowdown_temp_c=None)  # fmt: skip
+    table = open_table(str(run))
+    try:
+        s = read_status(str(run), table, gpus=[reading])
+    finally:
+        table.close()
+    out = io.StringIO()
+    render_status(s, out)
+    assert "GPU0 NVIDIA H200 util 100 % 47 C 1990/143771 MiB" in " ".join(out.getvalue().split())
+    out = io.StringIO()
+    render_status_json(s, out)
+    g = json.loads(out.getvalue())["gpus"][0]
+    assert (g["utilization_pct"], g["memory_used_mib"], g["memory_total_mib"]) == (100.0, 1989.875, 143771.0)
 
 
 def test_an_ended_run_and_bad_paths(tmp_path: Path) -> None:
