@@ -33,6 +33,7 @@ class Facts:
     remote_addresses: list[str] = field(default_factory=list)  # the addresses those lines name
     # this node's side of a network set-up: what its hostname resolves to, its interfaces, the *_SOCKET_IFNAME set
     hostname_note: Optional[str] = None
+    queued: list[int] = field(default_factory=list)  # ranks whose pending collective waits behind their GPU's work
     job_ended: bool = False  # blackbox ended the job once this bundle was taken (`--on-stall kill`): no live pids
 
 
@@ -43,8 +44,9 @@ class _At:
     ranks: str  # "1, 3"
     first: Optional[int]
     host: str  # the host of the first suspect
-    where: str  # "rank 1 on node7"
+    where: str  # "rank 1 on node7"; "every rank on node7" when none is named
     live_pids: list[str]
+    everyone: bool = False  # the suspects are every rank of the bundle (none stands out)
 
 
 def next_actions(v: Verdict, facts: Facts) -> list[str]:
@@ -54,7 +56,9 @@ def next_actions(v: Verdict, facts: Facts) -> list[str]:
     ranks = ", ".join(map(str, v.suspect_ranks)) or "?"
     live_pids = [str(facts.by_rank[r].pid) for r in v.suspect_ranks if r in facts.by_rank
                  and facts.by_rank[r].alive]  # fmt: skip
-    at = _At(ranks, first, host, f"rank {ranks} on {host}", live_pids)
+    everyone = len(v.suspect_ranks) > 1 and set(v.suspect_ranks) == set(facts.by_rank)
+    at = _At(ranks, first, host, f"rank {ranks} on {host}" if v.suspect_ranks else f"every rank on {host}",
+             live_pids, everyone)  # fmt: skip
     cat = v.category
     if cat == "hang.collective" and facts.mismatch:
         actions = [f"The ranks called different collectives: {facts.mismatch}. Find the rank-dependent branch or the "
@@ -65,8 +69,8 @@ def next_actions(v: Verdict, facts: Facts) -> list[str]:
     if cat.startswith("hang.") and cat != "hang.network_setup":
         if live_pids and not facts.job_ended:
             actions.append(f"While it hangs: `py-spy dump --native --pid {' --pid '.join(live_pids)}` on {host}.")
-        actions.append(f"Rerun with `blackbox run --on-stall keep` to keep the job alive for a debugger on rank "
-                       f"{ranks}.")  # fmt: skip
+        actions.append("Rerun with `blackbox run --on-stall keep` to keep the job alive for a debugger on "
+                       + (f"rank {ranks}." if v.suspect_ranks else "its ranks."))  # fmt: skip
     if cat == "ok" and v.suspect_ranks:
         actions.append(f"R{at.where[1:]} is the slowest (a straggler): compare its data, its node's load and its GPU's "
                        "temperature and clocks with the others'; it sets every collective's pace.")  # fmt: skip
@@ -93,9 +97,20 @@ def _oom(at: _At, facts: Facts) -> list[str]:
 
 
 def _collective(at: _At, facts: Facts) -> list[str]:
-    what = f" never entered {facts.missing_collective}" if facts.missing_collective else " did not arrive"
     pids = f"; while it runs: `py-spy dump --native --pid {' --pid '.join(at.live_pids)}`." if at.live_pids else "."
-    return [f"Look at {at.where}: it{what}. Its stack is in the bundle{pids}",
+    if at.first is not None and at.first in facts.queued:
+        first = (
+            f"Look at {at.where}: its GPU still runs the work queued before the collective (a long or hung "
+            f"kernel): `nvidia-smi` on {at.host} shows it busy, `py-spy dump --native` the host side{pids}"
+        )
+    elif facts.missing_collective or not (at.everyone or at.first is None):
+        what = f" never entered {facts.missing_collective}" if facts.missing_collective else " did not arrive"
+        first = f"Look at {at.where}: it{what}. Its stack is in the bundle{pids}"
+    else:  # every rank arrived (or none is named): which one's GPU is behind is not in the flight recorder
+        first = (f"No rank stands out: compare the stacks of {at.where} in the bundle{pids[:-1]}; to see whose "
+                 "collective never started on the GPU, rerun with `TORCH_NCCL_ENABLE_TIMING=1` (NCCL's flight "
+                 "recorder then keeps start times; it adds CUDA events to every collective).")  # fmt: skip
+    return [first,
             "Check that every rank issues the same collectives in the same order (a rank-dependent branch, an early "
             "`break`, a skipped eval): rerun with `TORCH_DISTRIBUTED_DEBUG=DETAIL`.",
             f"Check {at.host}'s network and GPU health (NCCL_DEBUG=INFO, `dmesg -T | grep -i xid`)."]  # fmt: skip

@@ -334,6 +334,10 @@ def _odd_ops(waiting: list[RankState]) -> list[int]:
     return sorted(r for ranks in by_op.values() if len(ranks) == smallest for r in ranks)
 
 
+# why a pending collective is the rank's own GPU work, not a wait for a peer (states._queued)
+QUEUED_WHY = "every member enqueued it and none started it, or the group is the rank alone"
+
+
 def _hang(states: list[RankState], ctx: Context) -> Blame:
     waiting = [s for s in states if s.kind == "waiting"]
     elsewhere = [s for s in states if s.kind == "elsewhere"]
@@ -348,9 +352,9 @@ def _hang(states: list[RankState], ctx: Context) -> Blame:
     if waiting and ctx.queued and {s.rank for s in waiting} <= set(ctx.queued):
         ids = sorted(ctx.queued)
         return Blame(ids, "hang.compute", "compute", "medium", f"{plural_ranks(ids)} enqueued the group's collective "
-                     "and the GPU never started it (the flight recorder: scheduled, not started): the GPU still "
-                     "runs the work queued before it, a long kernel", [f"{plural_ranks(ids)}: the collective is "
-                     "scheduled behind earlier GPU work, not waiting for a peer"])  # fmt: skip
+                     f"and no peer is missing ({QUEUED_WHY}): the GPU still runs the work queued before it, a long "
+                     "kernel", [f"{plural_ranks(ids)}: the collective is scheduled behind earlier GPU work, not "
+                     "waiting for a peer"])  # fmt: skip
     if ctx.mismatch and not elsewhere:
         odd = odd_ones(ctx.mismatch, states)
         why = [f"the ranks' calls differ at {ctx.mismatch_at or 'the same sequence number'}"]
@@ -412,7 +416,9 @@ def _all_wait(waiting: list[RankState], ctx: Context) -> Blame:
     ids = sorted(s.rank for s in waiting)
     summary = "every rank waits in a collective" + (
         f" (at different sequence numbers: {sorted(seqs)})" if len(seqs) > 1 else
-        ": a deadlock, or a peer outside this job (another node, a subgroup)")  # fmt: skip
+        ": one rank's GPU may still run the work queued before it (a long kernel; NCCL's flight recorder keeps no "
+        "start times unless TORCH_NCCL_ENABLE_TIMING=1), or a deadlock, or a peer outside this job (another node, "
+        "a subgroup)")  # fmt: skip
     return Blame(ids, "hang.collective", "collective", "low", summary)
 
 
@@ -499,6 +505,10 @@ def _timeout(states: list[RankState], ctx: Context, exceptions: list[dict[str, A
     if followed is not None and followed.suspects and not set(followed.suspects) <= set(raisers):
         chosen_ids, phase, confidence = followed.suspects, followed.phase, followed.confidence
         head = followed.summary
+    elif ctx.queued:
+        chosen_ids, phase, confidence = sorted(ctx.queued), "compute", "medium"
+        head = (f"{plural_ranks(chosen_ids)} enqueued it and no peer is missing ({QUEUED_WHY}): the GPU still ran "
+                "the work queued before it, a long kernel")  # fmt: skip
     else:
         rest = [s for s in states if s.kind != "waiting"]
         chosen = _pick([s for s in rest if s.kind == "elsewhere"]) or [s for s in rest if s.kind == "unknown"]

@@ -88,8 +88,8 @@ class JobEvidence:
     console: comm_log.ConsoleFacts = field(default_factory=comm_log.ConsoleFacts)
     exits: dict[int, int] = field(default_factory=dict)  # pid -> exit code (torchrun's lines)
     rank_exits: dict[int, int] = field(default_factory=dict)  # rank -> exit code (torchrun's failure summary)
-    # ranks whose stuck collective every member enqueued and none started (`scheduled`): the GPU still runs the work
-    # queued before it, a long kernel, not a wait for a peer
+    # ranks whose stuck collective every member enqueued and none started (`scheduled`; or a group of one): the GPU
+    # still runs the work queued before it, a long kernel, not a wait for a peer
     queued: list[int] = field(default_factory=list)
 
 
@@ -122,7 +122,7 @@ def job_evidence(bundle: Bundle, dumps: dict[int, dict[str, Any]], world: Option
     ev.entered = _entered(bundle, dumps)
     ev.stuck = fr.stuck(statuses + ev.console_statuses, members, ev.entered)
     ev.mismatches = [("0", seq, calls) for seq, calls in ev.console.mismatches] + _watchdog_mismatches(ev.console)
-    ev.queued = _queued(ev.stuck, statuses)
+    ev.queued = _queued(ev.stuck, statuses, members)
     for st in ev.stuck:  # the stuck collective's op, from a waiting rank's own entry
         if st.group.endswith(fr.P2P):
             ev.ops[(st.group, st.seq)] = "send/recv"
@@ -133,13 +133,18 @@ def job_evidence(bundle: Bundle, dumps: dict[int, dict[str, Any]], world: Option
     return ev
 
 
-def _queued(stuck: list[fr.Stuck], statuses: list[fr.GroupStatus]) -> list[int]:
-    """The ranks of groups whose stuck collective every member enqueued and none started (the dumps' started
-    counter, where the backend keeps one): `scheduled` behind earlier work on the GPU."""
+def _queued(stuck: list[fr.Stuck], statuses: list[fr.GroupStatus], members: dict[str, list[int]]) -> list[int]:
+    """The ranks of groups whose stuck collective every member enqueued and none started: `scheduled` behind earlier
+    work on the GPU. Where the backend keeps start times (NCCL with TORCH_NCCL_ENABLE_TIMING=1) the started counter
+    says so; without them (NCCL's default: last started -1, every entry `scheduled`; seen on an H200, torch 2.11)
+    only a group of one rank says it: it has no peer to wait for."""
     out: set[int] = set()
     for st in stuck:
+        if not st.waiting or st.missing or st.untraced:
+            continue
         own = [s for s in statuses if s.group == st.group]
-        if st.waiting and not st.missing and not st.untraced and all(0 <= s.last_started < st.seq for s in own):
+        alone = members.get(st.group) == st.waiting and len(st.waiting) == 1
+        if alone or all(0 <= s.last_started < st.seq for s in own):
             out.update(st.waiting)
     return sorted(out)
 

@@ -551,6 +551,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     oom_ranks = _memory_findings(bundle, list(facts.by_rank) or _rank_ids(bundle), findings, facts)
     dumps, unjoined, mismatched, fr_findings, ev = _collective_findings(bundle, torch_fr, rows)
     findings.extend(fr_findings)
+    facts.queued = ev.queued
     # per-rank state from every source, then one blame
     states = _rank_states(bundle, rank_stacks, rows, ev)
     state_of = {s.rank: s for s in states}
