@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup test test-fast lint docs demo bench clean browser services slurm
+.PHONY: setup test test-fast lint docs demo bench bench-hangs clean browser services slurm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,6 +58,12 @@ lint: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) scripts/demo.py
+
+# The hang benchmark (about 25 minutes on 2 cores): every row of its matrix under blackbox, PyTorch alone and torchrun
+# alone side by side; the result goes to docs/hangbench.json and its tables into docs/benchmarks.md.
+bench-hangs: $(STAMP)
+	$(PY) scripts/hangbench.py --out docs/hangbench.json
+	$(PY) scripts/gen_docs.py
 
 bench: $(STAMP)
 	$(PY) scripts/bench_overhead.py

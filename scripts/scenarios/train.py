@@ -142,7 +142,10 @@ def drop_root(worker_id: int) -> None:
 
 def main() -> None:
     # comm-timeout: the process group itself gives up on a collective after 5 s
-    options = {"timeout": timedelta(seconds=5)} if SCENARIO == "comm-timeout" else {}
+    # BB_PG_TIMEOUT_S: the timeout a team sets in its own init_process_group (the hang benchmark's PyTorch contender)
+    pg_timeout = os.environ.get("BB_PG_TIMEOUT_S")
+    options = {"timeout": timedelta(seconds=5)} if SCENARIO == "comm-timeout" else \
+        {"timeout": timedelta(seconds=float(pg_timeout))} if pg_timeout else {}  # fmt: skip
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:  # srun started every rank itself, no torchrun
         options.update(rank=int(os.environ["SLURM_PROCID"]), world_size=int(os.environ["SLURM_NTASKS"]))
     dist.init_process_group("gloo", **options)

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import zlib
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -270,7 +271,9 @@ def compiling(seconds: float) -> None:
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
+    # BB_PG_TIMEOUT_S: the timeout a team sets in its own init_process_group (the hang benchmark's PyTorch contender)
+    pg_timeout = os.environ.get("BB_PG_TIMEOUT_S")
+    dist.init_process_group("gloo", **({"timeout": timedelta(seconds=float(pg_timeout))} if pg_timeout else {}))
     rank = dist.get_rank()
     torch.manual_seed(rank)
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)))
@@ -278,6 +281,8 @@ def main() -> None:
     data = TensorDataset(torch.randn((STEPS_BEFORE + 3) * 4, 8), torch.randn((STEPS_BEFORE + 3) * 4, 1))
     for step, (x, y) in enumerate(DataLoader(data, batch_size=4), 1):
         if step == 1 and CASE == "compile":  # the first step compiles: rank 0's takes the pause, rank 1's a moment
+            if rank == 0:
+                print(f"rank 0: pausing ({CASE})", flush=True)
             started = time.monotonic()
             compiling(PAUSE_S if rank == 0 else 1.0)
             if rank == 0:
@@ -288,6 +293,7 @@ def main() -> None:
         opt.step()
         if step == STEPS_BEFORE and CASE != "compile":
             if rank == 0:
+                print(f"rank 0: pausing ({CASE})", flush=True)  # the pause's onset, for the hang benchmark
                 started = time.monotonic()
                 deadline = started + PAUSE_S
                 work = {

@@ -24,3 +24,8 @@ def test_the_readme_fits_on_two_screens_and_links_the_reference() -> None:
     assert len(readme.splitlines()) <= 140, "README.md: keep it to what a newcomer needs; the reference is docs/"
     for doc in sorted((ROOT / "docs").glob("*.md")):
         assert f"docs/{doc.name}" in readme, f"README.md does not link docs/{doc.name}"
+
+
+def test_the_hang_benchmarks_tables_are_generated_from_its_result() -> None:
+    text = gen_docs.BENCH_DOC.read_text()
+    assert gen_docs.rendered_bench(text) == text, "docs/benchmarks.md's hang benchmark is stale: scripts/gen_docs.py"

@@ -1,0 +1,436 @@
+"""The hang benchmark: a ground-truth matrix of real jobs (torchrun, gloo on the CPU; DDP, FSDP2 and plain
+all_reduce shapes) run under three contenders side by side in one run, each with its recommended settings:
+
+  blackbox   `blackbox run` with its defaults (`--stall-timeout auto`, `--on-stall kill`)
+  pytorch    PyTorch alone: the process group's timeout set short (60 s, in the job's init_process_group, as a team
+             would to compete), the flight recorder on (TORCH_FR_BUFFER_SIZE, TORCH_FR_DUMP_TEMP_FILE,
+             TORCH_NCCL_DUMP_ON_TIMEOUT) and PyTorch's analyzer (`torch.distributed.flight_recorder.fr_trace`) on
+             whatever dumps it left
+  torchrun   what a user has today: torchrun and the process group's default timeout
+
+Each row is an injected fault or a healthy long pause from the galleries (scripts/scenarios/train.py,
+tests/programs/quiet_job.py), with its truth beside it: category, culprit rank(s); the onset is the moment the job
+prints it (`rank N: failing now`, `rank 0: pausing`). Measured per contender: hangs detected (recall), healthy jobs
+ended or alarmed (false-positive rate), detection latency from onset (median, p90), culprit accuracy (exact suspect
+set; category where the tool gives one), evidence completeness (ranks with a stack and a collective trace / world),
+and the first line a user reads. One JSON file and a Markdown table.
+
+    python scripts/hangbench.py [--jobs 6] [--out docs/hangbench.json] [--rows a,b] [--contenders blackbox,...]
+    python scripts/hangbench.py --quick --check docs/hangbench.json   # CI: blackbox on a subset, no regression
+
+Imports the stdlib only (blackbox and torch run in the jobs' processes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
+QUIET = ROOT / "tests" / "programs" / "quiet_job.py"
+SCENARIOS = json.loads((ROOT / "scripts" / "scenarios" / "scenarios.json").read_text())
+BIN = Path(sys.executable).parent
+TORCHRUN = str(BIN / "torchrun") if (BIN / "torchrun").exists() else "torchrun"
+CONTENDERS = ("blackbox", "pytorch", "torchrun")
+PG_TIMEOUT_S = 60  # the PyTorch contender's process-group timeout
+CAP_S = 180.0  # a job still running this long after its start is stopped: no detection
+ONSET = re.compile(r"rank (\d+): (failing now|pausing)")
+STEP_AT = 8  # a fault's step: past `auto`'s first 5 steps, as the quiet job's pause (mid-training)
+QUICK = ("ddp-data-hang", "ddp-raise", "woken-read", "save", "tool")
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    program: list[str]  # the job's own command after torchrun's options
+    nproc: int
+    truth: str  # "hang" or "crash" (faults), "healthy"
+    category: Optional[str]  # blackbox's taxonomy, for the tools that give one
+    culprits: list[int]
+    shape: str  # plain, ddp, fsdp
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _scenario(name: str, truth: str, step_at: int = STEP_AT, row: Optional[str] = None) -> Row:
+    """A scenario-gallery job whose bad rank fails at step `step_at` (the gallery's own step 3 is before `auto`'s
+    5 steps, when the start-up timeout still holds: one row keeps it, to show that)."""
+    spec = SCENARIOS[name]
+    args = [str(a) for a in spec["args"]]
+    verdict = spec.get("verdict") or {}
+    shape = args[2] if len(args) > 2 else "plain"
+    env = {"BB_STEP_AT": str(step_at), **{str(k): str(v) for k, v in (spec.get("env") or {}).items()}}
+    return Row(row or name, [str(TRAIN), *args], int(spec.get("nproc", 2)), truth, verdict.get("category"),
+               list(verdict.get("suspect_ranks") or []), shape, env)  # fmt: skip
+
+
+def _quiet(case: str, truth: str, category: Optional[str] = None) -> Row:
+    return Row(case, [str(QUIET), case], 2, truth, category, [0] if truth != "healthy" else [], "ddp")
+
+
+def _pace(name: str) -> Row:
+    return Row(name, [str(TRAIN), name, "1", "ddp"], 2, "healthy", None, [], "ddp", {"BB_STEPS": "900"})
+
+
+def rows() -> list[Row]:
+    """At least 20 faults and 12 healthy jobs, from the galleries as they are (none tuned for this benchmark)."""
+    hangs = ["ddp-data-hang", "ddp-data-hang-workers", "skip-allreduce", "mismatch", "collective-hang", "ddp-gil-hang",
+             "ddp-ckpt-hang", "ddp-stopped", "ddp-kernel-hang", "fsdp-data-hang", "fsdp-gil-hang", "fsdp-ckpt-hang",
+             "memmap-hang", "socket-read"]  # fmt: skip
+    crashes = ["ddp-raise", "ddp-oom", "ddp-segv", "ddp-sigkill", "ddp-exit-early"]
+    out = [_scenario(n, "hang") for n in hangs] + [_scenario(n, "crash") for n in crashes]
+    out.append(_scenario("ddp-data-hang", "hang", 3, "ddp-data-hang-step3"))  # before auto's 5 steps
+    out += [_quiet(c, "hang", "hang.io") for c in ("stuck", "ema-hang", "woken-read")]
+    out += [_quiet(c, "healthy") for c in ("save", "forward", "loader", "metrics", "index", "dcp", "compile", "tool",
+                                           "captured", "workers", "upload")]  # fmt: skip
+    out += [_pace(n) for n in ("steady", "data-straggler", "compute-straggler")]
+    return out
+
+
+@dataclass
+class Outcome:
+    row: str
+    contender: str
+    truth: str
+    detected: bool  # a fault: the tool said so before the cap; a healthy job: it ended or alarmed (a false alarm)
+    latency_s: Optional[float]  # from onset to the tool's word
+    suspects: Optional[list[int]]
+    category: Optional[str]
+    culprit_ok: Optional[bool]
+    category_ok: Optional[bool]
+    evidence: float  # ranks with a stack and a collective trace / world
+    first_line: str
+    exit_code: Optional[int]
+    wall_s: float
+    note: str = ""
+
+
+class Lines:
+    """A process's output lines, each with the monotonic time it was read."""
+
+    def __init__(self, stream: Any) -> None:
+        self.lines: list[tuple[float, str]] = []
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream: Any) -> None:
+        for raw in iter(stream.readline, b""):
+            self.lines.append((time.monotonic(), raw.decode("utf-8", "replace").rstrip("\n")))
+
+    def join(self) -> None:
+        self._thread.join(timeout=10)
+
+    def first(self, pattern: re.Pattern[str], after: float = 0.0, until: float = float("inf")) -> Optional[
+            tuple[float, str]]:  # fmt: skip
+        return next(((t, s) for t, s in self.lines if after <= t <= until and pattern.search(s)), None)
+
+
+def _env(row: Row, contender: str, work: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "TORCH_FR_", "TORCH_NCCL_", "BB_"))}
+    env.pop("PYTHONPATH", None)
+    env.update(OMP_NUM_THREADS="1", TMPDIR=str(work), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", **row.env)
+    if contender == "pytorch":
+        (work / "fr").mkdir()
+        env.update(BB_PG_TIMEOUT_S=str(PG_TIMEOUT_S), TORCH_FR_BUFFER_SIZE="2000", TORCH_NCCL_DUMP_ON_TIMEOUT="1",
+                   TORCH_FR_DUMP_TEMP_FILE=str(work / "fr" / "fr_trace_"))  # fmt: skip
+    return env
+
+
+def _command(row: Row, contender: str, work: Path) -> list[str]:
+    job = [TORCHRUN, "--standalone", "--nproc-per-node", str(row.nproc), *row.program]
+    if contender == "blackbox":
+        return [sys.executable, "-m", "blackbox", "run", "--run-dir", str(work / "run"), "--", *job]
+    return job
+
+
+def run_one(row: Row, contender: str, scratch: Path) -> Outcome:
+    work = Path(tempfile.mkdtemp(prefix=f"{row.name}-{contender}-", dir=scratch))
+    os.chmod(work, 0o1777)  # read-failure's loader drops root
+    start = time.monotonic()
+    proc = subprocess.Popen(_command(row, contender, work), cwd=work, env=_env(row, contender, work),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    out, err = Lines(proc.stdout), Lines(proc.stderr)
+    try:
+        code: Optional[int] = proc.wait(timeout=CAP_S)
+    except subprocess.TimeoutExpired:
+        code = None
+    end = time.monotonic()
+    _stop(proc)
+    out.join()
+    err.join()
+    onset_line = out.first(ONSET)
+    onset = onset_line[0] if onset_line else None
+    judge = _blackbox if contender == "blackbox" else _torch
+    o = judge(row, contender, work, err, code, end, onset)
+    o.wall_s = round(end - start, 1)
+    if row.truth != "healthy" and onset is None:
+        o.note = (o.note + "; " if o.note else "") + "no onset line: latency from the job's start"
+    return o
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=10)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _latency(at: Optional[float], onset: Optional[float], fallback: float) -> Optional[float]:
+    return None if at is None else round(at - (onset if onset is not None else fallback), 1)
+
+
+BUNDLE = re.compile(r"^blackbox: evidence bundle: (\S+)")
+
+
+def _blackbox(row: Row, contender: str, work: Path, err: Lines, code: Optional[int], end: float,
+              onset: Optional[float]) -> Outcome:  # fmt: skip
+    said = err.first(BUNDLE, until=end)  # not the evidence of our own stop at the cap
+    first = err.first(re.compile(r"^blackbox: (?!evidence bundle|run |status:|recording|watching)"),
+                      onset or 0.0, end)  # fmt: skip
+    report: dict[str, Any] = {}
+    evidence = 0.0
+    if said:
+        path = BUNDLE.match(said[1]).group(1)  # type: ignore[union-attr]
+        res = subprocess.run([sys.executable, "-m", "blackbox", "report", "--format", "json", path],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+        report = json.loads(res.stdout).get("verdict", {}) if res.returncode == 0 and res.stdout.strip() else {}
+        evidence = _bundle_evidence(Path(path), row.nproc)
+    detected = said is not None or (row.truth == "healthy" and code not in (0, None))
+    suspects = report.get("suspect_ranks") if said else None
+    category = report.get("category") if said else None
+    return _outcome(row, contender, detected, _latency(said[0] if said else None, onset, end - CAP_S), suspects,
+                    category, evidence, first[1] if first else "", code)  # fmt: skip
+
+
+def _bundle_evidence(bundle: Path, world: int) -> float:
+    try:
+        with tarfile.open(bundle) as tar:
+            names = tar.getnames()
+    except (OSError, tarfile.TarError):
+        return 0.0
+    stack = {int(m.group(1)) for n in names if (m := re.match(r"ranks/(\d+)/(py-spy\.json|stacks-\d+\.txt)$", n))}
+    trace = {int(m.group(1)) for n in names if (m := re.match(r"flight_recorder/fr_trace_(\d+)$", n))}
+    return round(len(stack & trace) / world, 2)
+
+
+ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):")
+RANK_LINE = re.compile(r"^\s*rank\s*:\s*(\d+)")
+FAILURE = re.compile(r"Traceback|Error|timed out|Timed out|Timeout|exitcode|Signal \d+|failed")
+
+
+def _torch(row: Row, contender: str, work: Path, err: Lines, code: Optional[int], end: float,
+           onset: Optional[float]) -> Outcome:  # fmt: skip
+    detected = code not in (0, None)
+    suspects: Optional[list[int]] = None
+    note = ""
+    if detected:
+        texts = [s for _, s in err.lines]
+        at = next((i for i, s in enumerate(texts) if ROOT_CAUSE.search(s)), None)
+        ranks = [int(m.group(1)) for s in texts[at : at + 12] if (m := RANK_LINE.match(s))] if at is not None else []
+        suspects = ranks[:1] if ranks else []
+        analyzed = _torch_analyzer(work / "fr") if contender == "pytorch" else None
+        if analyzed is not None:
+            suspects, note = analyzed, "suspects from PyTorch's flight-recorder analyzer"
+    first = err.first(FAILURE, onset or 0.0, end)
+    traces = len(list((work / "fr").glob("fr_trace_*"))) if (work / "fr").is_dir() else 0
+    # a stack: the root cause's traceback (torchrun prints the first failure's error file); a trace: a dump
+    evidence = round(min(1, traces) / row.nproc, 2) if detected and suspects else 0.0
+    return _outcome(row, contender, detected, _latency(end if detected else None, onset, end - CAP_S), suspects, None,
+                    evidence, first[1] if first else "", code, note)  # fmt: skip
+
+
+def _torch_analyzer(fr_dir: Path) -> Optional[list[int]]:
+    """PyTorch's own analyzer on the dumps the job left (gloo leaves none unless the job dumps): its missing ranks."""
+    if not any(fr_dir.glob("fr_trace_*")):
+        return None
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(fr_dir)],
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    m = re.search(r"missing ranks: \{([\d, ]*)\}", res.stdout + res.stderr)
+    return sorted(int(r) for r in m.group(1).split(",") if r.strip()) if m else []
+
+
+def _outcome(row: Row, contender: str, detected: bool, latency: Optional[float], suspects: Optional[list[int]],
+             category: Optional[str], evidence: float, first_line: str, code: Optional[int],
+             note: str = "") -> Outcome:  # fmt: skip
+    fault = row.truth != "healthy"
+    culprit_ok = (sorted(suspects or []) == sorted(row.culprits)) if fault and detected else None
+    category_ok = (category == row.category) if fault and detected and category is not None else None
+    return Outcome(row.name, contender, row.truth, detected, latency if fault else None, suspects, category,
+                   culprit_ok, category_ok, evidence if fault else 0.0, first_line[:200], code, 0.0, note)  # fmt: skip
+
+
+def summarise(outcomes: list[Outcome]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for c in CONTENDERS:
+        mine = [o for o in outcomes if o.contender == c]
+        if not mine:
+            continue
+        faults = [o for o in mine if o.truth != "healthy"]
+        healthy = [o for o in mine if o.truth == "healthy"]
+        caught = [o for o in faults if o.detected]
+        lat = sorted(o.latency_s for o in caught if o.latency_s is not None)
+        cats = [o for o in caught if o.category_ok is not None]
+        out[c] = {
+            "faults": len(faults), "healthy": len(healthy),
+            "recall": _ratio(len(caught), len(faults)),
+            "false_positive_rate": _ratio(sum(o.detected for o in healthy), len(healthy)),
+            "latency_median_s": round(statistics.median(lat), 1) if lat else None,
+            "latency_p90_s": round(lat[min(len(lat) - 1, int(0.9 * len(lat)))], 1) if lat else None,
+            "culprit_accuracy": _ratio(sum(bool(o.culprit_ok) for o in faults), len(faults)),
+            "category_accuracy": _ratio(sum(bool(o.category_ok) for o in cats), len(cats)) if cats else None,
+            "evidence_completeness": round(sum(o.evidence for o in faults) / len(faults), 2) if faults else None,
+        }  # fmt: skip
+    return out
+
+
+def _ratio(a: int, b: int) -> Optional[float]:
+    return round(a / b, 2) if b else None
+
+
+def markdown(result: dict[str, Any]) -> str:
+    s = result["summary"]
+    cols = [c for c in CONTENDERS if c in s]
+    lines = ["| measure | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for key, label in (("recall", "faults detected (recall)"), ("false_positive_rate", "healthy jobs ended or alarmed"),
+                       ("latency_median_s", "latency from onset, median (s)"), ("latency_p90_s", "latency p90 (s)"),
+                       ("culprit_accuracy", "exact culprit set (of all faults)"),
+                       ("category_accuracy", "category right (where given)"),
+                       ("evidence_completeness", "evidence: ranks with stack + collective trace / world")):  # fmt: skip
+        lines.append(f"| {label} | " + " | ".join(_cell(s[c].get(key)) for c in cols) + " |")
+    lines += ["", "| row | truth | culprit | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
+    by = {(o["row"], o["contender"]): o for o in result["outcomes"]}
+    for r in result["rows"]:
+        cells = [_row_cell(by.get((r["name"], c))) for c in cols]
+        lines.append(f"| {r['name']} ({r['shape']}) | {r['truth']} {r['category'] or ''} | {r['culprits']} | "
+                     + " | ".join(cells) + " |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def _cell(v: Any) -> str:
+    return "-" if v is None else f"{v:.0%}" if isinstance(v, float) and v <= 1 and not isinstance(v, bool) else str(v)
+
+
+def _row_cell(o: Optional[dict[str, Any]]) -> str:
+    if o is None:
+        return "not run"
+    if o["truth"] == "healthy":
+        return "**alarm**" if o["detected"] else "quiet"
+    if not o["detected"]:
+        return "**missed**"
+    who = "right" if o["culprit_ok"] else f"**{o['suspects']}**"
+    return f"{o['latency_s']} s, {who}" + (f", {o['category']}" if o.get("category") else "")
+
+
+def check(result: dict[str, Any], committed_path: Path) -> list[str]:
+    """blackbox's recall and false-positive rate on these rows against the committed result's on the same rows."""
+    committed = json.loads(committed_path.read_text())
+    mine = {o["row"]: o for o in result["outcomes"] if o["contender"] == "blackbox"}
+    before = {o["row"]: o for o in committed["outcomes"] if o["contender"] == "blackbox" and o["row"] in mine}
+    problems = []
+    for name, o in sorted(mine.items()):
+        b = before.get(name)
+        if b is None:
+            problems.append(f"{name}: not in {committed_path.name}")
+        elif o["truth"] != "healthy" and b["detected"] and not o["detected"]:
+            problems.append(f"{name}: a fault blackbox caught in the committed run is missed now")
+        elif o["truth"] == "healthy" and o["detected"] and not b["detected"]:
+            problems.append(f"{name}: a healthy job is ended or alarmed now (quiet in the committed run)")
+    return problems
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=6, help="jobs side by side (default 6)")
+    ap.add_argument("--rows", help="comma-separated row names (default: all)")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS))
+    ap.add_argument("--quick", action="store_true", help=f"blackbox on {', '.join(QUICK)} only (CI)")
+    ap.add_argument("--check", type=Path, help="fail if blackbox's recall or false-positive rate regress against it")
+    ap.add_argument("--out", type=Path, help="write the JSON result here")
+    ap.add_argument("--markdown", type=Path, help="write the Markdown tables here")
+    args = ap.parse_args(argv)
+    table = rows()
+    names = set(QUICK) if args.quick else set(args.rows.split(",")) if args.rows else {r.name for r in table}
+    unknown = names - {r.name for r in table}
+    if unknown:
+        print(f"hangbench: unknown row(s) {sorted(unknown)}", file=sys.stderr)
+        return 2
+    chosen = [r for r in table if r.name in names]
+    contenders = ["blackbox"] if args.quick else [c for c in args.contenders.split(",") if c]
+    runs = [(r, c) for r in chosen for c in contenders]
+    runs.sort(key=lambda rc: rc[0].truth == "crash")  # the long jobs first
+    scratch = Path(tempfile.mkdtemp(prefix="bb-hangbench-"))
+    os.chmod(scratch, 0o1777)
+    started = time.monotonic()
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            futures = [pool.submit(run_one, r, c, scratch) for r, c in runs]
+            outcomes = []
+            for f in futures:
+                o = f.result()
+                outcomes.append(o)
+                print(f"hangbench: {o.row:22} {o.contender:9} {'detected' if o.detected else 'quiet':8} "
+                      f"{o.latency_s if o.latency_s is not None else '-':>6} {o.suspects} {o.category or ''} "
+                      f"({o.wall_s:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    result = {
+        "date": time.strftime("%Y-%m-%d"), "wall_s": round(time.monotonic() - started), "jobs": args.jobs,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}",
+        "versions": _versions(), "pg_timeout_s": PG_TIMEOUT_S, "cap_s": CAP_S,
+        "rows": [asdict(r) | {"program": [Path(p).name if "/" in p else p for p in r.program]} for r in chosen],
+        "outcomes": [asdict(o) for o in outcomes],
+        "summary": summarise(outcomes),
+    }  # fmt: skip
+    text = markdown(result)
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
+    if args.markdown:
+        args.markdown.write_text(text)
+    print(text)
+    if args.check:
+        problems = check(result, args.check)
+        for p in problems:
+            print(f"hangbench: REGRESSION: {p}", file=sys.stderr)
+        return 1 if problems else 0
+    return 0
+
+
+def _versions() -> dict[str, str]:
+    code = "import torch, blackbox; print(torch.__version__, getattr(blackbox, '__version__', '?'))"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    torch_v, _, bb_v = res.stdout.strip().partition(" ")
+    return {"torch": torch_v, "blackbox": bb_v, "py-spy": _pyspy()}
+
+
+def _pyspy() -> str:
+    """The py-spy the jobs' blackbox finds: beside this interpreter first, as on the jobs' PATH."""
+    spy = shutil.which("py-spy", path=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    if spy is None:
+        return "none"
+    res = subprocess.run([spy, "--version"], capture_output=True, text=True, timeout=30)
+    return res.stdout.strip().removeprefix("py-spy ")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
