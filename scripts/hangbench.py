@@ -96,8 +96,9 @@ def rows() -> list[Row]:
     out = [_scenario(n, "hang") for n in hangs] + [_scenario(n, "crash") for n in crashes]
     out.append(_scenario("ddp-data-hang", "hang", 3, "ddp-data-hang-step3"))  # before auto's 5 steps
     out += [_quiet(c, "hang", "hang.io") for c in ("stuck", "ema-hang", "woken-read")]
+    out += [_quiet(c, "hang") for c in ("stale-lock", "thread-deadlock")]  # no category of blackbox's is the truth
     out += [_quiet(c, "healthy") for c in ("save", "forward", "loader", "metrics", "index", "dcp", "compile", "tool",
-                                           "captured", "workers", "upload")]  # fmt: skip
+                                           "captured", "workers", "upload", "pool", "oversubscribed")]  # fmt: skip
     out += [_pace(n) for n in ("steady", "data-straggler", "compute-straggler")]
     return out
 
@@ -275,7 +276,7 @@ def _outcome(row: Row, contender: str, detected: bool, latency: Optional[float],
              note: str = "") -> Outcome:  # fmt: skip
     fault = row.truth != "healthy"
     culprit_ok = (sorted(suspects or []) == sorted(row.culprits)) if fault and detected else None
-    category_ok = (category == row.category) if fault and detected and category is not None else None
+    category_ok = (category == row.category) if fault and detected and category and row.category else None
     return Outcome(row.name, contender, row.truth, detected, latency if fault else None, suspects, category,
                    culprit_ok, category_ok, evidence if fault else 0.0, first_line[:200], code, 0.0, note)  # fmt: skip
 

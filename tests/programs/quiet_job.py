@@ -17,7 +17,10 @@ upload (an upload in a thread to a slow peer: the main thread waits on its futur
 stuck (rank 0 waits for a child that waits for input that never comes: a credential prompt), ema-hang (rank 0's main
 thread blocks for good in a read while a thread of its own keeps running a module), woken-read (rank 0 blocks for
 good in a read of a pipe while an interval timer's signal wakes it five times a second). And nap: rank 0 sleeps the
-pause (with a short --stall-timeout, a stall whose rank moves again while its evidence is collected)."""
+pause (with a short --stall-timeout, a stall whose rank moves again while its evidence is collected). For the hang
+benchmark (scripts/hangbench.py): pool (scoring in a multiprocessing.Pool for the pause), oversubscribed (evaluation
+while two burning processes take the CPUs), and two hangs: stale-lock (a `filelock` another process holds forever)
+and thread-deadlock (the main thread and a thread of its own each wait for the other's lock)."""
 
 import contextlib
 import gc
@@ -259,6 +262,74 @@ def stuck(deadline: float) -> None:
     subprocess.run(["cat"], stdin=r)
 
 
+HOLDER = """
+import fcntl, sys, time
+f = open(sys.argv[1], "w")
+fcntl.flock(f, fcntl.LOCK_EX)
+open(sys.argv[1] + ".held", "w").close()
+time.sleep(10**6)
+"""
+
+
+def stale_lock(deadline: float) -> None:
+    """A hang: rank 0 waits for a lock file (the `filelock` of a model cache) that another process took and never
+    lets go (a download hung while holding it); the lock polls every 50 ms, forever."""
+    from filelock import FileLock
+
+    path = os.path.join(WORK, "model.lock")
+    subprocess.Popen([sys.executable, "-c", HOLDER, path])
+    while not os.path.exists(path + ".held"):
+        time.sleep(0.05)
+    FileLock(path).acquire()
+
+
+def thread_deadlock(deadline: float) -> None:
+    """A hang: rank 0's main thread and a prefetch thread of its own each hold one lock and wait for the other."""
+    import threading
+
+    first, second = threading.Lock(), threading.Lock()
+
+    def prefetch() -> None:
+        with second:
+            time.sleep(0.2)
+            with first:
+                pass
+
+    with first:
+        threading.Thread(target=prefetch, name="prefetch", daemon=True).start()
+        time.sleep(0.2)
+        with second:
+            pass
+
+
+def _score(n: int) -> int:
+    end = time.monotonic() + 0.5
+    while time.monotonic() < end:
+        n = (n * 31 + 7) % 1_000_003
+    return n
+
+
+def pool(deadline: float) -> None:
+    """Scoring samples in a process pool: one `Pool.map` whose two workers compute for the whole pause while the main
+    thread waits for the results."""
+    import multiprocessing
+
+    chunks = max(1, int((deadline - time.monotonic()) / 0.5) * 2)
+    with multiprocessing.get_context("fork").Pool(2) as workers_pool:
+        print(f"rank 0: scored {len(workers_pool.map(_score, range(chunks), chunksize=1))} chunks", flush=True)
+
+
+def oversubscribed(deadline: float) -> None:
+    """Evaluation (as `forward`) while two processes of the job's node burn the CPUs it has: everything slower."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        forward(deadline)
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+
+
 def compiling(seconds: float) -> None:
     """What a compiler does for a long while: walk and rewrite graphs in Python."""
     deadline = time.monotonic() + seconds
@@ -308,6 +379,10 @@ def main() -> None:
                     "woken-read": woken_read,
                     "nap": lambda d: time.sleep(max(0.0, d - time.monotonic())),
                     "upload": upload,
+                    "stale-lock": stale_lock,
+                    "thread-deadlock": thread_deadlock,
+                    "pool": pool,
+                    "oversubscribed": oversubscribed,
                 }
                 if CASE in work:
                     work[CASE](deadline)
