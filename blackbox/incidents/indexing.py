@@ -100,7 +100,9 @@ def index_bundle(report: Report, bundle: Bundle, warn: Callable[[str], None],
     try:
         sig = signature(report)
         files = bundle_files(bundle)
-        found = index.similar(sig.fingerprint(), sig.category, sig.top_frame, {sha for _, sha in files})
+        job = bundle.section("multinode").get("job_id")
+        found = index.similar(sig.fingerprint(), sig.category, sig.top_frame, {sha for _, sha in files},
+                              job=str(job) if job else None)  # fmt: skip
         for p, sha in files:
             index.add(record(sig, report, bundle, p, sha))
     except Exception as exc:  # a full disk, a read-only file, a locked database past every retry

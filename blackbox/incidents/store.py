@@ -189,11 +189,12 @@ class IncidentIndex:
     def count(self) -> int:
         return int(self.db.execute("SELECT COUNT(*) FROM incidents").fetchone()[0])
 
-    def similar(self, fingerprint: str, category: str, top_frame: Optional[str],
-                exclude: set[str], limit: int = 5) -> list[dict[str, Any]]:  # fmt: skip
+    def similar(self, fingerprint: str, category: str, top_frame: Optional[str], exclude: set[str], limit: int = 5,
+                job: Optional[str] = None) -> list[dict[str, Any]]:  # fmt: skip
         """Earlier incidents: the same fingerprint ("same"), else the same category and top frame with another
         message ("similar"); newest first, each with its latest linked fix. Other nodes' bundles of the same
-        incident are not earlier incidents."""
+        incident are not earlier incidents, nor are those of the same multi-node `job` (a node cut off from the
+        others posts its own incident for the same failure)."""
         rows = self.db.execute(
             "SELECT * FROM incidents WHERE fingerprint = ? OR (category = ? AND top_frame IS ?) ORDER BY id DESC",
             (fingerprint, category, top_frame),
@@ -202,7 +203,7 @@ class IncidentIndex:
         seen_incidents: set[str] = set()
         for row in rows:
             rec = _plain(row)
-            if rec["sha256"] in exclude:
+            if rec["sha256"] in exclude or (job and rec.get("job_id") == job):
                 continue
             if rec.get("incident_id"):
                 if rec["incident_id"] in seen_incidents:

@@ -71,6 +71,19 @@ def test_link_round_trips_and_similar_finds_same_then_close(tmp_path: Path) -> N
     index.close()
 
 
+def test_the_same_jobs_other_node_is_not_seen_before(tmp_path: Path) -> None:
+    # a node cut off from the coordination posts its own incident (its own id) for the job's failure: on a shared
+    # index the other node's bundle of the same job is not an earlier incident; another job's is
+    index = IncidentIndex(str(tmp_path / "i.sqlite"))
+    same_job, _ = index.add({**record(1), "job_id": "20261204-143629-af6f91", "incident_id": "x-i1", "node": "b"})
+    other_job, _ = index.add({**record(2), "job_id": "20261203-101010-aaaaaa", "incident_id": "y-i1", "node": "b"})
+    found = index.similar("f" * 20, "hang.data_loading", "__getitem__ (train.py)", set(), job="20261204-143629-af6f91")
+    assert [f["id"] for f in found] == [other_job]
+    everything = index.similar("f" * 20, "hang.data_loading", "__getitem__ (train.py)", set())
+    assert [f["id"] for f in everything] == [other_job, same_job]
+    index.close()
+
+
 WRITER = """
 import sys
 from blackbox.incidents.store import IncidentIndex
