@@ -196,8 +196,10 @@ def _scontrol(what: str, args: list[str], timeout: float, env: Optional[Mapping[
         return None, f"scontrol did not answer within {timeout:g} s"
     except OSError as exc:
         return None, f"scontrol could not run: {exc.strerror}"
-    if res.returncode != 0:
-        return None, f"scontrol: {(res.stderr or res.stdout).strip()[:200] or f'exit {res.returncode}'}"
+    if res.returncode != 0:  # its last line says it (the lines before are the steps that led there)
+        said = [line.strip() for line in (res.stderr or res.stdout).splitlines() if line.strip()]
+        last = said[-1].removeprefix("scontrol: ")[:200] if said else f"exit {res.returncode}"
+        return None, f"scontrol: {last}"
     return res.stdout, what
 
 

@@ -16,7 +16,7 @@ from ..detections import Trigger
 from ..errors import EXIT_CANT_CREATE, BlackboxError
 from .collector import CollectOptions, Collector, CollectResult, disk_full
 from .job import Job, discover
-from .slurm_job import RESULT_MARK, FanOut, discover_node, fan_out
+from .slurm_job import RESULT_MARK, FanOut, discover_node, fan_out, running_job
 
 
 def out_target(out: Optional[str], run_dir: Optional[str]) -> tuple[str, Optional[str]]:
@@ -92,15 +92,14 @@ class SlurmCollection:
 
 
 def slurm_out_dir(job_id: str, out: Optional[str]) -> str:
-    """The directory every node writes its bundle into (created): --out, else blackbox-slurm-JOBID-STAMP."""
+    """The directory every node writes its bundle into (made once the job is found running): --out, else
+    blackbox-slurm-JOBID-STAMP."""
     if not job_id.isdigit():
         raise BlackboxError(f"`{job_id}` is not a Slurm job id (a number, as `squeue` shows it).")
     if out is not None and out.endswith((".tar.gz", ".tgz")):
         raise BlackboxError("With --slurm-job, --out is a directory: each node writes its own bundle into it.")
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-    out_dir = os.path.abspath(out or f"blackbox-slurm-{job_id}-{stamp}")
-    make_out_dir(out_dir, check_writable=False)
-    return out_dir
+    return os.path.abspath(out or f"blackbox-slurm-{job_id}-{stamp}")
 
 
 def node_options(options: CollectOptions) -> list[str]:
@@ -110,9 +109,11 @@ def node_options(options: CollectOptions) -> list[str]:
 
 
 def collect_slurm_job(job_id: str, out_dir: str, options: CollectOptions, env: Mapping[str, str]) -> SlurmCollection:
-    """Every node of a running Slurm job, through srun: a bundle each into `out_dir`. No bundle visible here at all:
-    BlackboxError."""
-    fan = fan_out(job_id, out_dir, options.budget, node_options(options), env)
+    """Every node of a running Slurm job, through srun: a bundle each into `out_dir`, created once the job is found
+    running (a job that is not leaves no empty directory behind)."""
+    facts, nodes = running_job(job_id, env)
+    make_out_dir(out_dir, check_writable=False)
+    fan = fan_out(job_id, facts, nodes, out_dir, options.budget, node_options(options), env)
     here = [b for b in fan.bundles if os.path.exists(b)]
     outcome = SlurmCollection(job_id, out_dir, fan, here, [b for b in fan.bundles if b not in here])
     return outcome

@@ -147,9 +147,9 @@ class FanOut:
         return [n.result["bundle"] for n in self.nodes if n.result and isinstance(n.result.get("bundle"), str)]
 
 
-def fan_out(job_id: str, out_dir: str, per_node: float, options: list[str], env: Mapping[str, str]) -> FanOut:
-    """Run `blackbox collect --slurm-node JOBID` on every node of the job through srun, within `per_node` seconds
-    (then srun is ended); every node writes its bundle into `out_dir` (a directory the nodes share)."""
+def running_job(job_id: str, env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """A running Slurm job's facts (`scontrol show job`) and its nodes; BlackboxError, in one sentence, for a job that
+    cannot be read, is not running or has no node."""
     facts, how = slurm.show_job(job_id, 15.0, env)
     if facts is None:
         raise BlackboxError(f"Cannot read Slurm job `{job_id}`: {how}.",
@@ -162,6 +162,14 @@ def fan_out(job_id: str, out_dir: str, per_node: float, options: list[str], env:
     nodes = slurm.expand_nodelist(str(facts.get("node_list") or ""))
     if not nodes:
         raise BlackboxError(f"Slurm job `{job_id}` has no node list (`scontrol show job {job_id}`).")
+    return facts, nodes
+
+
+def fan_out(job_id: str, facts: dict[str, Any], nodes: list[str], out_dir: str, per_node: float, options: list[str],
+            env: Mapping[str, str]) -> FanOut:  # fmt: skip
+    """Run `blackbox collect --slurm-node JOBID` on every node of the running job (`running_job`) through srun, within
+    `per_node` seconds (then srun is ended); every node writes its bundle into `out_dir` (a directory the nodes
+    share)."""
     argv = [sys.executable, "-m", "blackbox", "collect", "--slurm-node", job_id, "--out", out_dir, *options]
     cmd = slurm.srun_each_node(job_id, nodes, argv)
     run_env = {**env, "BLACKBOX_SLURM_COLLECT": "1"}

@@ -180,3 +180,26 @@ def test_a_dead_holder_is_told_from_a_handed_over_one(shares: tuple[node.NodeSha
     b.release()
     assert other.try_lead() and other.first
     other.close()
+
+
+def test_collecting_a_job_that_is_not_running_is_one_sentence_and_leaves_no_directory(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    # GIVEN a job that ended (TIMEOUT), then a Slurm that cannot be reached (scontrol's steps, then its last word)
+    ended, _ = fake_scontrol(tmp_path / "ended", 0, "", SHOW_JOB)
+    lost, _ = fake_scontrol(tmp_path / "lost", 9, "scontrol: error: fetch_config: DNS SRV lookup failed\\n"
+                            "scontrol: fatal: Could not establish a configuration source", "")  # fmt: skip
+    for env, said in ((ended, "Slurm job `1234` is not running (state `TIMEOUT`): there is nothing to collect."),
+                      (lost, "Cannot read Slurm job `1234`: scontrol: fatal: Could not establish a configuration "
+                             "source.")):  # fmt: skip
+        work = tmp_path / f"cwd-{len(os.listdir(tmp_path))}"
+        work.mkdir()
+        res = subprocess.run([sys.executable, "-m", "blackbox", "collect", "--slurm-job", "1234"], cwd=work,
+                             env={**os.environ, "PATH": env["PATH"] + ":" + os.environ["PATH"]}, capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+        # THEN one sentence, a non-zero exit, and no empty directory named in a line before it
+        assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
+        assert f"blackbox: error: {said}" in res.stderr, res.stderr
+        assert list(work.iterdir()) == [], list(work.iterdir())
