@@ -44,21 +44,24 @@ class _At:
     ranks: str  # "1, 3"
     first: Optional[int]
     host: str  # the host of the first suspect
-    where: str  # "rank 1 on node7"; "every rank on node7" when none is named
-    live_pids: list[str]
+    where: str  # "rank 1 on node7", "rank 0 on node3 and rank 1 on node7"; "every rank on node7" when none is named
+    live_pids: list[str]  # the live suspects' pids on `host`
     everyone: bool = False  # the suspects are every rank of the bundle (none stands out)
 
 
 def next_actions(v: Verdict, facts: Facts) -> list[str]:
     first = v.suspect_ranks[0] if v.suspect_ranks else None
-    row = facts.by_rank.get(first) if first is not None else None
-    host = row.node if row else facts.hosts.get(first, facts.node) if first is not None else facts.node
+    host = _host(first, facts) if first is not None else facts.node
     ranks = ", ".join(map(str, v.suspect_ranks)) or "?"
-    live_pids = [str(facts.by_rank[r].pid) for r in v.suspect_ranks if r in facts.by_rank
-                 and facts.by_rank[r].alive]  # fmt: skip
+    by_host: dict[str, list[str]] = {}  # the suspects on each host, the first suspect's host first
+    for r in v.suspect_ranks:
+        by_host.setdefault(_host(r, facts), []).append(str(r))
+    where = " and ".join(f"rank {', '.join(rs)} on {h}" for h, rs in by_host.items()) or f"every rank on {host}"
+    # a pid is only meaningful on its own host
+    live_pids = [str(facts.by_rank[r].pid) for r in v.suspect_ranks if r in facts.by_rank and facts.by_rank[r].alive
+                 and _host(r, facts) == host]  # fmt: skip
     everyone = len(v.suspect_ranks) > 1 and set(v.suspect_ranks) == set(facts.by_rank)
-    at = _At(ranks, first, host, f"rank {ranks} on {host}" if v.suspect_ranks else f"every rank on {host}",
-             live_pids, everyone)  # fmt: skip
+    at = _At(ranks, first, host, where, live_pids, everyone)
     cat = v.category
     if cat == "hang.collective" and facts.mismatch:
         actions = [f"The ranks called different collectives: {facts.mismatch}. Find the rank-dependent branch or the "
@@ -66,7 +69,7 @@ def next_actions(v: Verdict, facts: Facts) -> list[str]:
                    "signature across ranks."]  # fmt: skip
     else:
         actions = _BY_CATEGORY[cat](at, facts) if cat in _BY_CATEGORY else []
-    if cat.startswith("hang.") and cat != "hang.network_setup":
+    if cat.startswith("hang.") and cat not in ("hang.network_setup", "hang.network"):
         if live_pids and not facts.job_ended:
             actions.append(f"While it hangs: `py-spy dump --native --pid {' --pid '.join(live_pids)}` on {host}.")
         actions.append("Rerun with `blackbox run --on-stall keep` to keep the job alive for a debugger on "
@@ -77,6 +80,11 @@ def next_actions(v: Verdict, facts: Facts) -> list[str]:
     if not actions:
         actions.append("Compare steps and phases across ranks; the slowest rank is the first to look at.")
     return actions
+
+
+def _host(rank: int, facts: Facts) -> str:
+    row = facts.by_rank.get(rank)
+    return row.node if row else facts.hosts.get(rank, facts.node)
 
 
 def _oom(at: _At, facts: Facts) -> list[str]:
@@ -199,6 +207,22 @@ def _network(at: _At, facts: Facts) -> list[str]:
             "on InfiniBand/RoCE check `ibv_devinfo`, `NCCL_IB_HCA`, or try `NCCL_IB_DISABLE=1`."]  # fmt: skip
 
 
+def _lost_host(at: _At, facts: Facts) -> list[str]:
+    if at.first is None:  # every node's bundle given: every rank alive, waiting, the hosts cut apart
+        return ["Check the network between the job's hosts (each rank's host is in the ranks table): from each host, "
+                "`ping` the others; the interfaces' error counters (`ip -s link`, `ethtool -S <nic>`), the switch "
+                "ports, `ibstat` on InfiniBand; NCCL_DEBUG=INFO names the interface NCCL uses."]  # fmt: skip
+    here = facts.node
+    return [f"From {here}, check that {at.host} answers: `ping {at.host}`, `ssh {at.host} uptime`. A host that answers "
+            "nothing is down: its console, its BMC or the scheduler's node state says why (a kernel panic, power, an "
+            "Xid that took the node).",
+            f"If it answers, the network between {here} and {at.host} lost the job's traffic: the interfaces' error "
+            "counters (`ip -s link`, `ethtool -S <nic>`), the switch port, `ibstat` on InfiniBand; NCCL_DEBUG=INFO "
+            "names the interface NCCL uses.",
+            f"{at.host}'s side is in its blackbox run directory (bundles/): give every node's bundle to `blackbox "
+            "report` to merge them."]  # fmt: skip
+
+
 def _simple(text: str) -> Callable[[_At, Facts], list[str]]:
     return lambda at, facts: [text.format(at=at, R="R" + at.where[1:], where=at.where, host=at.host)]
 
@@ -221,7 +245,7 @@ _BY_CATEGORY: dict[str, Callable[[_At, Facts], list[str]]] = {
     "crash.oom": _oom, "crash.comm_timeout": _collective, "hang.collective": _collective, "crash.cuda_error": _cuda,
     "crash.exception": _exception, "crash.signal": _signal, "hang.data_loading": _data, "hang.io": _io,
     "crash.network_setup": _network, "hang.network_setup": _network, "hang.checkpoint_io": _checkpoint,
-    "hang.stopped": _stopped,
+    "hang.stopped": _stopped, "hang.network": _lost_host,
     "crash.host_oom": _simple("The kernel's OOM killer ended {where}: check the node's memory (node.json) and "
                               "host-side memory per rank (DataLoader workers, pinned memory, dataset caches); `dmesg "
                               "-T | grep -i -e oom -e 'killed process'` on the node."),

@@ -4,19 +4,23 @@ proven to be waiting is never a suspect — and the category is the suspect's ow
 each waiter waits in: from every waiter to the members that never entered its collective, on to the ranks that
 wait for nobody. In a crash the earliest failure is the cause, except a collective timeout or a lost peer: there
 the rank that raised is the victim and the suspect is the rank that never arrived; a job that could not set up
-its network is its own category. Used by the report and, through it, by `blackbox run`'s verdict, incident,
-alerts and index. Pure; imports the stdlib, the shared words, the flight-recorder adapter and the rank states."""
+its network is its own category, and so are ranks that never arrived on a host this node lost at the moment the
+job stopped (a host down or the network cut). Used by the report and, through it, by `blackbox run`'s verdict, incident,
+alerts and index. Pure; imports the stdlib, the shared words, the flight-recorder adapter, the rank states and
+analyze.nodes (the ranks on lost hosts)."""
 
 from __future__ import annotations
 
 import re
 import statistics
+import time
 from dataclasses import dataclass, field
 from signal import SIGTERM
 from typing import Any, Optional
 
 from ..adapters import flight_recorder as fr
 from ..detections import plural_ranks
+from .nodes import Cut
 from .states import RankState, error_kind, exception_key, exception_line, exception_where, is_victim
 
 # Which kind of elsewhere is the likelier cause when ranks that wait are absent and the others differ.
@@ -55,6 +59,7 @@ class Context:
     duplicate_gpu: list[int] = field(default_factory=list)  # ranks NCCL found on one GPU
     ops: dict[tuple[str, int], str] = field(default_factory=dict)  # (group, seq) -> the stuck collective's op
     waited: dict[int, float] = field(default_factory=dict)  # rank -> share of its run spent waiting (time ledger)
+    cut: dict[int, Cut] = field(default_factory=dict)  # ranks on a host this node lost when the job stopped
 
 
 @dataclass
@@ -205,9 +210,11 @@ def _followed(states: list[RankState], ctx: Context) -> Optional[Blame]:
                 f"{'waits' if len(w_ids) == 1 else 'wait'} in (the flight recorder's group status): "
                 f"{'it holds' if len(w.roots) == 1 else 'they hold'} the others up; the waiters are "
                 "victims"]  # fmt: skip
+    if not present and w.roots and all(r in ctx.cut for r in w.roots):
+        return _cut_off(w.roots, w_ids, missing_txt, ctx.cut, inferred)
     if not present:  # in no bundle given (another node's), or with no trace of its own
         return Blame(w.roots, "hang.collective", "collective", "medium", f"{plural_ranks(w.roots)} {missing_txt}, "
-                     f"which {plural_ranks(w_ids)} wait in; no bundle given has "
+                     f"which {plural_ranks(w_ids)} {'waits' if len(w_ids) == 1 else 'wait'} in; no bundle given has "
                      f"{'its' if len(w.roots) == 1 else 'their'} stack", inferred)  # fmt: skip
     lead = _pick(present)[0] if len(present) > 1 else present[0]
     head = describe(lead, [s for s in states if s not in present]) if len(present) == 1 else (
@@ -224,6 +231,46 @@ def _followed(states: list[RankState], ctx: Context) -> Optional[Blame]:
     category = category_of(lead) if lead.kind != "unknown" else "hang.unknown"
     return Blame(sorted(w.roots), category, lead.phase if lead.kind != "unknown" else None, confidence, summary,
                  inferred)  # fmt: skip
+
+
+def _cut_off(roots: list[int], w_ids: list[int], missing_txt: str, cut: dict[int, Cut],
+             inferred: list[str]) -> Blame:  # fmt: skip
+    """The ranks the others wait for live on hosts this node lost when the job stopped: no stack of theirs can say
+    more, and the likeliest cause is between the hosts (a host down, the network cut), not in the job's code."""
+    hosts = sorted({cut[r].host for r in roots})
+    since = min((c.since for r in roots if (c := cut[r]).since is not None), default=None)
+    at = f" since {time.strftime('%H:%M:%S', time.gmtime(since))} UTC" if since is not None else ""
+    how = ("the coordinator there stopped answering" if all(cut[r].how == "unanswered" for r in roots) else
+           "blackbox's supervisor there fell silent")  # fmt: skip
+    there = ", ".join(f"`{h}`" for h in hosts)
+    summary = (f"{plural_ranks(roots)} on {there} {missing_txt}, which {plural_ranks(w_ids)} "
+               f"{'waits' if len(w_ids) == 1 else 'wait'} in; this host has heard nothing from {there}{at} ({how}): "
+               "the host is down or the network between the hosts is cut")  # fmt: skip
+    why = (
+        f"{there} went quiet on the coordination when the ranks stopped: the waiters cannot be told apart from "
+        "victims of a network partition or a lost host; that host's bundle, where it wrote one, shows its side"
+    )
+    return Blame(sorted(roots), "hang.network", "collective", "medium", summary, [*inferred, why])
+
+
+def _partition(waiting: list[RankState], ctx: Context) -> Blame:
+    """Every rank with evidence waits in one collective while a node of the job lost another when they stopped: the
+    ranks beyond the cut with no evidence here are the ones to look at (their host down, or the network cut); where
+    the ranks beyond the cut wait here too, alive, the hosts only lost each other: a partition, every rank its
+    victim."""
+    lost = sorted(r for r in ctx.cut if r in ctx.absent or r in ctx.unseen)
+    there = ", ".join(f"`{h}`" for h in sorted({c.host for c in ctx.cut.values()}))
+    since = min((c.since for c in ctx.cut.values() if c.since is not None), default=None)
+    at = f" at {time.strftime('%H:%M:%S', time.gmtime(since))} UTC" if since is not None else ""
+    if lost:
+        summary = (f"every rank with evidence waits in a collective, and {there} went quiet on the coordination{at}, "
+                   f"when the ranks stopped ({plural_ranks(lost)} there, with no evidence here): the host is down or "
+                   "the network between the hosts is cut")  # fmt: skip
+        return Blame(lost, "hang.network", "collective", "medium", summary)
+    summary = (f"every rank waits in a collective, alive, and the hosts lost each other on the coordination{at}, when "
+               f"the ranks stopped ({there}): the network between the hosts is cut (a partition); every rank is its "
+               "victim")  # fmt: skip
+    return Blame([], "hang.network", "collective", "medium", summary)
 
 
 def _pick(elsewhere: list[RankState]) -> list[RankState]:
@@ -402,6 +449,9 @@ def _hang(states: list[RankState], ctx: Context) -> Blame:
 
 
 def _all_wait(waiting: list[RankState], ctx: Context) -> Blame:
+    seqs = {s.seq for s in waiting if s.seq is not None}
+    if ctx.cut and len(seqs) <= 1:  # every rank with evidence waits in one collective, and hosts lost each other
+        return _partition(waiting, ctx)
     if ctx.absent:
         ids = sorted(ctx.absent)
         return Blame(ids, "hang.collective", "collective", "low", f"every rank in these bundles waits in a collective; "
@@ -412,7 +462,6 @@ def _all_wait(waiting: list[RankState], ctx: Context) -> Blame:
     if ctx.unseen:  # by elimination: every other rank of the world waits
         return Blame(list(ctx.unseen), "hang.collective", "collective", "low", "every other rank waits in a "
                      f"collective; {plural_ranks(ctx.unseen)}, with no evidence, never arrived")  # fmt: skip
-    seqs = {s.seq for s in waiting if s.seq is not None}
     ids = sorted(s.rank for s in waiting)
     summary = "every rank waits in a collective" + (
         f" (at different sequence numbers: {sorted(seqs)})" if len(seqs) > 1 else

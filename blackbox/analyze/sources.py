@@ -1,6 +1,7 @@
 """Where a rank's evidence lives in a bundle, below the rest of analyze/: its newest dump of a kind, its main thread
 from the recorder's own dumps, every rank's flight-recorder dump, the hosts the job spans and the host each rank
-lives on. Pure; imports the stdlib, the rank protocol, the stack and flight-recorder adapters and the reader."""
+lives on. Pure; imports the stdlib, the rank protocol, the stack and
+flight-recorder adapters and the reader."""
 
 from __future__ import annotations
 

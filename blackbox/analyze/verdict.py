@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
+from datetime import datetime
 from typing import Any, Optional
 
 from .._recorder import protocol as P
@@ -19,6 +20,7 @@ from .actions import Facts, next_actions
 from .blame import ERROR_CATEGORY, Blame, Context, blame
 from .model import Finding, RankRow, Report, Verdict
 from .motion import findings as motion_findings
+from .nodes import node_findings, unreachable
 from .sources import flight_recorder_dumps, hosts, rank_hosts
 from .stackgroups import RankStack, group, rank_stack, signature
 from .states import JobEvidence, RankState, exception_line, exception_records, job_evidence, late_arrival, read_state
@@ -213,16 +215,18 @@ def _timeline(bundle: Bundle, rows: list[RankRow], suspects: list[int]) -> dict[
         out.append({"rank": row.rank, "node": row.node, "samples": samples[-500:], "last_progress": last})
     stopped = [t for t in out if t["last_progress"] is not None]
     first = min(stopped, key=lambda t: (t["last_progress"], t["rank"]))["rank"] if len(stopped) > 1 else None
-    created = bundle.manifest.get("created")
-    end = None
-    if isinstance(created, str):
-        from datetime import datetime
+    return {"ranks": out, "stopped_first": first, "end": _created(bundle)}
 
+
+def _created(bundle: Bundle) -> Optional[float]:
+    """When the bundle was written (wall time), from its manifest."""
+    created = bundle.manifest.get("created")
+    if isinstance(created, str):
         try:
-            end = datetime.fromisoformat(created).timestamp()
+            return datetime.fromisoformat(created).timestamp()
         except ValueError:
-            end = None
-    return {"ranks": out, "stopped_first": first, "end": end}
+            return None
+    return None
 
 
 def _rank_summary(rows: list[RankRow], rank_stacks: dict[int, RankStack], suspects: list[int]) -> list[Finding]:
@@ -331,43 +335,6 @@ def _gpu_findings(bundle: Bundle, findings: list[Finding]) -> None:
                                     f"{max(ecc):g}", source))  # fmt: skip
 
 
-def _node_findings(bundle: Bundle) -> list[Finding]:
-    """Multi-node: nodes whose bundle is not among those given, and nodes whose supervisor had fallen silent."""
-    m = bundle.manifest
-    mn = bundle.section("multinode")
-    states = {name: bundle.json(name) for name in bundle.files if name.endswith(L.COORDINATION)}
-    silent: dict[str, Any] = {}
-    out: list[Finding] = []
-    for name, state in states.items():
-        if not isinstance(state, dict):
-            continue
-        if state.get("status") == "alone" and state.get("why_alone"):
-            out.append(Finding("observed", f"node {state.get('node')} was not coordinated with the others "
-                               f"({state['why_alone']}): they did not collect at the same moment", name))  # fmt: skip
-        gone = state.get("silent")
-        for node, info in gone.items() if isinstance(gone, dict) else ():
-            silent.setdefault(str(node), (info, name))
-    nodes: list[Any] = m["nodes"] if isinstance(m.get("nodes"), list) else [{"node_rank": mn.get("node_rank")}]
-    present = {str(n.get("node_rank")) for n in nodes if isinstance(n, dict)}
-    nnodes = mn.get("nnodes")
-    missing = [str(i) for i in range(nnodes) if str(i) not in present] if isinstance(nnodes, int) else []
-    for node, (info, source) in silent.items():
-        last = info.get("summary") if isinstance(info, dict) else None
-        ranks: dict[str, Any] = last["ranks"] if isinstance(last, dict) and isinstance(last.get("ranks"), dict) else {}
-        seen = ", ".join(f"rank {r} step {v.get('step')} {v.get('phase')}" for r, v in sorted(
-            ranks.items(), key=lambda kv: integer(kv[0]) or 0) if isinstance(v, dict))  # fmt: skip
-        quiet = info.get("silent_s") if isinstance(info, dict) else None
-        out.append(Finding("observed", f"node {node}'s blackbox supervisor fell silent (no liveness for {quiet} s: "
-                           "killed, or its host is down); that node was not watched and has no bundle for this "
-                           "incident" + (f"; last seen: {seen}" if seen else ""), source))  # fmt: skip
-    lost = [n for n in missing if n not in silent]
-    if lost:
-        out.append(Finding("observed", f"node(s) {', '.join(lost)} of {nnodes} have no bundle among those given: "
-                           "each node writes its own under its run directory's bundles/ — give them all",
-                           "manifest.json: multinode"))  # fmt: skip
-    return out
-
-
 def _rank_states(bundle: Bundle, rank_stacks: dict[int, RankStack], rows: list[RankRow],
                  ev: JobEvidence) -> list[RankState]:  # fmt: skip
     """Every rank's state from every source (analyze.states), in rank order."""
@@ -404,6 +371,13 @@ def _peer_median(ordered: list[float], own: Optional[float]) -> Optional[float]:
     at = bisect.bisect_left(ordered, own)
     m = n // 2
     return ordered[m] if m < at else ordered[m + 1]
+
+
+def _stopped_at(bundle: Bundle, rows: list[RankRow]) -> Optional[float]:
+    """When the job's ranks stopped (wall time): the collection's time less the longest idle of a live rank."""
+    idles = [r.idle_s for r in rows if r.idle_s is not None and r.alive]
+    end = _created(bundle)
+    return end - max(idles) if idles and end is not None else None
 
 
 def _progressing(rows: list[RankRow]) -> Optional[bool]:
@@ -473,10 +447,11 @@ def _evidence(bundle: Bundle, rows: list[RankRow], rank_stacks: dict[int, RankSt
     absent: list[int] = []
     if isinstance(world, int) and 0 < len(rows) < world <= len(rows) + 100_000:
         absent = [r for r in range(world) if r not in facts.by_rank]
-        findings.append(Finding("observed", f"{plural_ranks(absent)} of {world} are in none of the bundles given: "
+        are = "is" if len(absent) == 1 else "are"
+        findings.append(Finding("observed", f"{plural_ranks(absent)} of {world} {are} in none of the bundles given: "
                                 "their node's bundle is missing (give every node's bundle to merge them)",
                                 "manifest.json: job.world_size"))  # fmt: skip
-    findings.extend(_node_findings(bundle))
+    findings.extend(node_findings(bundle))
     raised = _exceptions(bundle, list(facts.by_rank) or _rank_ids(bundle))
     for exc in raised[:3]:
         findings.append(Finding("observed", f"rank {exc['rank']} raised {exception_line(exc)}",
@@ -573,7 +548,8 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
                   progressing=_progressing(rows) if rule == "manual" else None, cuda_lines=ev.console.cuda_errors,
                   ops={**ev.ops, **{(u.group, u.seq): u.op for u in unjoined}},
                   duplicate_gpu=ev.console.duplicate_gpu,
-                  waited=_waited(time))  # fmt: skip
+                  waited=_waited(time),
+                  cut=unreachable(bundle, _stopped_at(bundle, rows)))  # fmt: skip
     b = blame(states, ctx)
     suspects = b.suspects
     summary = _summary(b, rule, Trigger(bundle.trigger.rule, bundle.trigger.kind).name, reason)

@@ -58,6 +58,7 @@ class Coordination:
         self.job_id = ""
         self.joined = 0  # how many nodes have joined the coordination
         self.silent: dict[str, dict[str, Any]] = {}  # node -> what was known when it fell silent
+        self.unanswered_since: Optional[float] = None  # wall time since which the store has not answered this node
         self.hosts: dict[str, Any] = {}  # node -> {"host", "ranks"}: where each node's ranks live
         self._lock = threading.Lock()
         self._inbox: list[dict[str, Any]] = []  # remote incidents, silences: taken by the supervisor's loop
@@ -121,7 +122,7 @@ class Coordination:
     def post(self, incident: dict[str, Any]) -> Optional[tuple[dict[str, Any], bool]]:
         """Post an incident to every node: (the incident as the store has it, whether this node posted it
         — False when it joined one another node had just posted). None: this node is not coordinated now."""
-        if self.status != "connected":
+        if self.status != "connected" or self.unanswered_since is not None:
             return None
         with self._lock:
             self._ref += 1
@@ -182,9 +183,9 @@ class Coordination:
         """What a bundle records about the coordination at the time of the collection."""
         return {
             "status": self.status, "why_alone": self.why_alone or None, "job_id": self.job_id or None,
-            "address": self.topo.address, "hosting": self.topo.hosting, "node": self.label,
+            "address": self.topo.address, "hosting": self.topo.hosting, "node": self.label, "host": self.hostname,
             "node_rank": self.topo.node_rank, "nnodes": self.topo.nnodes, "joined": self.joined,
-            "silent": dict(self.silent), "rank_hosts": self.rank_hosts(),
+            "silent": dict(self.silent), "unanswered_since": self.unanswered_since, "rank_hosts": self.rank_hosts(),
         }  # fmt: skip
 
     def rank_hosts(self) -> dict[str, str]:
@@ -259,6 +260,17 @@ class Coordination:
                 self._say_once(f"coordination-{reason}", sentence)
             else:
                 self._alone(reason, sentence)
+        elif ev == "unanswered":
+            quiet = float(msg.get("silent_s") or 0)
+            self.unanswered_since = time.time() - quiet
+            self._event("coordination", status="unanswered", address=self.topo.address, silent_s=quiet)
+            self._say_once("coordination-unanswered", f"{where} has not answered for {quiet:g} s (its host is down, or "
+                           "the network between this host and it is cut): this node watches and collects on its own "
+                           "until it answers")  # fmt: skip
+        elif ev == "answered":
+            self.unanswered_since = None
+            self._event("coordination", status="answered", address=self.topo.address)
+            self._say_once("coordination-answered", f"{where} answers again")
         elif ev == "posted":
             with self._answered:
                 self._answers[int(msg["ref"])] = msg

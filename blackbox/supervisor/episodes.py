@@ -289,7 +289,8 @@ class Episodes:
             if msg["ev"] == "silent":
                 ctx.event("node_silent", node=node, silent_s=msg.get("silent_s"), last_summary=msg.get("summary"))
                 ctx.say(f"the blackbox supervisor of node {node} has been silent for {msg.get('silent_s')} s "
-                        "(killed, or its host is down): that node is no longer watched; this one goes on")  # fmt: skip
+                        "(killed, its host down, or the network to it cut): that node is no longer watched; this one "
+                        "goes on")  # fmt: skip
             elif msg["ev"] == "back":
                 ctx.event("node_back", node=node)
                 ctx.say(f"the blackbox supervisor of node {node} is back")

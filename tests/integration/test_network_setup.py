@@ -3,7 +3,8 @@ host name (a UTS namespace), each running `blackbox run -- torchrun --nnodes 2` 
 0's store. When the host names do not resolve to the hosts' addresses and no GLOO_SOCKET_IFNAME is set, gloo falls
 back to loopback and the full mesh cannot connect: both nodes must call it a network set-up failure and name the
 fix. When they do resolve (an /etc/hosts of the hosts' own, in a private mount namespace), the job trains, and a
-hang on node 1 is named on node 1's host. Root only (namespaces); skipped elsewhere."""
+hang on node 1 is named on node 1's host; when the link between the hosts goes down mid-training, each side names
+the other host and the network. Root only (namespaces); skipped elsewhere."""
 
 from __future__ import annotations
 
@@ -11,67 +12,34 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from scripts.netns import available, cut, on_host, two_hosts
 from tests.conftest import BIN, BLACKBOX, ROOT, job_env, wait_for
 
 TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("unshare")),
-    reason="network and UTS namespaces need root, `ip` and `unshare`",
-)
-
-
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=20)
-
-
-@contextlib.contextmanager
-def two_hosts() -> Iterator[tuple[tuple[str, str], tuple[str, str]]]:
-    """Two network namespaces joined by a veth pair: (namespace names, their addresses). Removed on the way out."""
-    tag = f"bb{os.getpid() % 100000}{random.randrange(1000)}"
-    ns = (f"{tag}a", f"{tag}b")
-    net = f"10.{random.randrange(200, 250)}.{random.randrange(256)}"
-    addrs = (f"{net}.1", f"{net}.2")
-    try:
-        for n in ns:
-            _ip("netns", "add", n)
-        _ip("link", "add", f"{tag}x", "type", "veth", "peer", "name", f"{tag}y")
-        for n, dev, addr in ((ns[0], f"{tag}x", addrs[0]), (ns[1], f"{tag}y", addrs[1])):
-            _ip("link", "set", dev, "netns", n)
-            _ip("-n", n, "addr", "add", f"{addr}/24", "dev", dev)
-            _ip("-n", n, "link", "set", dev, "up")
-            _ip("-n", n, "link", "set", "lo", "up")
-        yield ns, addrs
-    finally:
-        for n in ns:  # a namespace's devices go with it
-            subprocess.run(["ip", "netns", "del", n], capture_output=True, timeout=20)
+pytestmark = pytest.mark.skipif(not available(), reason="network and UTS namespaces need root, `ip` and `unshare`")
 
 
 def start_node(tmp: Path, ns: str, node: int, master: str, port: int, hosts: str = "", *train: str,
-               env: dict[str, str] | None = None) -> subprocess.Popen[str]:  # fmt: skip
+               env: dict[str, str] | None = None, stall_s: int = 6) -> subprocess.Popen[str]:  # fmt: skip
     """Node `node`'s `blackbox run -- torchrun` in namespace `ns`, on a host named bbhost<node> (with an /etc/hosts of
     its own when `hosts` is given)."""
     run_dir = tmp / f"node{node}"
-    inner = [*BLACKBOX, "run", "--run-dir", str(run_dir), "--stall-timeout", "6", "--startup-timeout", "120",
+    inner = [*BLACKBOX, "run", "--run-dir", str(run_dir), "--stall-timeout", str(stall_s), "--startup-timeout", "120",
              "--poll-interval", "0.5", "--kill-grace", "5", "--", str(BIN / "torchrun"), "--nnodes", "2",
              "--node-rank", str(node), "--nproc-per-node", "1", "--master-addr", master, "--master-port", str(port),
              str(TRAIN), *(train or ("healthy", "9"))]  # fmt: skip
-    script = f"hostname bbhost{node}"
+    hosts_file = None
     if hosts:
         hosts_file = tmp / f"hosts{node}"
         hosts_file.write_text(hosts)
-        script += f" && mount --bind {hosts_file} /etc/hosts"
-    script += ' && exec "$@"'
-    cmd = ["ip", "netns", "exec", ns, "unshare", "--uts", "--mount", "--propagation", "private", "sh", "-c", script,
-           "node", *inner]  # fmt: skip
+    cmd = on_host(ns, f"bbhost{node}", inner, str(hosts_file) if hosts_file else None)
     job = job_env(**(env or {}))
     job.pop("GLOO_SOCKET_IFNAME", None)
     job.pop("NCCL_SOCKET_IFNAME", None)
@@ -155,3 +123,47 @@ def test_a_healthy_two_host_job_names_the_host_a_rank_lives_on(tmp_path: Path) -
     data = report(bundles(tmp_path / "node0")[0])
     assert data["verdict"]["suspect_ranks"] == [1]
     assert "rank 1 on bbhost1" in " ".join(data["next_actions"])
+
+
+@pytest.mark.timeout(300)
+def test_a_network_partition_mid_training_is_named_on_both_sides_of_the_cut(tmp_path: Path) -> None:
+    # GIVEN a two-host job training (one rank a host) with a stall timeout longer than a node takes to be found
+    # silent (10 s): the verdict comes after each side has lost the other
+    with two_hosts() as (ns, addrs):
+        hosts = f"127.0.0.1 localhost\n{addrs[0]} bbhost0\n{addrs[1]} bbhost1\n"
+        port = free_port()
+        nodes = [start_node(tmp_path, ns[i], i, addrs[0], port, hosts, "steady", "1", "ddp", env={"BB_STEPS": "5000"},
+                            stall_s=15) for i in (0, 1)]  # fmt: skip
+        try:
+            events = tmp_path / "node0" / "events.jsonl"
+            wait_for(lambda: events.exists() and '"first_step"' in events.read_text(), 180, "the job's first step")
+            # WHEN the link between the hosts goes down: no error on either side, every packet lost
+            cut(ns[1])
+            wait_for(lambda: bundles(tmp_path / "node0") and bundles(tmp_path / "node1"), 120, "both nodes' bundles")
+            codes = [p.wait(timeout=90) for p in nodes]
+        finally:
+            errs = [stop(p, timeout=60) for p in nodes]
+    # THEN each side names the other host, why (node 0: node 1's supervisor fell silent; node 1: its coordinator
+    # stopped answering, which TCPStore's own timeout never said) and what to check; the job ends as a stall
+    assert codes == [86, 86], errs
+    assert "the blackbox supervisor of node 1 has been silent" in errs[0], errs[0][-3000:]
+    assert "has not answered for" in errs[1] and "the network between this host and it is cut" in errs[1], errs[1]
+    node1_events = (tmp_path / "node1" / "events.jsonl").read_text()
+    assert '"status": "unanswered"' in node1_events
+    for node, other, how in ((0, 1, "blackbox's supervisor there fell silent"),
+                             (1, 0, "the coordinator there stopped answering")):  # fmt: skip
+        data = report(bundles(tmp_path / f"node{node}")[0])
+        v = data["verdict"]
+        assert (v["category"], v["suspect_ranks"]) == ("hang.network", [other]), (node, v)
+        assert f"rank {other} on `bbhost{other}` never entered all_reduce" in v["summary"], v["summary"]
+        assert f"({how}): the host is down or the network between the hosts is cut" in v["summary"], v["summary"]
+        assert data["next_actions"][0].startswith(f"From bbhost{node}, check that bbhost{other} answers"), data
+        assert f"verdict: hang.network, suspect rank(s) {other}" in errs[node]
+    # and both sides' bundles together: every rank waits alive, the hosts lost each other — a partition
+    given = [str(bundles(tmp_path / f"node{i}")[0]) for i in (0, 1)]
+    both = subprocess.run([*BLACKBOX, "report", *given, "--format", "json", "--no-fr-analyzer", "--no-index"],
+                          capture_output=True, text=True, env=job_env(), timeout=120)  # fmt: skip
+    assert both.returncode == 0, both.stderr
+    v = json.loads(both.stdout)["verdict"]
+    assert (v["category"], v["suspect_ranks"]) == ("hang.network", []), v
+    assert "the hosts lost each other" in v["summary"] and "(`bbhost0`, `bbhost1`)" in v["summary"], v["summary"]
