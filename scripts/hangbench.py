@@ -10,7 +10,9 @@ all_reduce shapes) run under three contenders side by side in one run, each with
 
 Each row is an injected fault or a healthy long pause from the galleries (scripts/scenarios/train.py,
 tests/programs/quiet_job.py), with its truth beside it: category, culprit rank(s); the onset is the moment the job
-prints it (`rank N: failing now`, `rank 0: pausing`). Measured per contender: hangs detected (recall), healthy jobs
+prints it (`rank N: failing now`, `rank 0: pausing`). As root, one row runs on two hosts made of network namespaces
+(scripts/netns.py), one rank each, and takes the link between them down at node 0's `rank 0: at step 8`: a network
+partition, judged on node 0, where the master lives. Measured per contender: hangs detected (recall), healthy jobs
 ended or alarmed (false-positive rate), detection latency from onset (median, p90), culprit accuracy (exact suspect
 set; category where the tool gives one), evidence completeness (ranks with a stack and a collective trace / world),
 and the first line a user reads. One JSON file and a Markdown table.
@@ -18,7 +20,7 @@ and the first line a user reads. One JSON file and a Markdown table.
     python scripts/hangbench.py [--jobs 6] [--out docs/hangbench.json] [--rows a,b] [--contenders blackbox,...]
     python scripts/hangbench.py --quick --check docs/hangbench.json   # CI: blackbox on a subset, no regression
 
-Imports the stdlib only (blackbox and torch run in the jobs' processes)."""
+Imports the stdlib and scripts/netns.py only (blackbox and torch run in the jobs' processes)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import random
 import re
 import shutil
 import signal
@@ -42,6 +45,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+import netns  # noqa: E402  (beside this file)
+
 TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
 QUIET = ROOT / "tests" / "programs" / "quiet_job.py"
 SCENARIOS = json.loads((ROOT / "scripts" / "scenarios" / "scenarios.json").read_text())
@@ -50,7 +56,7 @@ TORCHRUN = str(BIN / "torchrun") if (BIN / "torchrun").exists() else "torchrun"
 CONTENDERS = ("blackbox", "pytorch", "torchrun")
 PG_TIMEOUT_S = 60  # the PyTorch contender's process-group timeout
 CAP_S = 180.0  # a job still running this long after its start is stopped: no detection
-ONSET = re.compile(r"rank (\d+): (failing now|pausing)")
+ONSET = re.compile(r"rank (\d+): (failing now|pausing|at step \d+)")
 STEP_AT = 8  # a fault's step: past `auto`'s first 5 steps, as the quiet job's pause (mid-training)
 QUICK = ("ddp-data-hang", "ddp-raise", "woken-read", "save", "tool")
 
@@ -65,6 +71,7 @@ class Row:
     culprits: list[int]
     shape: str  # plain, ddp, fsdp
     env: dict[str, str] = field(default_factory=dict)
+    hosts: int = 1  # 2: two hosts in network namespaces, one rank each, the link cut at the job's mark
 
 
 def _scenario(name: str, truth: str, step_at: int = STEP_AT, row: Optional[str] = None) -> Row:
@@ -87,8 +94,9 @@ def _pace(name: str) -> Row:
     return Row(name, [str(TRAIN), name, "1", "ddp"], 2, "healthy", None, [], "ddp", {"BB_STEPS": "900"})
 
 
-def rows() -> list[Row]:
-    """At least 20 faults and 12 healthy jobs, from the galleries as they are (none tuned for this benchmark)."""
+def rows(two_hosts: Optional[bool] = None) -> list[Row]:
+    """At least 20 faults and 12 healthy jobs, from the galleries as they are (none tuned for this benchmark); the
+    two-host row where hosts can be made here (root), or where `two_hosts` says."""
     hangs = ["ddp-data-hang", "ddp-data-hang-workers", "skip-allreduce", "mismatch", "collective-hang", "ddp-gil-hang",
              "ddp-ckpt-hang", "ddp-stopped", "ddp-kernel-hang", "fsdp-data-hang", "fsdp-gil-hang", "fsdp-ckpt-hang",
              "memmap-hang", "socket-read"]  # fmt: skip
@@ -100,6 +108,10 @@ def rows() -> list[Row]:
     out += [_quiet(c, "healthy") for c in ("save", "forward", "loader", "metrics", "index", "dcp", "compile", "tool",
                                            "captured", "workers", "upload", "pool", "oversubscribed")]  # fmt: skip
     out += [_pace(n) for n in ("steady", "data-straggler", "compute-straggler")]
+    # root: two hosts whose link goes down at step 8; the truth as node 0 (the master's) sees it: the rank beyond it
+    if netns.available() if two_hosts is None else two_hosts:
+        out.append(Row("partition", [str(TRAIN), "steady", "0", "ddp"], 1, "hang", "hang.network", [1], "ddp",
+                       {"BB_STEP_AT": str(STEP_AT), "BB_MARK": "1", "BB_STEPS": "5000"}, hosts=2))  # fmt: skip
     return out
 
 
@@ -152,10 +164,14 @@ def _env(row: Row, contender: str, work: Path) -> dict[str, str]:
     return env
 
 
-def _command(row: Row, contender: str, work: Path) -> list[str]:
-    job = [TORCHRUN, "--standalone", "--nproc-per-node", str(row.nproc), *row.program]
+def _command(row: Row, contender: str, work: Path, node: Optional[tuple[int, str, int]] = None) -> list[str]:
+    """The job's command line; `node`: (node rank, master address, port) of a two-host row."""
+    where = ["--standalone"] if node is None else ["--nnodes", "2", "--node-rank", str(node[0]), "--master-addr",
+                                                   node[1], "--master-port", str(node[2])]  # fmt: skip
+    job = [TORCHRUN, *where, "--nproc-per-node", str(row.nproc), *row.program]
     if contender == "blackbox":
-        return [sys.executable, "-m", "blackbox", "run", "--run-dir", str(work / "run"), "--", *job]
+        run_dir = work / ("run" if node is None else f"run{node[0]}")
+        return [sys.executable, "-m", "blackbox", "run", "--run-dir", str(run_dir), "--", *job]
     return job
 
 
@@ -163,6 +179,20 @@ def run_one(row: Row, contender: str, scratch: Path) -> Outcome:
     work = Path(tempfile.mkdtemp(prefix=f"{row.name}-{contender}-", dir=scratch))
     os.chmod(work, 0o1777)  # read-failure's loader drops root
     start = time.monotonic()
+    run = _two_hosts if row.hosts == 2 else _one_host
+    code, end, out, err, onset = run(row, contender, work)
+    judge = _blackbox if contender == "blackbox" else _torch
+    o = judge(row, contender, work, err, code, end, onset)
+    o.wall_s = round(end - start, 1)
+    if row.truth != "healthy" and onset is None:
+        o.note = (o.note + "; " if o.note else "") + "no onset line: latency from the job's start"
+    return o
+
+
+Ran = tuple[Optional[int], float, "Lines", "Lines", Optional[float]]  # exit code, end, stdout, stderr, onset
+
+
+def _one_host(row: Row, contender: str, work: Path) -> Ran:
     proc = subprocess.Popen(_command(row, contender, work), cwd=work, env=_env(row, contender, work),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
     out, err = Lines(proc.stdout), Lines(proc.stderr)
@@ -174,14 +204,50 @@ def run_one(row: Row, contender: str, scratch: Path) -> Outcome:
     _stop(proc)
     out.join()
     err.join()
-    onset_line = out.first(ONSET)
-    onset = onset_line[0] if onset_line else None
-    judge = _blackbox if contender == "blackbox" else _torch
-    o = judge(row, contender, work, err, code, end, onset)
-    o.wall_s = round(end - start, 1)
-    if row.truth != "healthy" and onset is None:
-        o.note = (o.note + "; " if o.note else "") + "no onset line: latency from the job's start"
-    return o
+    hit = out.first(ONSET)
+    return code, end, out, err, hit[0] if hit else None
+
+
+def _two_hosts(row: Row, contender: str, work: Path) -> Ran:
+    """Node 0 and node 1 on hosts of their own (network namespaces); at node 0's mark the link between them goes
+    down (the onset). Judged on node 0, where the master lives: what its tool says, when."""
+    with netns.two_hosts() as (ns, addrs):
+        hosts = work / "hosts"
+        hosts.write_text(f"127.0.0.1 localhost\n{addrs[0]} bbhost0\n{addrs[1]} bbhost1\n")
+        env = _env(row, contender, work)
+        for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            env.pop(name, None)
+        port = random.randrange(20000, 29000)  # in namespaces of this row's own: nothing else binds there
+        argv = [netns.on_host(ns[n], f"bbhost{n}", _command(row, contender, work, (n, addrs[0], port)), str(hosts))
+                for n in (0, 1)]  # fmt: skip
+        procs = [subprocess.Popen(a, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  start_new_session=True) for a in argv]  # fmt: skip
+        streams = [(Lines(p.stdout), Lines(p.stderr)) for p in procs]
+        onset: list[float] = []
+        cutter = threading.Thread(target=_cut_at_mark, args=(procs[0], streams[0][0], ns[1], onset), daemon=True)
+        cutter.start()
+        try:
+            code: Optional[int] = procs[0].wait(timeout=CAP_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        end = time.monotonic()
+        for p in procs:
+            _stop(p)
+        cutter.join(timeout=10)
+        for out, err in streams:
+            out.join()
+            err.join()
+    return code, end, streams[0][0], streams[0][1], onset[0] if onset else None
+
+
+def _cut_at_mark(proc: subprocess.Popen[bytes], out: Lines, ns: str, onset: list[float]) -> None:
+    deadline = time.monotonic() + CAP_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.first(ONSET) is not None:
+            netns.cut(ns)
+            onset.append(time.monotonic())
+            return
+        time.sleep(0.2)
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -216,7 +282,7 @@ def _blackbox(row: Row, contender: str, work: Path, err: Lines, code: Optional[i
         res = subprocess.run([sys.executable, "-m", "blackbox", "report", "--format", "json", path],
                              capture_output=True, text=True, timeout=120)  # fmt: skip
         report = json.loads(res.stdout).get("verdict", {}) if res.returncode == 0 and res.stdout.strip() else {}
-        evidence = _bundle_evidence(Path(path), row.nproc)
+        evidence = _bundle_evidence(Path(path), row.nproc * row.hosts)
     detected = said is not None or (row.truth == "healthy" and code not in (0, None))
     suspects = report.get("suspect_ranks") if said else None
     category = report.get("category") if said else None
@@ -256,7 +322,7 @@ def _torch(row: Row, contender: str, work: Path, err: Lines, code: Optional[int]
     first = err.first(FAILURE, onset or 0.0, end)
     traces = len(list((work / "fr").glob("fr_trace_*"))) if (work / "fr").is_dir() else 0
     # a stack: the root cause's traceback (torchrun prints the first failure's error file); a trace: a dump
-    evidence = round(min(1, traces) / row.nproc, 2) if detected and suspects else 0.0
+    evidence = round(min(1, traces) / (row.nproc * row.hosts), 2) if detected and suspects else 0.0
     return _outcome(row, contender, detected, _latency(end if detected else None, onset, end - CAP_S), suspects, None,
                     evidence, first[1] if first else "", code, note)  # fmt: skip
 
@@ -318,7 +384,8 @@ def markdown(result: dict[str, Any]) -> str:
                        ("culprit_accuracy", "exact culprit set (of all faults)"),
                        ("category_accuracy", "category right (where given)"),
                        ("evidence_completeness", "evidence: ranks with stack + collective trace / world")):  # fmt: skip
-        lines.append(f"| {label} | " + " | ".join(_cell(s[c].get(key)) for c in cols) + " |")
+        lines.append(f"| {label} | " + " | ".join(_cell(s[c].get(key), not key.startswith("latency")) for c in cols)
+                     + " |")  # fmt: skip
     lines += ["", "| row | truth | culprit | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
     by = {(o["row"], o["contender"]): o for o in result["outcomes"]}
     for r in result["rows"]:
@@ -328,8 +395,9 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _cell(v: Any) -> str:
-    return "-" if v is None else f"{v:.0%}" if isinstance(v, float) and v <= 1 and not isinstance(v, bool) else str(v)
+def _cell(v: Any, percent: bool) -> str:
+    """A summary's value: a ratio as a percentage, seconds as they are."""
+    return "-" if v is None else f"{v:.0%}" if percent else str(v)
 
 
 def _row_cell(o: Optional[dict[str, Any]]) -> str:

@@ -16,6 +16,8 @@ at step 3 (the multi-node tests choose the moment).
 The pace scenarios (steady, jitter, data-straggler, compute-straggler) are not failures: every step does PACE_S of
 work, for BB_STEPS steps (default 600); `jitter` adds up to 50 ms at random to every rank's step, and from step 3
 the straggler rank takes 80 ms more per step in its loader (a slow disk) or in its own compute (a hot GPU).
+With BB_MARK=1 the pace scenario's RANK says `rank N: at step S` at step BB_STEP_AT and goes on: the moment the
+hang benchmark takes the network between two hosts down.
 
 Two scenarios read their data without a DataLoader, as many real jobs do: `memmap-hang` maps its token shard with
 `np.memmap` in a `get_batch()` each step (the nanoGPT shape, written here on its own), and the bad rank's shard
@@ -171,6 +173,8 @@ def main() -> None:
         if mine and SCENARIO not in ("healthy", "straggler", "read-failure", "memmap-hang", "socket-read", *PACE) \
                 and not SCENARIO.startswith("data-hang"):  # fmt: skip
             announce(rank)  # the data scenarios fail in their loader, and say so there
+        if SCENARIO in PACE and mine and os.environ.get("BB_MARK"):  # where the hang benchmark cuts the network
+            print(f"rank {rank}: at step {step}", flush=True)
         if SCENARIO in PACE:
             time.sleep(PACE_S + (jitter.uniform(0.0, 0.05) if SCENARIO == "jitter" else 0.0))
             if SCENARIO == "compute-straggler" and rank in BAD_RANKS and step >= STEP_AT:

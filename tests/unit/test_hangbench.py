@@ -83,7 +83,20 @@ def test_the_tables_show_each_contender_and_each_row() -> None:
     assert "| save (ddp) | healthy  | [] | not run | **alarm** | not run |" in text
 
 
+def test_a_latency_under_a_second_is_seconds_not_a_percentage() -> None:
+    text = hangbench.markdown(result_of([outcome("ddp-raise", "blackbox", "crash", True, 0.7, True, 1.0)]))
+    assert "| latency from onset, median (s) | 0.7 |" in text and "| evidence: ranks with stack + collective trace " \
+        "/ world | 100% |" in text, text  # fmt: skip
+
+
+def test_the_partition_row_cuts_two_hosts_and_blames_the_far_side_as_node_0_sees_it() -> None:
+    row = next(r for r in hangbench.rows(two_hosts=True) if r.name == "partition")
+    assert (row.hosts, row.nproc, row.truth, row.category, row.culprits) == (2, 1, "hang", "hang.network", [1])
+    assert row.env["BB_MARK"] == "1" and hangbench.ONSET.search("rank 0: at step 8")
+    assert "partition" not in {r.name for r in hangbench.rows(two_hosts=False)}
+
+
 def test_the_committed_result_is_a_whole_run() -> None:
     result = json.loads((ROOT / "docs" / "hangbench.json").read_text())
     assert set(result["summary"]) == set(hangbench.CONTENDERS)
-    assert {o["row"] for o in result["outcomes"]} == {r.name for r in hangbench.rows()}
+    assert {o["row"] for o in result["outcomes"]} == {r.name for r in hangbench.rows(two_hosts=True)}
