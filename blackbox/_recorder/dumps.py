@@ -60,9 +60,9 @@ def _dump_flight_recorder(rec: DumpingRecorder, torch: Any, request: int) -> Opt
                                                            P.FR_DIR)  # fmt: skip
     os.makedirs(fr_dir, mode=0o700, exist_ok=True)
     path = os.path.join(fr_dir, "%s%d" % (P.FR_PREFIX, rec.rank))  # the analyzer's <prefix><rank> names
-    name, data = _fullest(recorders)
+    (name, _, dump_json), data = _fullest(recorders)
     out: dict[str, Any] = {"pickle": path, "recorder": name.lstrip("_"), "bytes": len(data)}
-    if path not in _WRITTEN and _mtime(path) >= _SINCE:
+    if path not in _WRITTEN and _mtime(path) >= _STARTED:
         # torch's own dump, written since this process started when a collective timed out or failed
         # (TORCH_FR_DUMP_TEMP_FILE): the record of that moment, kept as it is
         out["by"] = "torch"
@@ -72,7 +72,6 @@ def _dump_flight_recorder(rec: DumpingRecorder, torch: Any, request: int) -> Opt
             f.write(data)
         os.replace(path + ".tmp", path)
         _WRITTEN.add(path)
-    dump_json = dict((n, j) for n, _, j in recorders).get(name)
     if dump_json is not None:
         json_path = os.path.join(rec.rank_dir, P.RANK_FR_JSON)
         fd = os.open(json_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -86,7 +85,24 @@ def _dump_flight_recorder(rec: DumpingRecorder, torch: Any, request: int) -> Opt
 # then the one the other backends use (gloo; NCCL too on releases before the split, which have only the first name)
 _RECORDERS = ("_dump_nccl_trace", "_dump_fr_trace")
 _WRITTEN: set[str] = set()  # the dump paths this process wrote (any other file there is torch's own dump)
-_SINCE = time.time()  # imported when the liveness thread starts, before any process group exists
+
+
+def _process_started() -> float:
+    """When this process started (wall time, from /proc): a dump at the rank's path younger than that is torch's own
+    of this process. Where /proc cannot say, the moment this module was imported (on the liveness thread's start,
+    before any process group exists)."""
+    imported = time.time()
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+        return min(imported, boot + ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return imported
+
+
+_STARTED = _process_started()
 
 
 def _mtime(path: str) -> float:
@@ -96,21 +112,21 @@ def _mtime(path: str) -> float:
         return -1.0
 
 
-def _fullest(recorders: list[tuple[str, Any, Any]]) -> tuple[str, bytes]:
-    """The first recorder's dump that holds entries (a gloo job on a CUDA build leaves NCCL's empty), else the
-    first's. The dump is this process's own, pickled by torch: plain data."""
+def _fullest(recorders: list[tuple[str, Any, Any]]) -> tuple[tuple[str, Any, Any], bytes]:
+    """The first recorder whose dump holds entries (a gloo job on a CUDA build leaves NCCL's empty), else the first,
+    with its dump. The dump is this process's own, pickled by torch: plain data."""
     import pickle
 
-    first: Optional[tuple[str, bytes]] = None
-    for name, dump, _ in recorders:
-        data = dump()
-        first = first or (name, data)
+    first: Optional[tuple[tuple[str, Any, Any], bytes]] = None
+    for recorder in recorders:
+        data = recorder[1]()
+        first = first or (recorder, data)
         try:
             entries = pickle.loads(data).get("entries")
         except Exception:  # a dump this code cannot read is still evidence
             entries = None
         if entries:
-            return name, data
+            return recorder, data
     assert first is not None
     return first
 

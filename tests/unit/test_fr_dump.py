@@ -77,7 +77,7 @@ def test_torchs_own_dump_at_a_timeout_is_kept(tmp_path: Path, monkeypatch: pytes
     assert out["by"] == "torch" and pickle.loads(path.read_bytes()) == dump_of("nccl")
     # while a file older than this process (an earlier rank's, restarted) is replaced, and the rank's own later
     # dumps replace its own
-    past = time.time() - 3600
+    past = time.time() - 86400  # older than this (pytest) process, however long the suite has run
     os.utime(path, (past, past))
     out, _ = dump_with(fake_torch(dump_of("nccl"), EMPTY), tmp_path, monkeypatch)
     assert "by" not in out and str(path) in dumps._WRITTEN
