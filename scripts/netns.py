@@ -1,7 +1,7 @@
 """Hosts on one machine, for the tests and the hang benchmark: network namespaces joined by a veth pair, each with an
 address of its own; a command line that runs in one as a host of its own name (a UTS namespace, and an /etc/hosts
-of its own in a private mount namespace); the link between them cut. Root only (`ip`, `unshare`). Imports the
-stdlib only."""
+of its own in a private mount namespace); the link between them cut, and mended. Root only (`ip`, `unshare`).
+Imports the stdlib only."""
 
 from __future__ import annotations
 
@@ -59,6 +59,14 @@ def on_host(ns: str, hostname: str, argv: list[str], hosts_file: Optional[str] =
 def cut(ns: str) -> None:
     """Take namespace `ns`'s end of the veth pair down: from now on nothing passes between the hosts, and neither
     side is told (no reset, no error: a switch port or a cable gone)."""
+    _ip("-n", ns, "link", "set", _link(ns), "down")
+
+
+def mend(ns: str) -> None:
+    """Bring namespace `ns`'s end of the veth pair up again (the switch port back)."""
+    _ip("-n", ns, "link", "set", _link(ns), "up")
+
+
+def _link(ns: str) -> str:
     links = subprocess.run(["ip", "-n", ns, "-o", "link"], capture_output=True, text=True, check=True, timeout=20)
-    dev = next(w.split("@")[0] for w in links.stdout.split() if w.startswith("bb"))
-    _ip("-n", ns, "link", "set", dev, "down")
+    return next(w.split("@")[0] for w in links.stdout.split() if w.startswith("bb"))

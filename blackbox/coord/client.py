@@ -59,6 +59,7 @@ class Coordination:
         self.joined = 0  # how many nodes have joined the coordination
         self.silent: dict[str, dict[str, Any]] = {}  # node -> what was known when it fell silent
         self.unanswered_since: Optional[float] = None  # wall time since which the store has not answered this node
+        self._lost = False  # the store was lost and the helper is connecting again
         self.hosts: dict[str, Any] = {}  # node -> {"host", "ranks"}: where each node's ranks live
         self._lock = threading.Lock()
         self._inbox: list[dict[str, Any]] = []  # remote incidents, silences: taken by the supervisor's loop
@@ -237,6 +238,9 @@ class Coordination:
         if ev == "motion":
             self._on_motion(msg.get("nodes"))
         elif ev == "connected":
+            if self._lost or self.unanswered_since is not None:  # connected again after a cut or a lost store
+                self._say_once("coordination-answered", f"{where} answers again")
+            self._lost, self.unanswered_since = False, None
             self.status, self.job_id = "connected", str(msg.get("job_id"))
             self._event("coordination", status="connected", job_id=self.job_id, hosting=msg.get("hosting"),
                         address=msg.get("address"), job_host=msg.get("job_host"))  # fmt: skip
@@ -250,12 +254,14 @@ class Coordination:
                 "serve": f"cannot serve the coordinator on port {self.topo.port}: {detail}",
                 "unreachable": f"cannot reach {where} yet ({detail}); retrying in the background",
                 "no_host": f"{where} answers but its node-0 supervisor has not registered this job",
-                "lost": f"lost {where} ({detail})",
+                "lost": f"lost {where} ({detail})" + ("; trying again every 10 s, this node watches and collects on "
+                                                    "its own meanwhile" if msg.get("retry") else ""),
                 "no_torch": f"multi-node coordination needs torch in blackbox's own environment ({detail})",
                 "secret": f"cannot read the job's coordination secret ({detail})",
             }  # fmt: skip
             sentence = sentences.get(reason, f"coordination failed: {detail}")
             if msg.get("retry"):
+                self._lost = self._lost or reason == "lost"
                 self._event("coordination", status="waiting", reason=reason, message=detail)
                 self._say_once(f"coordination-{reason}", sentence)
             else:

@@ -77,6 +77,7 @@ class StoreProcess:
         self.secret: Optional[bytes] = None  # the job's secret; None: the store is unauthenticated
         self.ticking: Optional[float] = None  # when the tick under way began (monotonic); None between ticks
         self.unanswered = False  # `unanswered` said, `answered` not yet
+        self.joined = False  # this node is on the store's roster
         self._answer = threading.Lock()
 
     # --- signing ---------------------------------------------------------------------------------
@@ -133,8 +134,10 @@ class StoreProcess:
             return False
         self.store, self.job_id = store, str(job["job_id"])
         store.set(f"beat/{self.me}", "0")  # before joining the roster: the watcher reads every member's beat
-        k = store.add("roster", 1)
-        store.set(f"roster/{k}", self.me)
+        if not self.joined:  # once: a node that connects again after losing the store is the same node
+            k = store.add("roster", 1)
+            store.set(f"roster/{k}", self.me)
+            self.joined = True
         while store.check([f"incident/{self.next_incident}"]):  # incidents before this node joined are not ours
             self.next_incident += 1
         emit("connected", job_id=self.job_id, nnodes=job.get("nnodes"), hosting=bool(cfg["hosting"]),
@@ -300,11 +303,19 @@ class StoreProcess:
                 self.answered()
                 if self.serve_commands(time.monotonic() + self.poll):
                     return 0
-            except Exception as exc:  # the hosting node's store is gone (or broken): local from now on
-                emit("failed", reason="lost", message=_first_line(exc), retry=False)
+            except Exception as exc:  # the store is gone or broken: node 0's own goes local for good; another
+                # node's may come back (its supervisor restarted, or the network after a cut): joined again
+                hosting = bool(self.cfg["hosting"])
+                emit("failed", reason="lost", message=_first_line(exc), retry=not hosting)
+                with self._answer:
+                    self.ticking, self.unanswered = None, False
                 self.store = None
-                self.serve_commands(None)
-                return 0
+                if hosting:
+                    self.serve_commands(None)
+                    return 0
+                while not self.connect():
+                    if self.serve_commands(time.monotonic() + RECONNECT_S):
+                        return 0
 
     def watch_answers(self) -> None:
         """A store whose host went down or whose network was cut blocks a call for good: TCPStore's timeout does
@@ -410,7 +421,8 @@ def _multi_get(store: Any, keys: list[str]) -> list[bytes]:
 
 
 def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+    """What went wrong, in one line, without the store's keys (torch names them: they hold the job's key)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(", keys:")[0][:300]
 
 
 def _loads(data: bytes) -> Any:

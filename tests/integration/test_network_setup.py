@@ -14,12 +14,13 @@ import os
 import random
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from scripts.netns import available, cut, on_host, two_hosts
+from scripts.netns import available, cut, mend, on_host, two_hosts
 from tests.conftest import BIN, BLACKBOX, ROOT, job_env, wait_for
 
 TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.skipif(not available(), reason="network and UTS namespa
 
 
 def start_node(tmp: Path, ns: str, node: int, master: str, port: int, hosts: str = "", *train: str,
-               env: dict[str, str] | None = None, stall_s: int = 6) -> subprocess.Popen[str]:  # fmt: skip
+               env: dict[str, str] | None = None, stall_s: int | str = 6) -> subprocess.Popen[str]:  # fmt: skip
     """Node `node`'s `blackbox run -- torchrun` in namespace `ns`, on a host named bbhost<node> (with an /etc/hosts of
     its own when `hosts` is given)."""
     run_dir = tmp / f"node{node}"
@@ -167,3 +168,31 @@ def test_a_network_partition_mid_training_is_named_on_both_sides_of_the_cut(tmp_
     v = json.loads(both.stdout)["verdict"]
     assert (v["category"], v["suspect_ranks"]) == ("hang.network", []), v
     assert "the hosts lost each other" in v["summary"] and "(`bbhost0`, `bbhost1`)" in v["summary"], v["summary"]
+
+
+@pytest.mark.timeout(300)
+def test_a_network_blip_shorter_than_the_stall_timeout_ends_nothing_and_the_coordination_heals(tmp_path: Path) -> None:
+    # GIVEN a two-host job training under the defaults (`auto`: 60 s once 5 steps are done)
+    with two_hosts() as (ns, addrs):
+        hosts = f"127.0.0.1 localhost\n{addrs[0]} bbhost0\n{addrs[1]} bbhost1\n"
+        port = free_port()
+        nodes = [start_node(tmp_path, ns[i], i, addrs[0], port, hosts, "steady", "1", "ddp", env={"BB_STEPS": "400"},
+                            stall_s="auto") for i in (0, 1)]  # fmt: skip
+        try:
+            events = tmp_path / "node0" / "events.jsonl"
+            wait_for(lambda: events.exists() and '"first_step"' in events.read_text(), 180, "the job's first step")
+            time.sleep(8)  # past auto's first 5 steps
+            # WHEN the link goes down for 20 s, then comes back (a switch rebooting, a flapping port)
+            cut(ns[1])
+            time.sleep(20)
+            mend(ns[1])
+            codes = [p.wait(timeout=150) for p in nodes]
+        finally:
+            errs = [stop(p, timeout=60) for p in nodes]
+    # THEN the job trains on to its end: no stall, no bundle, the job's own exit code; each side said what it saw,
+    # and node 1 joined the coordination again (the blocked store call failed when the network came back)
+    assert codes == [0, 0], errs
+    assert not bundles(tmp_path / "node0") and not bundles(tmp_path / "node1")
+    assert "node 1 has been silent" in errs[0] and "the blackbox supervisor of node 1 is back" in errs[0], errs[0]
+    assert "has not answered for" in errs[1] and "answers again" in errs[1], errs[1]
+    assert "keys:" not in errs[1]
