@@ -53,7 +53,7 @@ class Coordination:
         self._say_once = say_once
         self._wake = wake
         self.proc: Optional[subprocess.Popen[bytes]] = None
-        self.status = "starting"  # starting | connected | alone
+        self.status = "starting"  # starting | connected | waiting (lost, connecting again) | alone
         self.why_alone = ""
         self.job_id = ""
         self.joined = 0  # how many nodes have joined the coordination
@@ -261,7 +261,8 @@ class Coordination:
             }  # fmt: skip
             sentence = sentences.get(reason, f"coordination failed: {detail}")
             if msg.get("retry"):
-                self._lost = self._lost or reason == "lost"
+                if reason == "lost":  # nothing is posted or believed until it is connected again
+                    self._lost, self.status = True, "waiting"
                 self._event("coordination", status="waiting", reason=reason, message=detail)
                 self._say_once(f"coordination-{reason}", sentence)
             else:
