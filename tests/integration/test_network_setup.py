@@ -126,18 +126,28 @@ def test_a_healthy_two_host_job_names_the_host_a_rank_lives_on(tmp_path: Path) -
     assert "rank 1 on bbhost1" in " ".join(data["next_actions"])
 
 
+def steady(tmp: Path, ns: tuple[str, str], addrs: tuple[str, str], steps: int,
+           stall_s: int | str) -> list[subprocess.Popen[str]]:  # fmt: skip
+    """The gallery's steady DDP job on both hosts (whose names resolve), one rank each, under blackbox."""
+    hosts = f"127.0.0.1 localhost\n{addrs[0]} bbhost0\n{addrs[1]} bbhost1\n"
+    port = free_port()
+    return [start_node(tmp, ns[i], i, addrs[0], port, hosts, "steady", "1", "ddp", env={"BB_STEPS": str(steps)},
+                       stall_s=stall_s) for i in (0, 1)]  # fmt: skip
+
+
+def first_step(tmp: Path) -> None:
+    events = tmp / "node0" / "events.jsonl"
+    wait_for(lambda: events.exists() and '"first_step"' in events.read_text(), 180, "the job's first step")
+
+
 @pytest.mark.timeout(300)
 def test_a_network_partition_mid_training_is_named_on_both_sides_of_the_cut(tmp_path: Path) -> None:
     # GIVEN a two-host job training (one rank a host) with a stall timeout longer than a node takes to be found
     # silent (10 s): the verdict comes after each side has lost the other
     with two_hosts() as (ns, addrs):
-        hosts = f"127.0.0.1 localhost\n{addrs[0]} bbhost0\n{addrs[1]} bbhost1\n"
-        port = free_port()
-        nodes = [start_node(tmp_path, ns[i], i, addrs[0], port, hosts, "steady", "1", "ddp", env={"BB_STEPS": "5000"},
-                            stall_s=15) for i in (0, 1)]  # fmt: skip
+        nodes = steady(tmp_path, ns, addrs, steps=5000, stall_s=15)
         try:
-            events = tmp_path / "node0" / "events.jsonl"
-            wait_for(lambda: events.exists() and '"first_step"' in events.read_text(), 180, "the job's first step")
+            first_step(tmp_path)
             # WHEN the link between the hosts goes down: no error on either side, every packet lost
             cut(ns[1])
             wait_for(lambda: bundles(tmp_path / "node0") and bundles(tmp_path / "node1"), 120, "both nodes' bundles")
@@ -174,13 +184,9 @@ def test_a_network_partition_mid_training_is_named_on_both_sides_of_the_cut(tmp_
 def test_a_network_blip_shorter_than_the_stall_timeout_ends_nothing_and_the_coordination_heals(tmp_path: Path) -> None:
     # GIVEN a two-host job training under the defaults (`auto`: 60 s once 5 steps are done)
     with two_hosts() as (ns, addrs):
-        hosts = f"127.0.0.1 localhost\n{addrs[0]} bbhost0\n{addrs[1]} bbhost1\n"
-        port = free_port()
-        nodes = [start_node(tmp_path, ns[i], i, addrs[0], port, hosts, "steady", "1", "ddp", env={"BB_STEPS": "400"},
-                            stall_s="auto") for i in (0, 1)]  # fmt: skip
+        nodes = steady(tmp_path, ns, addrs, steps=400, stall_s="auto")
         try:
-            events = tmp_path / "node0" / "events.jsonl"
-            wait_for(lambda: events.exists() and '"first_step"' in events.read_text(), 180, "the job's first step")
+            first_step(tmp_path)
             time.sleep(8)  # past auto's first 5 steps
             # WHEN the link goes down for 20 s, then comes back (a switch rebooting, a flapping port)
             cut(ns[1])
