@@ -67,6 +67,13 @@ class HeartbeatState:
     stack_changes: int = 0  # samples at which the main thread's Python stack differed from the sample before
     stack_time: float = 0.0  # when it last did
     forward_mode: str = "idle"  # the forward counter: idle (no pause), counting, off (torch.compile in use)
+    waiting: str = ""  # what its main thread waits for: "thread" (one of its own), "poll" (a timer: sleeps and checks)
+
+    @property
+    def workers_since(self) -> Optional[float]:
+        """Where its main thread waits for a thread of its own or polls: its last progress (mono s), from which
+        what it started, and its Python workers, are what it may wait for (procfs.workers); else None."""
+        return self.last_progress if self.waiting in ("thread", "poll") else None
 
     @property
     def last_motion(self) -> float:
@@ -143,7 +150,11 @@ def decode(buf: Any, patience_s: float = 0.05, last: Optional[HeartbeatState] = 
     return replace(state, **keep)
 
 
-MOTION_FIELDS = ("forwards", "forwards_time", "stack_changes", "stack_time", "forward_mode")
+MOTION_FIELDS = ("forwards", "forwards_time", "stack_changes", "stack_time", "forward_mode", "waiting")
+
+
+def _wait_name(code: int) -> str:
+    return P.WAIT_NAMES[code] if 0 <= code < len(P.WAIT_NAMES) else "unknown"
 
 
 def _state(q: Any, d: Any, ident: tuple[Any, ...], progress: Optional[_Words], phase_words: Optional[_Words],
@@ -169,7 +180,7 @@ def _state(q: Any, d: Any, ident: tuple[Any, ...], progress: Optional[_Words], p
         named = P.FORWARD_MODES[forward] if 0 <= forward < len(P.FORWARD_MODES) else "unknown"
         moving = {"forwards": mq[P.W_FORWARDS - m], "forwards_time": md[P.W_FORWARDS_TIME - m],
                   "stack_changes": mq[P.W_STACK_CHANGES - m], "stack_time": md[P.W_STACK_TIME - m],
-                  "forward_mode": named}  # fmt: skip
+                  "forward_mode": named, "waiting": _wait_name(q[P.W_WAITING])}  # fmt: skip
     state_code = q[P.W_STATE]
     a = P.W_PROGRESS
     return HeartbeatState(

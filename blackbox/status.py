@@ -152,7 +152,7 @@ def _motion(r: RankStatus, hb: HeartbeatState, at: float, alive: bool, prior: Op
                 stamps.append(("io", at))
                 moved = max(moved, at)
     r.moving = [name for name, t in stamps if t and at - t <= MOVING_S]
-    waited = procfs.waited_processes(hb.pid) if alive and not r.moving else []
+    waited = procfs.waited_processes(hb.pid, hb.workers_since) if alive and not r.moving else []
     r.waits_for = procfs.waited_name(waited, redact_argv) if waited else None
     earlier = prior.moved_at if prior is not None and prior.moved_at is not None else 0.0
     r.moved_at = max(round(hb.wall(moved), 3) if moved else 0.0, earlier) or None

@@ -117,9 +117,12 @@ class HeartbeatWriter:
         self._q[P.W_LIVENESS] = counter
         self._d[P.W_LIVENESS_TIME] = now
 
-    def motion(self, forwards: int, forwards_time: float, stack_changes: int, stack_time: float, mode: int) -> None:
-        """Progress that is not a step (the liveness thread is this group's only writer)."""
+    def motion(self, forwards: int, forwards_time: float, stack_changes: int, stack_time: float, mode: int,
+               waiting: int = P.WAIT_NONE) -> None:  # fmt: skip
+        """Progress that is not a step (the liveness thread is this group's only writer), and what the main thread
+        waits for (its own word)."""
         q, d = self._q, self._d
+        q[P.W_WAITING] = waiting
         v = self._mv + 1
         self._mv = v
         q[P.W_MOTION] = v

@@ -1,13 +1,15 @@
 """What moves in a rank besides its steps and batches: the main thread's Python stack changing between two samples
-(or, while it waits for a thread of its own, another thread's), and the main thread's forward calls counted during a
-pause. Both run on the recorder's liveness thread, one sample a tick (a few µs);
+while it works (or, while it waits for a thread of its own or polls, another thread's), and the main thread's forward
+calls counted during a pause. Both run on the recorder's liveness thread, one sample a tick (a few µs);
 the training step pays nothing. Stdlib only, Python >= 3.9: loaded inside the job's interpreter."""
 
 from __future__ import annotations
 
 import opcode
+import os
 import sys
 import threading
+import time
 
 from . import protocol as P
 
@@ -26,6 +28,12 @@ FORWARD_HOOK_AFTER_S = 5.0  # a pause (no step, no batch) this long: forward cal
 THREAD_WAITS = frozenset((("threading.py", "wait"), ("threading.py", "join"), ("threading.py", "_wait_for_tstate_lock"),
                           ("concurrent/futures/_base.py", "result"), ("concurrent/futures/_base.py", "wait"),
                           ("queue.py", "get"), ("queue.py", "join")))  # fmt: skip
+# Where a thread sleeps on a timer (`time.sleep`; a select or poll on no descriptor), by machine: system call number
+# (/proc/self/task/TID/syscall) -> the argument that counts the descriptors, which must be 0 (None: any arguments).
+TIMER_SLEEPS = {"x86_64": {35: None, 230: None, 23: 0, 270: 0, 7: 1, 271: 1},
+                "aarch64": {101: None, 115: None, 72: 0, 73: 1}}  # fmt: skip
+CPU_FLOOR = 0.02  # a stack change is work when its thread used this share of a CPU since the sample before ...
+POLL_S = 10.0  # ... or, for the main thread, when it has not slept on a timer for this long: a poll loop's wake-ups
 
 
 class Motion:
@@ -37,9 +45,18 @@ class Motion:
     calls nothing hands the GIL over at its back-edge every time, so it shows the same frames too: a sample that
     finds the innermost frame at a loop's back-edge or a function's start (where only a thread running bytecode
     stops: never one in a C call) counts as a change as well. A thread holding the GIL lets no sample be taken at
-    all: it does not move, and its liveness stops (the frozen rule). While the main thread waits for another thread
-    of the job (a join, a future's result, a queue's get, an event: THREAD_WAITS), the other threads' stacks are
-    compared the same way: the rank is as alive as the thread it waits for. blackbox's own threads never count.
+    all: it does not move, and its liveness stops (the frozen rule).
+
+    Waking is not moving. A poll loop — sleep, check a lock file, a store key or a marker file, sleep again — changes
+    its stack between samples while it waits for something else: a change counts only when its thread used CPU
+    meanwhile (CPU_FLOOR; a poll's wake-ups use a fraction of a percent), or, for the main thread, when it has not
+    slept on a timer within POLL_S and waits for no thread (a loop of blocking calls that each return with data —
+    requests to a server — wakes on data, not on a timer). While the main thread waits for another thread of the
+    job (a join, a future's result, a queue's get, an event: THREAD_WAITS) or polls (it slept on a timer within
+    POLL_S), the other threads count: one whose stack changes while it uses CPU, or whose bytes through read and
+    write system calls move — the rank is as alive as the thread it waits for; which one is not known, so any
+    does. blackbox's own threads never count. What the main thread waits for is published (W_WAITING): the
+    supervisor then follows the rank's worker processes as well.
 
     Forward calls count only from the main thread, the one whose stack is sampled: an EMA or teacher model run in
     another thread says nothing about a hung training loop.
@@ -53,11 +70,18 @@ class Motion:
 
     def __init__(self, rec: Any) -> None:
         self.rec = rec
-        self.main = threading.main_thread().ident
+        self.main: Any = None
+        self._syscall = ""
+        self.watch(threading.main_thread())
+        self._sleeps = TIMER_SLEEPS.get(os.uname().machine, {})
         self._signature: tuple[int, ...] = ()
         self._codes: tuple[Any, ...] = ()  # the signature's code objects, held so that their ids are never reused
-        # the job's other threads while the main thread waits for one: thread id -> (signature, codes, bytes)
-        self._others: dict[int, tuple[tuple[int, ...], tuple[Any, ...], int]] = {}
+        self._at = 0.0  # the sample before: when, and the main thread's CPU seconds then
+        self._cpu = -1.0
+        self._slept_at = -POLL_S  # when the main thread was last seen asleep on a timer
+        self.waiting = P.WAIT_NONE  # what the main thread waits for (P.WAIT_*), at the last sample
+        # the job's other threads while the main thread waits for one: thread id -> (signature, codes, bytes, CPU s)
+        self._others: dict[int, tuple[tuple[int, ...], tuple[Any, ...], int, float]] = {}
         self._running: dict[int, tuple[Any, frozenset[int]]] = {}  # id(code) -> (code, its RUNNING_OPS offsets)
         self.stack_changes = 0
         self.stack_time = 0.0
@@ -69,6 +93,11 @@ class Motion:
         self._progress: Any = None  # (steps, batches) at the last tick
         self._progress_at = 0.0
         self.compiling = False  # the job called torch.compile: the forward counter stays off for good
+
+    def watch(self, thread: threading.Thread) -> None:
+        """Take `thread` for the main thread (the job's; a test's stand-in)."""
+        self.main = thread.ident
+        self._syscall = "/proc/self/task/%s/syscall" % thread.native_id
 
     def watch_compile(self, torch: Any) -> None:
         """Wrap `torch.compile` (the function, as the job and `nn.Module.compile` call it) to learn that the job
@@ -105,24 +134,45 @@ class Motion:
         if forwards != self._forwards_seen:
             self._forwards_seen = forwards
             self.forwards_time = now
-        rec.hb.motion(forwards, self.forwards_time, self.stack_changes, self.stack_time, self.mode)
+        rec.hb.motion(forwards, self.forwards_time, self.stack_changes, self.stack_time, self.mode, self.waiting)
 
     def _sample(self, now: float) -> None:
         frames = sys._current_frames()
-        codes, sig, running = self._read(frames.get(self.main))  # type: ignore[arg-type]
-        moved = (sig != self._signature and bool(self._signature)) or running  # the first sample: nothing to differ
-        waits = bool(codes) and _waits_for_thread(codes[0])
-        others = self._read_others(frames) if waits else {}
+        codes, sig, running = self._read(frames.get(self.main))
+        cpu = _cpu_seconds(self.main)
+        floor = CPU_FLOOR * (now - self._at)
+        worked = cpu < 0 or (self._cpu >= 0 and cpu - self._cpu >= floor)  # unreadable: every change counts
+        if not worked and self._asleep():
+            self._slept_at = now
+        thread_wait = bool(codes) and _waits_for_thread(codes[0])
+        polls = now - self._slept_at <= POLL_S
+        changed = (sig != self._signature and bool(self._signature)) or running  # the first sample: nothing to differ
+        moved = changed and (worked or not (polls or thread_wait))
+        self.waiting = P.WAIT_THREAD if thread_wait else P.WAIT_POLL if polls else P.WAIT_NONE
+        others = self._read_others(frames) if self.waiting else {}
         frames = {}  # no frame outlives the sample: a frame held keeps its locals (tensors) alive
-        if waits:  # it waits for a thread of its own: one whose stack or bytes move works (a new one: baseline)
-            moved = moved or any(running or (t in self._others and self._others[t][::2] != (other, io))
-                                 for t, (other, _, io, running) in others.items())  # fmt: skip
+        if others and not moved:  # the rank is as alive as a thread of its own that works (a new one: baseline)
+            moved = any(t in self._others and _works(self._others[t], other, io, cpu_t, running, floor)
+                        for t, (other, _, io, cpu_t, running) in others.items())  # fmt: skip
         if moved:
             self.stack_changes += 1
             self.stack_time = now
-        self._signature = sig
+        self._signature, self._at, self._cpu = sig, now, cpu
         self._codes = tuple(codes)
-        self._others = {t: v[:3] for t, v in others.items()}
+        self._others = {t: v[:4] for t, v in others.items()}
+
+    def _asleep(self) -> bool:
+        """Whether the main thread sleeps on a timer now (TIMER_SLEEPS); False where that cannot be read."""
+        try:
+            with open(self._syscall, "rb") as f:
+                fields = f.read(256).split()
+            nr = int(fields[0])
+        except (OSError, ValueError, IndexError):
+            return False  # "running", or no such file (another kernel)
+        if nr not in self._sleeps:
+            return False
+        count = self._sleeps[nr]
+        return count is None or (len(fields) > count + 1 and int(fields[count + 1], 16) == 0)
 
     def _read(self, frame: Any) -> tuple[list[Any], tuple[int, ...], bool]:
         """A thread's innermost frames: their code objects, the signature compared between samples (code ids and
@@ -137,11 +187,12 @@ class Motion:
             frame = frame.f_back
         return codes, tuple(signature), bool(codes) and signature[1] in self._running_at(codes[0])
 
-    def _read_others(self, frames: dict[int, Any]) -> dict[int, tuple[tuple[int, ...], tuple[Any, ...], int, bool]]:
+    def _read_others(self, frames: dict[int, Any]
+                     ) -> dict[int, tuple[tuple[int, ...], tuple[Any, ...], int, float, bool]]:  # fmt: skip
         """The other Python threads of the job (not the main one, not blackbox's): thread id -> (signature, codes held
-        so that their ids are never reused, bytes through its read and write system calls, running). The bytes: an
-        upload over TLS or a checkpoint written to a pipe or a FUSE mount moves them while its stack stands still
-        inside one call."""
+        so that their ids are never reused, bytes through its read and write system calls, CPU seconds, running).
+        The bytes: an upload over TLS or a checkpoint written to a pipe or a FUSE mount moves them while its stack
+        stands still inside one call."""
         ours = threading.get_ident()
         out = {}
         for ident, frame in frames.items():
@@ -149,7 +200,8 @@ class Motion:
             if ident in (self.main, ours) or thread is None or thread.name.startswith("blackbox"):
                 continue
             codes, sig, running = self._read(frame)
-            out[ident] = (sig, tuple(codes), _thread_bytes(getattr(thread, "native_id", None)), running)
+            out[ident] = (sig, tuple(codes), _thread_bytes(getattr(thread, "native_id", None)), _cpu_seconds(ident),
+                          running)  # fmt: skip
         return out
 
     def _running_at(self, code: Any) -> frozenset[int]:
@@ -204,6 +256,20 @@ def _waits_for_thread(code: Any) -> bool:
     """Whether a main thread's innermost frame is a wait for another thread (THREAD_WAITS)."""
     name = code.co_name
     return any(code.co_filename.endswith(f) and name == fn for f, fn in THREAD_WAITS)
+
+
+def _works(before: tuple[Any, ...], sig: tuple[int, ...], io: int, cpu: float, running: bool, floor: float) -> bool:
+    """Whether another thread worked since its sample `before` (signature, codes, bytes, CPU s): bytes moved, or its
+    stack changed while it used CPU (a thread that wakes to poll a queue or its workers does not)."""
+    return io != before[2] or ((running or sig != before[0]) and (cpu < 0 or cpu - before[3] >= floor))
+
+
+def _cpu_seconds(ident: Any) -> float:
+    """The CPU time a thread of this process has used (its pthread CPU clock); -1 where it cannot be read."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(ident))
+    except (OSError, AttributeError, OverflowError, TypeError):
+        return -1.0
 
 
 def _thread_bytes(native_id: Any) -> int:

@@ -9,6 +9,7 @@ import platform
 import signal
 import stat
 import struct
+import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -568,11 +569,13 @@ def waited_children(pid: int, call: str, args: list[int]) -> list[int]:
     return children(pid)
 
 
-def waited_processes(pid: int) -> list[int]:
+def waited_processes(pid: int, workers_since: Optional[float] = None) -> list[int]:
     """The processes the main thread of `pid` waits for: the children of its wait4 or waitid, or those below it that
-    hold the other end of a pipe it reads or polls (a tool's captured output, a worker pool's result queue)."""
+    hold the other end of a pipe it reads or polls (a tool's captured output, a worker pool's result queue); else,
+    given `workers_since` (it waits for a thread of its own or polls: its heartbeat says), its `workers`."""
     waited, pipes = wait_target(pid)
-    return waited if not pipes else pipe_holders_below(pid, pipes)
+    waited = waited if not pipes else pipe_holders_below(pid, pipes)
+    return waited if waited or workers_since is None else workers(pid, workers_since)
 
 
 def wait_target(pid: int) -> tuple[list[int], frozenset[str]]:
@@ -618,6 +621,32 @@ def waited_name(pids: list[int], redact: Callable[[list[str]], list[str]]) -> st
     line = " ".join([os.path.basename(argv[0]), *redact(argv)[1:]])
     line = line if len(line) <= SHOWN_CHARS else line[: SHOWN_CHARS - 1] + "…"
     return f"its child `{line}` (pid {pids[0]})"
+
+
+def _boot_ticks(mono: float) -> int:
+    """A CLOCK_MONOTONIC time in clock ticks since boot: the unit of a process's start time in /proc/PID/stat."""
+    return int((mono + time.clock_gettime(time.CLOCK_BOOTTIME) - time.monotonic()) * os.sysconf("SC_CLK_TCK"))
+
+
+def runs_python(pid: int, rank_exe: Optional[str]) -> bool:
+    """Whether `pid` runs the rank's interpreter or another Python: a worker of the job's, not a tool or a service."""
+    path = exe(pid)
+    return path is not None and (path == rank_exe or os.path.basename(path).startswith("python"))
+
+
+def workers(pid: int, since: float) -> list[int]:
+    """The children of `pid` that a wait for a thread of its own or a poll loop may be waiting on: its Python workers
+    (a process pool's, a DataLoader's) and whatever it started at or after `since` (CLOCK_MONOTONIC s: the tool a
+    loop polls) — not a program it started before (a metrics service that always moves)."""
+    since_ticks = _boot_ticks(since)
+    rank_exe = exe(pid)
+    out = []
+    for child in children(pid):
+        st = proc_stat(child)
+        if st is not None and st.state not in ("Z", "X") and (st.start_ticks >= since_ticks
+                                                              or runs_python(child, rank_exe)):  # fmt: skip
+            out.append(child)
+    return out
 
 
 def process_tree(pids: list[int]) -> list[int]:

@@ -258,6 +258,10 @@ _BY_CATEGORY: dict[str, Callable[[_At, Facts], list[str]]] = {
         "last lines in the console tail.",
         "Every rank must run the same number of steps and collectives: a rank that leaves early leaves the others "
         "waiting in the next collective (they then fail with 'connection closed')."],
+    "hang.poll": _simple("{R} sleeps and checks in a loop (its stack in the bundle says where): find what it waits "
+                         "for — a lock file another process holds (`fuser -v FILE` on {host}; a stale `.lock` of a "
+                         "model or dataset cache), a marker file or a store key that no rank wrote — and why it "
+                         "never came."),
     "hang.compute": _simple("Find the loop or native call {where} is in (its stack in the bundle), and what differs on "
                             "that rank: its data, a rank-dependent branch."),
 }  # fmt: skip

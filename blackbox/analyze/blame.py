@@ -31,7 +31,7 @@ HANG_CATEGORY = {
     "data": "hang.data_loading", "checkpoint": "hang.checkpoint_io", "io": "hang.io", "compute": "hang.compute",
     "eval": "hang.compute", "gil": "hang.compute", "stopped": "hang.stopped", "traced": "hang.stopped",
     "kernel": "hang.kernel", "collective": "hang.collective", "exited": "crash.exit", "raised": "crash.exception",
-    "unknown": "hang.unknown",
+    "unknown": "hang.unknown", "poll": "hang.poll",
 }  # fmt: skip
 ERROR_CATEGORY = {"cuda_error": "crash.cuda_error", "network_setup": "crash.network_setup", "oom": "crash.oom",
                   "comm_timeout": "crash.comm_timeout"}  # fmt: skip
@@ -184,7 +184,8 @@ def describe(s: RankState, others: list[RankState]) -> str:
     if s.where == "raised" and s.exception is not None:
         return f"{r} raised {s.exception.get('type')}"
     doing = {"data": "is loading data", "checkpoint": "is in checkpoint I/O", "compute": "is computing",
-             "eval": "is in eval", "io": "is waiting for I/O"}  # fmt: skip
+             "eval": "is in eval", "io": "is waiting for I/O",
+             "poll": "sleeps and checks in a loop for something that never comes"}  # fmt: skip
     if s.where in doing:
         return f"{r} {doing[s.where]} ({s.detail.removeprefix('main thread in ')})"
     if s.kind == "waiting":

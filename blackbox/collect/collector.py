@@ -116,6 +116,7 @@ class _Proc:
     rank: Optional[int]  # None: the launcher (torchrun's agent)
     pid: int
     helper: bool
+    workers_since: Optional[float] = None  # its main thread waits for a thread or polls: procfs.waited_processes
 
     def path(self, what: str) -> str:
         """Where its `what` (py-spy, proc) goes in the bundle (bundle.layout)."""
@@ -158,12 +159,7 @@ def _helpers(t: RankTarget) -> list[int]:
     if not t.alive:
         return []
     rank_exe = procfs.exe(t.pid)
-    out = []
-    for pid in procfs.descendants(t.pid):
-        exe = procfs.exe(pid)
-        if exe is not None and (exe == rank_exe or os.path.basename(exe).startswith("python")):
-            out.append(pid)
-    return out[:MAX_HELPERS_PER_RANK]
+    return [pid for pid in procfs.descendants(t.pid) if procfs.runs_python(pid, rank_exe)][:MAX_HELPERS_PER_RANK]
 
 
 def _rank_files(run: RunDir, ranks: Iterable[int]) -> list[tuple[str, str]]:
@@ -326,7 +322,7 @@ class Collector:
             if snap.get("state") is None:
                 gone.append(p.pid)
                 continue
-            waited = procfs.waited_processes(p.pid)
+            waited = procfs.waited_processes(p.pid, p.workers_since)
             if waited:
                 snap["waits_for"] = [_waited(c, c in waited) for c in procfs.process_tree(waited)[:MAX_WAITED]]
             p.add(w, L.PROC, snap)
@@ -544,7 +540,7 @@ class Collector:
         ranks = job.ranks
         # read while the ranks live: a rank that raised may be gone by the time its files are copied
         error_files = {r.rank: p for r in ranks if (p := _torchelastic_error_file(job.run_dir, r, job.owner))}
-        procs = [_Proc(r.rank, r.pid, False) for r in ranks if r.alive]
+        procs = [_Proc(r.rank, r.pid, False, r.hb.workers_since if r.hb else None) for r in ranks if r.alive]
         procs += [_Proc(r.rank, pid, True) for r in ranks for pid in _helpers(r)]
         if job.agent_pid is not None and job.mode == "collect" and _is_python(job.agent_pid):
             procs.append(_Proc(None, job.agent_pid, False))

@@ -62,9 +62,11 @@ class IoWatch:
         self._rebase = False
         self.waits.end_poll()
 
-    def sample(self, rank: int, pid: int, now: float, follow: bool = False) -> RankIo:
+    def sample(self, rank: int, pid: int, now: float, follow: bool = False,
+               workers_since: Optional[float] = None) -> RankIo:  # fmt: skip
         """The rank's I/O at this poll, and whether it moved. `follow`: the rank is otherwise still (no step, batch,
-        forward call or stack change for a while), so what its main thread waits for is followed too."""
+        forward call or stack change for a while), so what its main thread waits for is followed too
+        (`workers_since`: see WaitFollower.follow)."""
         io = self._ranks.get((rank, pid))
         if io is None:
             io = self._ranks[(rank, pid)] = RankIo()
@@ -90,7 +92,7 @@ class IoWatch:
             if storage - base_bytes >= STORAGE_FLOOR:
                 moved = True
         itself = moved
-        waited = self.waits.follow(pid, now) if follow and not moved else None
+        waited = self.waits.follow(pid, now, workers_since) if follow and not moved else None
         if waited is not None and waited.moved and not self._rebase and base_bytes >= 0:
             moved = True
             io.waits_for = waited.describe()

@@ -1,10 +1,11 @@
 """Following a rank's wait: when its main thread waits on another process — a child it waits for (wait4, waitid), or
 the processes at the other end of a pipe it reads or polls (a tool's captured output, a DataLoader's or a process
-pool's result queue) — whether those processes, or any below them, move. Motion there is bytes through their system
-calls (their /proc/PID/io, which also holds what their reaped children moved) or CPU time from a floor: a compressor
-or a conversion script works for a while without a byte, a poll loop's wake-ups use far less. No CUDA or NCCL spin
-lives in a process the rank waits for, so its CPU time is work. Imports the stdlib, blackbox's /proc adapter and
-blackbox.redact (a command line is shown redacted)."""
+pool's result queue), or, while it waits for a thread of its own or polls, the rank's workers (a process pool's
+workers behind its result thread) — whether those processes, or any below them, move. Motion there is bytes through
+their system calls (their /proc/PID/io, which also holds what their reaped children moved) or CPU time from a floor:
+a compressor or a conversion script works for a while without a byte, a poll loop's wake-ups use far less. No CUDA
+or NCCL spin lives in a process the rank waits for, so its CPU time is work. Imports the stdlib, blackbox's /proc
+adapter and blackbox.redact (a command line is shown redacted)."""
 
 from __future__ import annotations
 
@@ -65,10 +66,14 @@ class WaitFollower:
         self._named: set[tuple[int, ...]] = set()  # ... named at this poll
         self._holders: dict[tuple[int, frozenset[str]], tuple[float, list[tuple[int, int]]]] = {}  # (rank pid, pipes)
 
-    def follow(self, pid: int, now: float) -> Optional[Waited]:
+    def follow(self, pid: int, now: float, workers_since: Optional[float] = None) -> Optional[Waited]:
         """What the main thread of process `pid` waits for, if another process, and whether that moved since the
-        last poll; None when it waits for no other process."""
+        last poll; None when it waits for no other process. `workers_since` (CLOCK_MONOTONIC s): the main
+        thread waits for a thread of its own or polls (its heartbeat says), so where the kernel shows no wait on a
+        process, the rank's workers and what it started since then are what it may wait for (procfs.workers)."""
         waited = self._waited(pid, now)
+        if not waited and workers_since is not None:
+            waited = procfs.workers(pid, workers_since)
         if not waited:
             return None
         moved, read, written = self._moved(waited, now)

@@ -87,7 +87,8 @@ class Watch:
             status = self.process.exit_status(hb.pid)
             alive = status is None and procfs.is_alive(hb.pid, hb.start_ticks)
             follow = now - hb.last_motion > FOLLOW_AFTER_S
-            io = self.io.sample(hb.rank, hb.pid, now, follow) if alive else self.io.get(hb.rank, hb.pid)
+            io = self.io.get(hb.rank, hb.pid) if not alive else self.io.sample(hb.rank, hb.pid, now, follow,
+                                                                               hb.workers_since)  # fmt: skip
             if alive and io is not None and not io.readable:
                 self._io_unreadable(hb.rank, hb.pid)
             read, written = io.last_minute() if io is not None else (0, 0)

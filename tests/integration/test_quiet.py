@@ -12,8 +12,10 @@ step 8 so that `auto`'s 60 s applies, must each be caught about 60 s after their
 verdict, and so must a rank waiting for a child that waits for input that never comes (its child followed: no byte,
 no CPU time), a rank whose main thread hangs in a read while a thread of its own keeps running a module (an EMA
 model: forward calls count only from the main thread), and one hung in a read of a pipe that a timer's signal
-wakes five times a second (a wake-up is not a byte). A quiet job under SIGUSR1 shows that its motion is kept in
-the heartbeat history a bundle carries. Every job runs at once: about two and a half minutes in all."""
+wakes five times a second (a wake-up is not a byte), and three poll loops for what never comes (a stale `filelock`,
+a marker file, a store key: waking to check is not working), while a future or a child checked in such a loop keeps
+the rank alive as long as it works, and so do a process pool's workers. A quiet job under SIGUSR1 shows that its
+motion is kept in the heartbeat history a bundle carries. Every job runs at once: about three minutes in all."""
 
 from __future__ import annotations
 
@@ -53,7 +55,11 @@ QUIET = {  # case -> what its slow-phase line must say rank 0 was doing
     "captured": "waits for its child `sh -c while [ $(date +%s) -lt ",  # in poll on the tool's silent pipes
     "workers": "waits for its 2 child processes (pids ",  # in poll on the result queue: the workers read
     "upload": "running Python code",  # the main thread waits on a future: the uploading thread's bytes move
+    "polled-upload": "running Python code",  # the future checked in a sleep loop: the thread's bytes move
+    "polled-tool": "waits for its child `sh -c while [ $(date +%s) -lt ",  # `while p.poll() is None: sleep`
+    "scoring": "waits for its 2 child processes (pids ",  # a pool's result event: only its workers move
 }
+POLLS = ("stale-lock", "marker", "store-poll")  # rank 0 sleeps and checks in a loop for what never comes: hangs
 EMA_HANG = "ema-hang"  # rank 0's main thread hung in a read while a thread of its own runs a module: a hang
 STUCK = "stuck"  # rank 0 waits for a child that waits for input that never comes: a hang
 WOKEN = "woken-read"  # rank 0 hung in a read of a pipe that a timer's signal wakes five times a second: a hang
@@ -106,6 +112,7 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[
     started[STUCK] = quiet(STUCK, STUCK, base)
     started[EMA_HANG] = quiet(EMA_HANG, EMA_HANG, base)
     started[WOKEN] = quiet(WOKEN, WOKEN, base)
+    started.update({name: quiet(name, name, base) for name in POLLS})
     started.update({name: hang(name, base) for name in HANGS})
     threading.Thread(target=_collect_mid_pause, args=(started[COLLECTED],), daemon=True).start()
     pool = ThreadPoolExecutor(len(started))
@@ -231,6 +238,24 @@ def test_a_read_woken_by_a_timer_is_a_stall(jobs: dict[str, Future[tuple[Job, in
     assert (verdict["category"], verdict["suspect_ranks"]) == ("hang.io", [0]), verdict
     assert re.search(r"rank 0 is waiting for I/O \(main thread blocked in read\(\) of fd \d+, pipe:\[\d+\] \(a pipe\)",
                      verdict["summary"]), verdict  # fmt: skip
+
+
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("name", POLLS)
+def test_a_poll_loop_for_what_never_comes_is_a_stall(jobs: dict[str, Future[tuple[Job, int, str, str]]],
+                                                     name: str) -> None:  # fmt: skip
+    # THEN waking to check is not working: its stack changing between the sleep and the check is not motion, and
+    # nothing it could wait for moves: the stall rule fires under `auto` about 60 s after the last motion
+    report = caught_by_auto(jobs[name].result())
+    # AND the report says it polls, where, and what to look for
+    verdict = report["verdict"]
+    assert (verdict["category"], verdict["suspect_ranks"], verdict["confidence"]) == ("hang.poll", [0], "high"), verdict
+    function = name.replace("-", "_")
+    assert re.match(rf"The job stalled: rank 0 sleeps and checks in a loop for something that never comes "
+                    rf"\({function} \(quiet_job\.py:\d+\)\), while rank 1 waits for it in barrier #\d+ of group 0\.$",
+                    verdict["summary"]), verdict  # fmt: skip
+    assert report["next_actions"][0].startswith("Rank 0 on ") and "a lock file another process holds" in (
+        report["next_actions"][0]), report["next_actions"]  # fmt: skip
 
 
 def caught_by_auto(done: tuple[Job, int, str, str]) -> dict[str, Any]:

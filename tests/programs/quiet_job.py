@@ -13,14 +13,19 @@ takes long to compile: before any optimizer step rank 0 spends the pause in Pyth
 rank 1 waits for it in backward), tool (an external tool run with subprocess.run: a shell pipeline that compresses
 as it goes, `… | gzip -1 > file`), captured (the same tool with capture_output=True: rank 0 polls its silent output
 pipes), workers (a DataLoader whose two workers take the whole pause to load the first batch, reading slowly),
-upload (an upload in a thread to a slow peer: the main thread waits on its future). And three that are not quiet:
-stuck (rank 0 waits for a child that waits for input that never comes: a credential prompt), ema-hang (rank 0's main
-thread blocks for good in a read while a thread of its own keeps running a module), woken-read (rank 0 blocks for
-good in a read of a pipe while an interval timer's signal wakes it five times a second). And nap: rank 0 sleeps the
-pause (with a short --stall-timeout, a stall whose rank moves again while its evidence is collected). For the hang
-benchmark (scripts/hangbench.py): pool (scoring in a multiprocessing.Pool for the pause), oversubscribed (evaluation
-while two burning processes take the CPUs), and two hangs: stale-lock (a `filelock` another process holds forever)
-and thread-deadlock (the main thread and a thread of its own each wait for the other's lock)."""
+upload (an upload in a thread to a slow peer: the main thread waits on its future), polled-upload (the same, the
+future checked in a loop with a sleep), polled-tool (the tool of `tool` started with Popen and watched in a loop,
+`while p.poll() is None: sleep`), scoring (a process pool whose two workers each score for the whole pause). And six
+that are not quiet: stuck (rank 0 waits for a child that waits for input that never comes: a credential prompt),
+ema-hang (rank 0's main thread blocks for good in a read while a thread of its own keeps running a module),
+woken-read (rank 0 blocks for good in a read of a pipe while an interval timer's signal wakes it five times a
+second), stale-lock (a `filelock` another process holds forever: it polls every 50 ms), marker (a loop that waits for
+a marker file nothing writes) and store-poll (a loop that polls the job's store for a key no rank sets). And nap:
+rank 0 sleeps the pause (with a short --stall-timeout, a stall whose rank moves again while its evidence is
+collected). For the hang
+benchmark (scripts/hangbench.py): pool (scoring in a multiprocessing.Pool for the pause, every CPU busy),
+oversubscribed (evaluation while two burning processes take the CPUs), and thread-deadlock (a hang: the main thread
+and a thread of its own each wait for the other's lock)."""
 
 import contextlib
 import gc
@@ -181,6 +186,15 @@ def tool(deadline: float, capture: bool = False) -> None:
     subprocess.run(["sh", "-c", script], check=True, capture_output=capture)
 
 
+def polled_tool(deadline: float) -> None:
+    """The external tool of `tool`, started and watched in a loop (`while p.poll() is None: sleep`): rank 0 sleeps
+    and checks while its child works."""
+    end = int(time.time() + deadline - time.monotonic())
+    child = subprocess.Popen(["sh", "-c", TOOL.format(end=end, out=os.path.join(WORK, "ckpt.gz"))])
+    while child.poll() is None:
+        time.sleep(0.2)
+
+
 class SlowReads(Dataset):
     """Samples read from a file 64 KiB at a time, slowly (a busy network filesystem)."""
 
@@ -209,10 +223,10 @@ def workers(deadline: float) -> None:
     print(f"rank 0: first batch of {len(batch[0])}", flush=True)
 
 
-def upload(deadline: float) -> None:
-    """An upload in a thread (boto3's transfer manager, huggingface_hub): the main thread waits on its future while
-    the thread sends part after part to a slow peer (a pipe drained by another process, 64 KiB at a time): the
-    thread's stack stands inside one write while its bytes move."""
+def upload(deadline: float, poll: bool = False) -> None:
+    """An upload in a thread (boto3's transfer manager, huggingface_hub): the main thread waits on its future (or,
+    `poll`, checks it in a loop with a sleep) while the thread sends part after part to a slow peer (a pipe drained
+    by another process, 64 KiB at a time): the thread's stack stands inside one write while its bytes move."""
     from concurrent.futures import ThreadPoolExecutor
 
     fifo = os.path.join(WORK, "upload")
@@ -227,7 +241,10 @@ def upload(deadline: float) -> None:
         return sent // CHUNK
 
     with ThreadPoolExecutor(1) as pool:
-        print(f"rank 0: uploaded {pool.submit(parts).result()} parts", flush=True)
+        future = pool.submit(parts)
+        while poll and not future.done():
+            time.sleep(0.5)
+        print(f"rank 0: uploaded {future.result()} parts", flush=True)
     reader.wait()
 
 
@@ -283,6 +300,20 @@ def stale_lock(deadline: float) -> None:
     FileLock(path).acquire()
 
 
+def marker(deadline: float) -> None:
+    """A hang: rank 0 waits in a loop for a marker file nothing will write (an earlier stage's `DONE` file)."""
+    path = os.path.join(WORK, "stage1.done")
+    while not os.path.exists(path):
+        time.sleep(0.1)
+
+
+def store_poll(deadline: float) -> None:
+    """A hang: rank 0 polls the job's store for a key no rank sets (`while not store.check([key])`)."""
+    store = dist.distributed_c10d._get_default_store()
+    while not store.check(["blackbox-test/never-set"]):
+        time.sleep(0.2)
+
+
 def thread_deadlock(deadline: float) -> None:
     """A hang: rank 0's main thread and a prefetch thread of its own each hold one lock and wait for the other."""
     import threading
@@ -317,6 +348,26 @@ def pool(deadline: float) -> None:
     chunks = max(1, int((deadline - time.monotonic()) / 0.5) * 2)
     with multiprocessing.get_context("fork").Pool(2) as workers_pool:
         print(f"rank 0: scored {len(workers_pool.map(_score, range(chunks), chunksize=1))} chunks", flush=True)
+
+
+def _score_until(deadline: float) -> int:
+    n = 0
+    while time.monotonic() < deadline:
+        end = time.monotonic() + 0.02
+        while time.monotonic() < end:
+            n = (n * 31 + 7) % 1_000_003
+        time.sleep(0.18)  # a tenth of a CPU: scoring that waits on a model server now and then
+    return n
+
+
+def scoring(deadline: float) -> None:
+    """Scoring in a process pool whose workers each take one long task for the whole pause (`Pool.map` with
+    chunksize=1): the main thread waits on the pool's result event while only the workers move (a tenth of a CPU
+    each; the pool's threads only wake)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("fork").Pool(2) as workers_pool:
+        print(f"rank 0: scored {len(workers_pool.map(_score_until, [deadline] * 2, chunksize=1))} tasks", flush=True)
 
 
 def oversubscribed(deadline: float) -> None:
@@ -379,9 +430,14 @@ def main() -> None:
                     "woken-read": woken_read,
                     "nap": lambda d: time.sleep(max(0.0, d - time.monotonic())),
                     "upload": upload,
+                    "polled-upload": lambda d: upload(d, poll=True),
+                    "polled-tool": polled_tool,
+                    "marker": marker,
+                    "store-poll": store_poll,
                     "stale-lock": stale_lock,
                     "thread-deadlock": thread_deadlock,
                     "pool": pool,
+                    "scoring": scoring,
                     "oversubscribed": oversubscribed,
                 }
                 if CASE in work:

@@ -4,7 +4,7 @@ from its sources (analyze.states.classify), and the one blame over all ranks (an
 from __future__ import annotations
 
 from blackbox.adapters.stacks import Frame, ThreadStack
-from blackbox.analyze.blame import Context, blame
+from blackbox.analyze.blame import Context, blame, category_of, describe
 from blackbox.analyze.states import Fact, RankState, classify
 from blackbox.frames import where
 
@@ -108,6 +108,25 @@ def test_a_silent_liveness_thread_in_user_code_holds_the_gil() -> None:
     st = classify(1, "n", 7, [fact("compute", "main thread in <module> (train.py:9)", STACK), fact("gil")], "compute",
                   3)  # fmt: skip
     assert (st.where, st.phase) == ("gil", "compute")
+
+
+def test_a_rank_whose_recorder_saw_it_sleep_and_check_polls_and_its_stack_says_where() -> None:
+    # GIVEN a stack in user code (the loop) and a heartbeat whose recorder saw the main thread sleep on a timer
+    polls = fact("poll", "its main thread sleeps on a timer, or sleeps and checks in a loop")
+    st = classify(0, "n", 7, [fact("compute", "main thread in wait_for_lock (train.py:40)", STACK), polls], "compute",
+                  3)  # fmt: skip
+    # THEN it polls (its heartbeat says so; with the flight recorder's "never entered", two sources), where its stack
+    # says, and the category says so
+    assert (st.kind, st.where, st.detail, st.agreeing()) == ("elsewhere", "poll", "main thread in wait_for_lock "
+                                                             "(train.py:40)", 1)  # fmt: skip
+    assert category_of(st) == "hang.poll"
+    assert describe(st, []) == ("rank 0 sleeps and checks in a loop for something that never comes (wait_for_lock "
+                                "(train.py:40))")  # fmt: skip
+    # BUT a stack that says where it waits (a read, a collective) outranks it, and so does a silent liveness thread
+    read = fact("io", "main thread in read (client.py:9)", STACK)
+    assert classify(0, "n", 7, [read, polls], "compute", 3).where == "io"
+    gil = classify(0, "n", 7, [fact("compute", "main thread in f (x.py:1)", STACK), polls, fact("gil")], "compute", 3)
+    assert gil.where == "gil"
 
 
 def test_an_exception_out_of_a_collective_is_a_victim() -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
+import select
 import subprocess
 import sys
 import threading
@@ -56,13 +58,18 @@ def sampled(target: Any, tmp_path: Path, samples: int = 12) -> int:
 
 def watched(main: threading.Thread, tmp_path: Path, samples: int) -> int:
     """Stack changes over `samples` ticks, 20 ms apart, of a Motion that takes `main` for the main thread."""
+    return watching(main, tmp_path, samples).stack_changes
+
+
+def watching(main: threading.Thread, tmp_path: Path, samples: int) -> M.Motion:
+    """The Motion of `watched`, after its samples (what the main thread waits for: its `waiting`)."""
     time.sleep(0.05)
     m = M.Motion(FakeRecorder(tmp_path))
-    m.main = main.ident
-    for i in range(samples):
-        m.tick(100.0 + i)
+    m.watch(main)
+    for _ in range(samples):
+        m.tick(time.monotonic())
         time.sleep(0.02)
-    return m.stack_changes
+    return m
 
 
 def _blocked_in_c(stop: threading.Event) -> None:
@@ -147,6 +154,87 @@ def test_a_main_thread_waiting_for_a_thread_moves_as_that_thread_does(tmp_path: 
     assert waiting_on(_walking, tmp_path, "sleep") == 0
 
 
+def polling(tmp_path: Path, beside: Any = None, samples: int = 40) -> M.Motion:
+    """A Motion over a "main" thread that sleeps and checks in a loop (a lock file's, a marker file's) until the
+    thread running `beside` (if any) is done, as `while not future.done(): time.sleep(…)` does."""
+    stop = threading.Event()
+    worker = threading.Thread(target=beside, args=(stop,), daemon=True) if beside is not None else None
+
+    r, w = os.pipe()
+
+    def main() -> None:
+        while not stop.is_set() and (worker is None or worker.is_alive()):
+            select.select([r], [], [], random.uniform(0.005, 0.015))  # the check: a store's round trip, "not yet" ...
+            time.sleep(random.uniform(0.005, 0.015))  # ... then a sleep on a timer: a sample finds it at either line
+
+    waiter = threading.Thread(target=main, daemon=True)
+    if worker is not None:
+        worker.start()
+    waiter.start()
+    try:
+        return watching(waiter, tmp_path, samples)
+    finally:
+        stop.set()
+        waiter.join(5)
+        os.close(r)
+        os.close(w)
+
+
+def _polling_a_queue(stop: threading.Event) -> None:
+    import queue
+
+    q: queue.Queue[int] = queue.Queue()
+    while not stop.is_set():  # a pool's or a writer's handler thread: wakes every 10 ms, finds nothing, waits again
+        with contextlib.suppress(queue.Empty):
+            q.get(timeout=0.01)
+
+
+def test_a_poll_loop_is_waiting_not_working(tmp_path: Path) -> None:
+    # GIVEN a main thread that sleeps and checks in a loop, nothing beside it: its stack changes between samples,
+    # but waking to check is not work (a stale lock file, a marker file or a store key that never comes)
+    # (until the loop is first seen asleep on its timer, one change may count: at most one)
+    m = polling(tmp_path)
+    assert m.stack_changes <= 1
+    assert m.waiting == P.WAIT_POLL
+    # AND a thread that only wakes to poll a queue is not work either
+    assert polling(tmp_path, _polling_a_queue).stack_changes <= 1
+    # BUT the loop moves as the thread it polls does: one that runs Python, or moves bytes (an upload)
+    assert polling(tmp_path, _walking).stack_changes >= 3
+    assert polling(tmp_path, _uploading).stack_changes >= 3
+
+
+def test_a_loop_of_calls_that_return_with_data_moves(tmp_path: Path) -> None:
+    # GIVEN a main thread that waits in one read after another, each answered (requests to a server): it uses
+    # little CPU, but it wakes on data, never on a timer, so its stack changing is motion
+    feeds = [os.pipe() for _ in range(2)]
+    stop = threading.Event()
+
+    def server() -> None:
+        while not stop.is_set():
+            for _, w in feeds:
+                os.write(w, b"x")
+                time.sleep(0.004)
+
+    def main() -> None:
+        while not stop.is_set():
+            os.read(feeds[0][0], 1)  # a request and its answer ...
+            os.read(feeds[1][0], 1)  # ... then another one, at another line
+
+    threading.Thread(target=server, daemon=True).start()
+    waiter = threading.Thread(target=main, daemon=True)
+    waiter.start()
+    try:
+        m = watching(waiter, tmp_path, 40)
+        assert m.stack_changes >= 3
+        assert m.waiting == P.WAIT_NONE
+    finally:
+        stop.set()
+        waiter.join(5)
+        for r, w in feeds:
+            os.close(r)
+            os.close(w)
+
+
 def test_forward_calls_count_only_from_the_main_thread(tmp_path: Path) -> None:
     torch = fake_torch()
     m = M.Motion(FakeRecorder(tmp_path, torch))
@@ -164,7 +252,7 @@ def test_forward_calls_count_only_from_the_main_thread(tmp_path: Path) -> None:
 def test_the_motion_group_reaches_the_heartbeat(tmp_path: Path) -> None:
     rec = FakeRecorder(tmp_path)
     m = M.Motion(rec)
-    m.main = threading.get_ident()  # this thread: its stack differs between the two calls below
+    m.watch(threading.current_thread())  # this thread: its stack differs between the two calls below
     m.tick(10.0)
     m.tick(11.0)
     state = decode(rec.hb.mm)

@@ -146,6 +146,50 @@ def test_a_parent_waiting_on_no_other_process_is_not_followed(procs: list[subpro
     assert follow(p.pid, 1.0) == [None, None]
 
 
+def test_a_wait_for_a_thread_or_a_poll_loop_follows_the_workers_and_what_came_since(
+        procs: list[subprocess.Popen[bytes]]) -> None:  # fmt: skip
+    # GIVEN a rank whose main thread waits for a thread of its own (the kernel shows a futex; its heartbeat says
+    # so), with three children: a service it started long before its last step (a metrics agent, always busy), a
+    # Python worker of its pool, and a tool it started since
+    from blackbox.adapters import procfs
+
+    p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import multiprocessing as mp, subprocess, sys, threading, time
+        if __name__ == '__main__':
+            service = subprocess.Popen(['sh', '-c', {SPIN!r}])
+            worker = mp.get_context('fork').Process(target=time.sleep, args=(3600,), daemon=True)
+            worker.start()
+            print(service.pid, worker.pid, flush=True)
+            sys.stdin.readline()
+            late = subprocess.Popen(['sleep', '3600'])
+            print(late.pid, flush=True)
+            threading.Event().wait()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    procs.append(p)  # type: ignore[arg-type]
+    assert p.stdin is not None and p.stdout is not None
+    service, worker = map(int, p.stdout.readline().split())
+    time.sleep(0.1)
+    since = time.monotonic()  # its last step
+    time.sleep(0.1)
+    p.stdin.write("\n")
+    p.stdin.flush()
+    late = int(p.stdout.readline())
+    time.sleep(0.5)
+    # THEN the worker and the tool are what it may wait for, never the service (which moves all the time)
+    assert sorted(procfs.workers(p.pid, since)) == sorted([worker, late])
+    follower = WaitFollower()
+    seen = []
+    for _ in range(3):
+        seen.append(follower.follow(p.pid, time.monotonic(), since))
+        follower.end_poll()
+        time.sleep(0.5)
+    assert all(w is not None and not w.moved for w in seen), seen
+    assert seen[0] is not None and seen[0].name in (f"its 2 child processes (pids {worker}, {late})",
+                                                    f"its 2 child processes (pids {late}, {worker})")  # fmt: skip
+    # AND without its heartbeat saying so, a futex is not a wait on another process
+    assert follower.follow(p.pid, time.monotonic()) is None
+
+
 def test_the_report_names_the_leaf_of_the_wait_from_untrusted_proc_json() -> None:
     from blackbox.analyze.states import describe_waited
 
