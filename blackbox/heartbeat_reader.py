@@ -67,13 +67,13 @@ class HeartbeatState:
     stack_changes: int = 0  # samples at which the main thread's Python stack differed from the sample before
     stack_time: float = 0.0  # when it last did
     forward_mode: str = "idle"  # the forward counter: idle (no pause), counting, off (torch.compile in use)
-    waiting: str = ""  # what its main thread waits for: "thread" (one of its own), "poll" (a timer: sleeps and checks)
+    waiting: str = ""  # what its main thread waits for: "thread" (of its own), "poll" (sleeps and checks), "sleep"
 
     @property
     def workers_since(self) -> Optional[float]:
         """Where its main thread waits for a thread of its own or polls: its last progress (mono s), from which
         what it started, and its Python workers, are what it may wait for (procfs.workers); else None."""
-        return self.last_progress if self.waiting in ("thread", "poll") else None
+        return self.last_progress if self.waiting in ("thread", "poll", "sleep") else None
 
     @property
     def last_motion(self) -> float:

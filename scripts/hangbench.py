@@ -104,9 +104,11 @@ def rows(two_hosts: Optional[bool] = None) -> list[Row]:
     out = [_scenario(n, "hang") for n in hangs] + [_scenario(n, "crash") for n in crashes]
     out.append(_scenario("ddp-data-hang", "hang", 3, "ddp-data-hang-step3"))  # before auto's 5 steps
     out += [_quiet(c, "hang", "hang.io") for c in ("stuck", "ema-hang", "woken-read")]
-    out += [_quiet(c, "hang") for c in ("stale-lock", "thread-deadlock")]  # no category of blackbox's is the truth
+    out += [_quiet(c, "hang", "hang.poll") for c in ("stale-lock", "marker", "store-poll")]  # a poll loop's wait
+    out.append(_quiet("thread-deadlock", "hang"))  # no category of blackbox's is the truth
     out += [_quiet(c, "healthy") for c in ("save", "forward", "loader", "metrics", "index", "dcp", "compile", "tool",
-                                           "captured", "workers", "upload", "pool", "oversubscribed")]  # fmt: skip
+                                           "captured", "workers", "upload", "pool", "oversubscribed", "polled-tool",
+                                           "polled-upload", "scoring")]  # fmt: skip
     out += [_pace(n) for n in ("steady", "data-straggler", "compute-straggler")]
     # root: two hosts whose link goes down at step 8; the truth as node 0 (the master's) sees it: the rank beyond it
     if netns.available() if two_hosts is None else two_hosts:

@@ -52,8 +52,9 @@ class Motion:
     meanwhile (CPU_FLOOR; a poll's wake-ups use a fraction of a percent), or, for the main thread, when it has not
     slept on a timer within POLL_S and waits for no thread (a loop of blocking calls that each return with data —
     requests to a server — wakes on data, not on a timer). While the main thread waits for another thread of the
-    job (a join, a future's result, a queue's get, an event: THREAD_WAITS) or polls (it slept on a timer within
-    POLL_S), the other threads count: one whose stack changes while it uses CPU, or whose bytes through read and
+    job (a join, a future's result, a queue's get, an event: THREAD_WAITS) or sleeps (it slept on a timer within
+    POLL_S: a poll loop when it used CPU between two such samples, a plain sleep when not), the other threads
+    count: one whose stack changes while it uses CPU, or whose bytes through read and
     write system calls move — the rank is as alive as the thread it waits for; which one is not known, so any
     does. blackbox's own threads never count. What the main thread waits for is published (W_WAITING): the
     supervisor then follows the rank's worker processes as well.
@@ -78,7 +79,8 @@ class Motion:
         self._codes: tuple[Any, ...] = ()  # the signature's code objects, held so that their ids are never reused
         self._at = 0.0  # the sample before: when, and the main thread's CPU seconds then
         self._cpu = -1.0
-        self._slept_at = -POLL_S  # when the main thread was last seen asleep on a timer
+        self._slept_at = -POLL_S  # when the main thread was last seen asleep on a timer ...
+        self._polled_at = -POLL_S  # ... and having woken (used CPU) since the sample before: a loop
         self.waiting = P.WAIT_NONE  # what the main thread waits for (P.WAIT_*), at the last sample
         # the job's other threads while the main thread waits for one: thread id -> (signature, codes, bytes, CPU s)
         self._others: dict[int, tuple[tuple[int, ...], tuple[Any, ...], int, float]] = {}
@@ -144,11 +146,14 @@ class Motion:
         worked = cpu < 0 or (self._cpu >= 0 and cpu - self._cpu >= floor)  # unreadable: every change counts
         if not worked and self._asleep():
             self._slept_at = now
+            if cpu > self._cpu >= 0:  # it ran since the sample before: woke to check, and sleeps again
+                self._polled_at = now
         thread_wait = bool(codes) and _waits_for_thread(codes[0])
-        polls = now - self._slept_at <= POLL_S
+        sleeps = now - self._slept_at <= POLL_S
         changed = (sig != self._signature and bool(self._signature)) or running  # the first sample: nothing to differ
-        moved = changed and (worked or not (polls or thread_wait))
-        self.waiting = P.WAIT_THREAD if thread_wait else P.WAIT_POLL if polls else P.WAIT_NONE
+        moved = changed and (worked or not (sleeps or thread_wait))
+        self.waiting = (P.WAIT_THREAD if thread_wait else P.WAIT_NONE if not sleeps else
+                        P.WAIT_POLL if now - self._polled_at <= POLL_S else P.WAIT_SLEEP)  # fmt: skip
         others = self._read_others(frames) if self.waiting else {}
         frames = {}  # no frame outlives the sample: a frame held keeps its locals (tensors) alive
         if others and not moved:  # the rank is as alive as a thread of its own that works (a new one: baseline)

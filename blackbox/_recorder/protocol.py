@@ -92,12 +92,12 @@ FORWARDS_COUNTING = 1  # a pause: the hook counts module calls
 FORWARDS_OFF = 2  # never installed: torch.compile is in use (a hook would change what it compiles), or it failed
 FORWARD_MODES = ("idle", "counting", "off")
 # What the main thread waits for, as the liveness thread last saw it: one word after the motion group, one store
-# (a layout-3 page of an older recorder leaves it 0). A thread of its own (a join, a future, a queue, an event), or
-# a timer: it sleeps, or sleeps and checks in a loop (a lock file, a store key, a marker file, `Popen.poll`). The
-# supervisor then follows the rank's worker processes too: what such a wait may be waiting for.
+# (a layout-3 page of an older recorder leaves it 0). A thread of its own (a join, a future, a queue, an event); a
+# timer it wakes from to check, in a loop (a lock file, a store key, a marker file, `Popen.poll`); or a timer it
+# sleeps on. The supervisor then follows the rank's worker processes too: what such a wait may be waiting for.
 W_WAITING = 47
-WAIT_NONE, WAIT_THREAD, WAIT_POLL = 0, 1, 2
-WAIT_NAMES = ("", "thread", "poll")
+WAIT_NONE, WAIT_THREAD, WAIT_POLL, WAIT_SLEEP = 0, 1, 2, 3
+WAIT_NAMES = ("", "thread", "poll", "sleep")
 
 MODE_CODES = {MODE_RANK: 0, MODE_SINGLE: 1, MODE_SLURM: 2}
 

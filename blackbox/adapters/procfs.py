@@ -27,7 +27,7 @@ class ProcStat:
 
 
 def proc_stat(pid: int) -> Optional[ProcStat]:
-    text = _read(f"/proc/{pid}/stat") or ""
+    text = read_text(f"/proc/{pid}/stat") or ""
     try:
         state, ppid, start = parse_proc_stat(text)
         times = text[text.rindex(")") + 2 :].split()[11:15]  # utime, stime, cutime, cstime
@@ -89,7 +89,7 @@ def io_counters(pid: int, tid: Optional[int] = None) -> Optional[IoCounters]:
     """A process's I/O counters (all its threads, living and gone), or one thread's; None where they cannot be read
     (gone, another user's process without CAP_SYS_PTRACE, a kernel without task I/O accounting)."""
     path = f"/proc/{pid}/task/{tid}/io" if tid is not None else f"/proc/{pid}/io"
-    fields = _fields(_read(path, 4096))
+    fields = _fields(read_text(path, 4096))
     try:
         return IoCounters(int(fields["rchar"]), int(fields["wchar"]), int(fields["read_bytes"]),
                           int(fields["write_bytes"]))  # fmt: skip
@@ -117,7 +117,7 @@ def rw_wakeups(pid: int, tid: int) -> Optional[int]:
     FUSE filesystem, a pipe drained slowly) counts its bytes only when the call returns; meanwhile the thread is
     woken each time the kernel moves some of them, which a write to a hung server never is. A read of a pipe or a
     socket is None too: it would have returned with the first byte, so its wake-ups are signals, not bytes."""
-    text = _read(f"/proc/{pid}/task/{tid}/syscall", 512)
+    text = read_text(f"/proc/{pid}/task/{tid}/syscall", 512)
     parts = text.split(maxsplit=2) if text else []
     first = parts[0] if parts else ""
     if _RW_NUMBERS is None or not first.isdigit() or int(first) not in _RW_NUMBERS:
@@ -129,7 +129,7 @@ def rw_wakeups(pid: int, tid: int) -> Optional[int]:
             target = None
         if target is None or target.startswith(_STREAMS):
             return None
-    switches = _fields(_read(f"/proc/{pid}/task/{tid}/status")).get("voluntary_ctxt_switches", "")
+    switches = _fields(read_text(f"/proc/{pid}/task/{tid}/status")).get("voluntary_ctxt_switches", "")
     return int(switches) if switches.isdigit() else None
 
 
@@ -201,7 +201,7 @@ def children(pid: int) -> list[int]:
         return out
     for tid in tids:
         try:
-            out.extend(int(c) for c in (_read(f"/proc/{pid}/task/{tid}/children") or "").split())
+            out.extend(int(c) for c in (read_text(f"/proc/{pid}/task/{tid}/children") or "").split())
         except ValueError:
             continue
     return sorted(set(out))
@@ -218,18 +218,18 @@ def in_other_pid_namespace(ns_pid: int, start_ticks: int, root: str = "/proc") -
     for name in names:
         if not name.isdigit():
             continue
-        ids = _fields(_read(f"{root}/{name}/status")).get("NSpid", "").split()
+        ids = _fields(read_text(f"{root}/{name}/status")).get("NSpid", "").split()
         if len(ids) < 2 or ids[-1] != str(ns_pid):
             continue
         try:
-            if parse_proc_stat(_read(f"{root}/{name}/stat") or "")[2] == start_ticks:
+            if parse_proc_stat(read_text(f"{root}/{name}/stat") or "")[2] == start_ticks:
                 return int(name)
         except (ValueError, IndexError):
             continue
     return None
 
 
-def _read(path: str, limit: int = 65536) -> Optional[str]:
+def read_text(path: str, limit: int = 65536) -> Optional[str]:
     """Up to `limit` bytes of a /proc file, or None. Plain system calls: the supervisor reads several such files a
     rank at every poll, and a Python file object costs twice as much as the read itself."""
     try:
@@ -266,7 +266,7 @@ MAX_THREADS = 512  # per process, in a snapshot
 def zombie_exit_code(pid: int) -> Optional[int]:
     """How a zombie (exited, not yet reaped by its parent) ended, from /proc/PID/stat's exit_code field (Linux
     >= 3.5): its exit code, or minus the signal that killed it; None where it cannot be read."""
-    text = _read(f"/proc/{pid}/stat")
+    text = read_text(f"/proc/{pid}/stat")
     try:
         rest = text[text.rindex(")") + 2 :].split() if text else []
         return os.waitstatus_to_exitcode(int(rest[49])) if len(rest) > 49 else None
@@ -298,11 +298,11 @@ def snapshot(pid: int) -> dict[str, object]:
         tids = []
         unreadable["task"] = exc.strerror or str(exc)
     for tid in tids[:MAX_THREADS]:
-        stat = _read(f"{base}/task/{tid}/stat")
+        stat = read_text(f"{base}/task/{tid}/stat")
         state = stat[stat.rindex(")") + 2 :].split()[0] if stat and ")" in stat else None
         threads.append({
-            "tid": int(tid), "name": (_read(f"{base}/task/{tid}/comm") or "").strip(), "state": state,
-            "wchan": _read(f"{base}/task/{tid}/wchan"), "syscall": thread_syscall(pid, int(tid))[0],
+            "tid": int(tid), "name": (read_text(f"{base}/task/{tid}/comm") or "").strip(), "state": state,
+            "wchan": read_text(f"{base}/task/{tid}/wchan"), "syscall": thread_syscall(pid, int(tid))[0],
         })  # fmt: skip
     try:
         fd_count: Optional[int] = len(os.listdir(f"{base}/fd"))
@@ -342,20 +342,23 @@ def snapshot(pid: int) -> dict[str, object]:
 # --- what a thread is blocked on in the kernel ---------------------------------------------------------------
 # The syscalls a thread is seen blocked in, by machine (/proc/PID/task/TID/syscall gives the number).
 SYSCALLS: dict[str, dict[int, str]] = {
-    "x86_64": {0: "read", 1: "write", 2: "open", 7: "poll", 16: "ioctl", 17: "pread64", 18: "pwrite64", 19: "readv",
-               20: "writev", 23: "select", 24: "sched_yield", 34: "pause", 35: "nanosleep", 42: "connect",
-               43: "accept", 44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 58: "vfork", 61: "wait4",
-               202: "futex", 247: "waitid", 230: "clock_nanosleep", 232: "epoll_wait", 257: "openat", 270: "pselect6",
-               271: "ppoll", 281: "epoll_pwait", 288: "accept4", 295: "preadv", 299: "recvmmsg", 327: "preadv2",
-               437: "openat2"},
-    "aarch64": {22: "epoll_pwait", 29: "ioctl", 56: "openat", 63: "read", 64: "write", 65: "readv", 66: "writev",
-                67: "pread64", 68: "pwrite64", 69: "preadv", 72: "pselect6", 73: "ppoll", 95: "waitid", 98: "futex",
-                101: "nanosleep", 115: "clock_nanosleep", 124: "sched_yield", 202: "accept", 203: "connect",
-                206: "sendto", 207: "recvfrom", 211: "sendmsg", 212: "recvmsg", 242: "accept4", 243: "recvmmsg",
-                260: "wait4", 437: "openat2"},
+    "x86_64": {0: "read", 1: "write", 2: "open", 3: "close", 7: "poll", 16: "ioctl", 17: "pread64", 18: "pwrite64",
+               19: "readv", 20: "writev", 23: "select", 24: "sched_yield", 26: "msync", 34: "pause", 35: "nanosleep",
+               42: "connect", 43: "accept", 44: "sendto", 45: "recvfrom", 46: "sendmsg", 47: "recvmsg", 58: "vfork",
+               61: "wait4", 74: "fsync", 75: "fdatasync", 162: "sync", 202: "futex", 247: "waitid",
+               230: "clock_nanosleep", 232: "epoll_wait", 257: "openat", 270: "pselect6", 271: "ppoll",
+               277: "sync_file_range", 281: "epoll_pwait", 288: "accept4", 295: "preadv", 299: "recvmmsg",
+               306: "syncfs", 327: "preadv2", 437: "openat2"},
+    "aarch64": {22: "epoll_pwait", 29: "ioctl", 56: "openat", 57: "close", 63: "read", 64: "write", 65: "readv",
+                66: "writev", 67: "pread64", 68: "pwrite64", 69: "preadv", 72: "pselect6", 73: "ppoll", 81: "sync",
+                82: "fsync", 83: "fdatasync", 84: "sync_file_range", 95: "waitid", 98: "futex", 101: "nanosleep",
+                115: "clock_nanosleep", 124: "sched_yield", 202: "accept", 203: "connect", 206: "sendto",
+                207: "recvfrom", 211: "sendmsg", 212: "recvmsg", 227: "msync", 242: "accept4", 243: "recvmmsg",
+                260: "wait4", 267: "syncfs", 437: "openat2"},
 }  # fmt: skip
 FD_CALLS = frozenset({"read", "pread64", "readv", "preadv", "preadv2", "recvfrom", "recvmsg", "recvmmsg", "write",
-                      "writev", "pwrite64", "sendto", "sendmsg", "connect", "accept", "accept4", "ioctl"})  # fmt: skip
+                      "writev", "pwrite64", "sendto", "sendmsg", "connect", "accept", "accept4", "ioctl", "fsync",
+                      "fdatasync", "close", "sync_file_range", "syncfs"})  # fmt: skip
 PATH_CALLS = {"open": 0, "openat": 1, "openat2": 1}  # the argument that points at the path
 # Filesystems a stat() may hang on when their server is gone: never stat a file on one of these.
 REMOTE_FS = ("nfs", "nfs4", "lustre", "cifs", "smb3", "ceph", "gpfs", "beegfs", "9p", "glusterfs", "afs", "fuse")
@@ -364,7 +367,7 @@ AT_FDCWD = -100
 
 def thread_syscall(pid: int, tid: int) -> tuple[Optional[str], list[int]]:
     """The syscall a thread is in ("read", …; "running"; None when unreadable) and its arguments."""
-    text = _read(f"/proc/{pid}/task/{tid}/syscall")
+    text = read_text(f"/proc/{pid}/task/{tid}/syscall")
     if text is None:
         return None, []
     parts = text.split()
@@ -380,16 +383,21 @@ def thread_syscall(pid: int, tid: int) -> tuple[Optional[str], list[int]]:
     return SYSCALLS.get(platform.machine(), {}).get(nr, f"syscall {nr}"), args
 
 
-def _int32(value: int) -> int:
+def as_fd(value: int) -> int:
     """A file descriptor argument as the C int it is (the kernel prints it sign-extended to 64 bits, or not)."""
     value &= 0xFFFFFFFF
     return value - (1 << 32) if value >= 1 << 31 else value
 
 
+def fd_info(pid: int, fd: int) -> dict[str, str]:
+    """A descriptor's /proc/PID/fdinfo fields (`pos`, `flags`, `mnt_id`, …); empty when unreadable."""
+    return _fields(read_text(f"/proc/{pid}/fdinfo/{fd}"))
+
+
 def _mounts(pid: int) -> list[tuple[int, str, str, str]]:
     """(mount id, mount point, filesystem type, source) of the process's mount namespace."""
     out = []
-    for line in (_read(f"/proc/{pid}/mountinfo", 4 * 1024 * 1024) or "").splitlines():
+    for line in (read_text(f"/proc/{pid}/mountinfo", 4 * 1024 * 1024) or "").splitlines():
         left, sep, right = line.partition(" - ")
         a, b = left.split(), right.split()
         if sep and len(a) >= 5 and len(b) >= 2 and a[0].isdigit():
@@ -411,11 +419,11 @@ def _mount_of(mounts: list[tuple[int, str, str, str]], path: str, mnt_id: Option
 def _socket_peer(pid: int, inode: str) -> Optional[str]:
     """The other end of a TCP socket (`10.0.0.9:443`) or a Unix socket's path, from the process's net tables."""
     for table in ("tcp", "tcp6"):
-        for line in (_read(f"/proc/{pid}/net/{table}", 4 * 1024 * 1024) or "").splitlines()[1:]:
+        for line in (read_text(f"/proc/{pid}/net/{table}", 4 * 1024 * 1024) or "").splitlines()[1:]:
             f = line.split()
             if len(f) > 9 and f[9] == inode:
                 return _address(f[2])
-    for line in (_read(f"/proc/{pid}/net/unix", 4 * 1024 * 1024) or "").splitlines()[1:]:
+    for line in (read_text(f"/proc/{pid}/net/unix", 4 * 1024 * 1024) or "").splitlines()[1:]:
         f = line.split()
         if len(f) > 6 and f[6] == inode:
             return f[7] if len(f) > 7 else "a unix socket"
@@ -479,10 +487,10 @@ def blocked(pid: int, tid: Optional[int] = None) -> dict[str, object]:
     device), which filesystem holds it, and for a socket the address at the other end."""
     tid = tid or pid
     base = f"/proc/{pid}/task/{tid}"
-    stat_text = _read(f"{base}/stat")
+    stat_text = read_text(f"{base}/stat")
     out: dict[str, object] = {"tid": tid, "state": stat_text[stat_text.rindex(")") + 2 :].split()[0]
                               if stat_text and ")" in stat_text else None,
-                              "wchan": (_read(f"{base}/wchan") or "").strip() or None}  # fmt: skip
+                              "wchan": (read_text(f"{base}/wchan") or "").strip() or None}  # fmt: skip
     call, args = thread_syscall(pid, tid)
     out["syscall"] = call
     if call is None or not args:
@@ -490,14 +498,14 @@ def blocked(pid: int, tid: Optional[int] = None) -> dict[str, object]:
     target: Optional[str] = None
     mnt_id: Optional[int] = None
     if call in FD_CALLS:
-        fd = _int32(args[0])
+        fd = as_fd(args[0])
         out["fd"] = fd
         target = fd_target(pid, fd)
-        info = _fields(_read(f"/proc/{pid}/fdinfo/{fd}"))
+        info = _fields(read_text(f"/proc/{pid}/fdinfo/{fd}"))
         mnt_id = int(info["mnt_id"]) if info.get("mnt_id", "").isdigit() else None
     elif call in PATH_CALLS:
         path = _user_string(pid, args[PATH_CALLS[call]])
-        dirfd = _int32(args[0])
+        dirfd = as_fd(args[0])
         if path and not path.startswith("/"):
             base_dir = cwd(pid) if call == "open" or dirfd == AT_FDCWD else fd_target(pid, dirfd)
             path = os.path.join(base_dir, path) if base_dir else path
@@ -537,7 +545,7 @@ def waited_fds(pid: int, call: str, args: list[int]) -> list[int]:
     if not args:
         return []
     if call in ("read", "readv"):
-        return [_int32(args[0])]
+        return [as_fd(args[0])]
     if call in ("poll", "ppoll"):
         count = min(args[1], MAX_WAIT_FDS)
         data = _user_bytes(pid, args[0], 8 * count) or b""
@@ -547,7 +555,7 @@ def waited_fds(pid: int, call: str, args: list[int]) -> list[int]:
         bits = _user_bytes(pid, args[1], (count + 7) // 8) if args[1] else None
         return [fd for fd in range(min(count, 8 * len(bits or b""))) if bits and bits[fd // 8] >> (fd % 8) & 1]
     if call in ("epoll_wait", "epoll_pwait"):
-        info = _read(f"/proc/{pid}/fdinfo/{_int32(args[0])}") or ""
+        info = read_text(f"/proc/{pid}/fdinfo/{as_fd(args[0])}") or ""
         return [int(line.split()[1]) for line in info.splitlines() if line.startswith("tfd:")
                 and len(line.split()) > 1 and line.split()[1].isdigit()]  # fmt: skip
     return []
@@ -559,12 +567,12 @@ def waited_children(pid: int, call: str, args: list[int]) -> list[int]:
     if not args:
         return []
     if call == "wait4":
-        child = _int32(args[0])
+        child = as_fd(args[0])
         return [child] if child > 0 else children(pid)
     if args[0] == P_PID:
-        return [_int32(args[1])]
+        return [as_fd(args[1])]
     if args[0] == P_PIDFD:
-        field = _fields(_read(f"/proc/{pid}/fdinfo/{_int32(args[1])}")).get("Pid", "")
+        field = _fields(read_text(f"/proc/{pid}/fdinfo/{as_fd(args[1])}")).get("Pid", "")
         return [int(field)] if field.isdigit() else []
     return children(pid)
 
@@ -678,7 +686,7 @@ def fd_targets(pid: int) -> set[str]:
 def write_target(pid: int) -> Optional[str]:
     """What the main thread of `pid` is writing to when it is inside write() or writev() now, else None."""
     call, args = thread_syscall(pid, pid)
-    return fd_target(pid, _int32(args[0])) if call in ("write", "writev") and args else None
+    return fd_target(pid, as_fd(args[0])) if call in ("write", "writev") and args else None
 
 
 def holding(pids: list[int], pipes: set[str]) -> list[int]:

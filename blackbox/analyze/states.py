@@ -442,9 +442,9 @@ def _heartbeat_facts(rank: int, hb: dict[str, Any], alive: Optional[bool],
         named = phase == "collective" and hb.get("collective") not in (None, "none")
         coll = f" {hb.get('collective')}" if named else ""
         out.append(Fact(hb_src, hb_says, f"heartbeat phase {phase}{coll}"))
-    if hb.get("waiting") == "poll":  # its recorder saw it sleep on a timer: waking to check is not working
-        out.append(Fact(hb_src, "poll", "its main thread sleeps on a timer, or sleeps and checks in a loop, while "
-                        "nothing it could wait for moves (no thread of its own, no process it started)"))  # fmt: skip
+    if hb.get("waiting") == "poll":  # its recorder saw it wake from a timer and sleep again: waking is not working
+        out.append(Fact(hb_src, "poll", "its main thread sleeps and checks in a loop, while nothing it could wait "
+                        "for moves (no thread of its own, no process it started)"))  # fmt: skip
     age = number(hb.get("liveness_age_s"))
     if age is not None and peer_liveness is not None and age > max(FROZEN_MIN_S, 3 * peer_liveness + 1):
         out.append(Fact(hb_src, "gil", f"its liveness thread has not run for {age:.0f} s while its peers' ran "

@@ -3,9 +3,11 @@ being read is a rank at work even when it neither steps nor runs Python code. Co
 main thread's own read and write system calls (files, pipes, sockets); the main thread woken inside one such call
 (a single long write to slow storage counts its bytes only when it returns); and storage bytes of the whole process
 (a thread writing a checkpoint while the main thread waits for it) once they pass a floor, so that a logger's appends
-and the writeback of the heartbeat page do not make a hung rank look busy; and, while the rank is otherwise still,
+and the writeback of the heartbeat page do not make a hung rank look busy; a flush the main thread is in (fsync,
+close on NFS, msync) while what holds its file writes (adapters.writeback); and, while the rank is otherwise still,
 the processes its main thread waits for (supervisor.waits). The rank's own CPU time is never read: a CUDA sync or an
-NCCL wait spins a core while nothing moves. Imports the stdlib and blackbox's /proc adapter and wait follower."""
+NCCL wait spins a core while nothing moves. Imports the stdlib, blackbox's /proc and writeback adapters, its wait
+follower and detections (for human_bytes)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..adapters import procfs
+from ..adapters import procfs, writeback
+from ..detections import human_bytes
 from .waits import WaitFollower
 
 STORAGE_FLOOR = 1 << 20  # the whole process's storage bytes count as motion from this many ...
@@ -33,6 +36,7 @@ class RankIo:
     waits_for: str = ""  # what its main thread waits for, where that made its last motion ("waits for its child …")
     _main: Optional[int] = None  # the main thread's rchar + wchar at the last poll
     _wakeups: Optional[int] = None  # its wake-ups inside a read or write call at the last poll (None: in none)
+    _flush: Optional[tuple[float, writeback.Flush]] = None  # (when, the flush its main thread was in) at the last poll
     _base: tuple[float, int] = (0.0, -1)  # (when, storage bytes) the floor counts from
     _samples: deque[tuple[float, int, int]] = field(default_factory=deque)  # (time, read, written)
 
@@ -91,13 +95,15 @@ class IoWatch:
                 moved = True  # woken inside a long read or write: bytes are moving
             if storage - base_bytes >= STORAGE_FLOOR:
                 moved = True
+        drains = _drains(io, pid, now) if not moved and not self._rebase and base_bytes >= 0 else ""
+        moved = moved or bool(drains)
         itself = moved
         waited = self.waits.follow(pid, now, workers_since) if follow and not moved else None
         if waited is not None and waited.moved and not self._rebase and base_bytes >= 0:
             moved = True
             io.waits_for = waited.describe()
         elif itself:
-            io.waits_for = ""
+            io.waits_for = drains
         if base_bytes < 0 or self._rebase or moved or now - base_t > STORAGE_WINDOW_S:
             io._base = (now, storage)
         io._main = own
@@ -106,3 +112,17 @@ class IoWatch:
         if moved:
             io.moved_at = now
         return io
+
+
+def _drains(io: RankIo, pid: int, now: float) -> str:
+    """What a flush the main thread is in has written since the last poll, in words ("in fsync(), its file's pages
+    going out: the disk (259:1) writes 4.2 MB/s"); "" when it is in none, or nothing went out (a mount that answers
+    nothing). The first poll in a flush sets its baseline."""
+    flush = writeback.flushing(pid, pid)
+    before, io._flush = io._flush, (now, flush) if flush is not None else None
+    if flush is None or before is None or before[1].counter != flush.counter or flush.written <= before[1].written:
+        return ""
+    rate = (flush.written - before[1].written) / max(now - before[0], 1e-3)
+    kind, _, name = flush.counter.partition(" ")
+    where = {"block": f"the disk ({name})", "nfs": f"the NFS server of {name}"}.get(kind, "the host")
+    return f"in {flush.call}(), its file's pages going out: {where} writes {human_bytes(rate)}/s"

@@ -178,6 +178,16 @@ def dcp(deadline: float, model: torch.nn.Module) -> None:
 TOOL = "while [ $(date +%s) -lt {end} ]; do head -c 65536 /dev/urandom; sleep 0.1; done | gzip -1 > {out}"
 
 
+def flush(deadline: float) -> None:
+    """A checkpoint whose bytes are flushed at the end (`torch.save`, then `os.fsync`, as DCP's `sync_files=True`
+    does): written to the page cache in a moment, then the pause in fsync while a slow disk takes them (BB_FLUSH_DIR:
+    a filesystem on a throttled device; BB_FLUSH_MB: how much, a whole pause's worth)."""
+    with open(os.path.join(os.environ["BB_FLUSH_DIR"], "ckpt.pt"), "wb") as f:
+        torch.save(torch.zeros(int(os.environ["BB_FLUSH_MB"]) << 18), f)  # float32: MB << 18 of them, MB MiB
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def tool(deadline: float, capture: bool = False) -> None:
     """An external tool that works the whole pause, writing as it goes: rank 0 waits in wait4, or polls its
     silent output pipes."""
@@ -438,6 +448,7 @@ def main() -> None:
                     "thread-deadlock": thread_deadlock,
                     "pool": pool,
                     "scoring": scoring,
+                    "flush": flush,
                     "oversubscribed": oversubscribed,
                 }
                 if CASE in work:

@@ -196,6 +196,12 @@ def test_a_poll_loop_is_waiting_not_working(tmp_path: Path) -> None:
     m = polling(tmp_path)
     assert m.stack_changes <= 1
     assert m.waiting == P.WAIT_POLL
+    # AND a main thread in one long sleep sleeps: it never wakes, so it is no loop (what it may wait for is followed
+    # all the same)
+    sleeper = threading.Thread(target=time.sleep, args=(5,), daemon=True)
+    sleeper.start()
+    m = watching(sleeper, tmp_path, 20)
+    assert (m.stack_changes, m.waiting) == (0, P.WAIT_SLEEP)
     # AND a thread that only wakes to poll a queue is not work either
     assert polling(tmp_path, _polling_a_queue).stack_changes <= 1
     # BUT the loop moves as the thread it polls does: one that runs Python, or moves bytes (an upload)
@@ -525,7 +531,7 @@ def test_a_read_of_a_pipe_woken_by_signals_is_not_woken_by_bytes() -> None:
         assert proc.stdout is not None and proc.stdout.readline() == b"\n"
 
         def switches() -> int:
-            return int(procfs._fields(procfs._read(f"/proc/{proc.pid}/status"))["voluntary_ctxt_switches"])
+            return int(procfs._fields(procfs.read_text(f"/proc/{proc.pid}/status"))["voluntary_ctxt_switches"])
 
         deadline = time.monotonic() + 20
         while procfs.thread_syscall(proc.pid, proc.pid)[0] != "read" and time.monotonic() < deadline:

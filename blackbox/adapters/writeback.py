@@ -1,0 +1,102 @@
+"""What a flush drains: while a thread is inside fsync, fdatasync, close, sync_file_range, syncfs, sync or msync, how
+many bytes have been written so far to what holds its file — the block device's sectors written
+(/sys/dev/block/MAJ:MIN/stat), an NFS mount's bytes written to the server (/proc/PID/mountstats), else the pages
+the whole host has written back (/proc/vmstat). A flush whose count grows drains; one on a mount that answers
+nothing does not. Imports the stdlib and blackbox's /proc adapter."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from . import procfs
+
+FLUSH_FD_CALLS = frozenset({"fsync", "fdatasync", "close", "sync_file_range", "syncfs"})
+FLUSH_CALLS = FLUSH_FD_CALLS | {"msync", "sync"}
+SECTOR = 512  # the unit of /sys/block/*/stat, whatever the device's own sector size
+
+
+@dataclass(frozen=True)
+class Flush:
+    """A thread inside a flush, and what its count is read from."""
+
+    call: str  # "fsync", …
+    counter: str  # "block 259:1", "nfs /mnt/ckpt", "host": what `written` counts
+    written: int  # bytes written there so far
+
+
+def flushing(pid: int, tid: int) -> Optional[Flush]:
+    """The flush a thread is in now, with its count; None when it is in none (or its count cannot be read)."""
+    call, args = procfs.thread_syscall(pid, tid)
+    if call not in FLUSH_CALLS:
+        return None
+    where: Optional[tuple[str, str, str]] = None  # (device, filesystem type, mount point) of its file
+    if call in FLUSH_FD_CALLS and args:
+        info = procfs.fd_info(pid, procfs.as_fd(args[0]))
+        mnt_id = info.get("mnt_id", "")
+        where = _mounts(pid).get(int(mnt_id)) if mnt_id.isdigit() else None
+    elif call == "msync" and args:
+        where = _mapped(pid, args[0])
+    counted = _written(pid, where)
+    return Flush(call, *counted) if counted is not None else None
+
+
+def _written(pid: int, where: Optional[tuple[str, str, str]]) -> Optional[tuple[str, int]]:
+    """(what it counts, bytes written so far) for the device, NFS mount or (not knowing better) the host."""
+    if where is not None:
+        dev, fstype, point = where
+        if not dev.startswith("0:"):  # a block device (a partition has its own stat)
+            stat = procfs.read_text(f"/sys/dev/block/{dev}/stat", 1024)
+            fields = stat.split() if stat else []
+            if len(fields) > 6 and fields[6].isdigit():
+                return f"block {dev}", int(fields[6]) * SECTOR
+            return None
+        if fstype.startswith("nfs"):
+            sent = _nfs_written(pid, point)
+            return (f"nfs {point}", sent) if sent is not None else None
+    vmstat = procfs.read_text("/proc/vmstat", 65536) or ""
+    for line in vmstat.splitlines():
+        name, _, value = line.partition(" ")
+        if name == "nr_written" and value.strip().isdigit():
+            return "host", int(value) * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def _mounts(pid: int) -> dict[int, tuple[str, str, str]]:
+    """mount id -> (device MAJ:MIN, filesystem type, mount point), from the process's mountinfo."""
+    out = {}
+    for line in (procfs.read_text(f"/proc/{pid}/mountinfo", 4 * 1024 * 1024) or "").splitlines():
+        left, sep, right = line.partition(" - ")
+        a, b = left.split(), right.split()
+        if sep and len(a) >= 5 and b and a[0].isdigit():
+            out[int(a[0])] = (a[2], b[0], a[4].replace("\\040", " "))
+    return out
+
+
+def _mapped(pid: int, address: int) -> Optional[tuple[str, str, str]]:
+    """(device, "", "") of the file mapped at `address` (an msync's), from /proc/PID/maps (devices in hex)."""
+    for line in (procfs.read_text(f"/proc/{pid}/maps", 16 * 1024 * 1024) or "").splitlines():
+        f = line.split()
+        if len(f) < 4 or "-" not in f[0]:
+            continue
+        start, _, end = f[0].partition("-")
+        try:
+            if int(start, 16) <= address < int(end, 16):
+                major, _, minor = f[3].partition(":")
+                return f"{int(major, 16)}:{int(minor, 16)}", "", ""
+        except ValueError:
+            return None
+    return None
+
+
+def _nfs_written(pid: int, point: str) -> Optional[int]:
+    """The bytes an NFS mount has written to its server (`bytes:` line, serverwritebytes) from mountstats."""
+    inside = False
+    for line in (procfs.read_text(f"/proc/{pid}/mountstats", 16 * 1024 * 1024) or "").splitlines():
+        if line.startswith("device "):
+            inside = f" mounted on {point} with fstype nfs" in line
+        elif inside and line.strip().startswith("bytes:"):
+            numbers = line.split()[1:]
+            return int(numbers[5]) if len(numbers) > 5 and numbers[5].isdigit() else None
+    return None

@@ -1,0 +1,69 @@
+"""What a flush drains (blackbox/adapters/writeback.py), from /proc and /sys as the kernel writes them: the block
+device's sectors written, an NFS mount's bytes sent to its server, else the host's pages written back; nothing
+while the thread is in no flush. The real thing on a throttled loop device: tests/integration/test_flush.py."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+
+from blackbox.adapters import procfs, writeback
+
+MOUNTINFO = """\
+22 1 253:0 / / rw,relatime shared:1 - ext4 /dev/vda rw
+40 22 259:1 / /data rw,relatime shared:7 - ext4 /dev/nvme0n1p1 rw
+41 22 0:52 / /mnt/ckpt rw,relatime shared:8 - nfs4 10.0.0.5:/export rw,vers=4.2
+42 22 0:60 / /mnt/fuse rw,nosuid shared:9 - fuse.s3fs s3fs rw
+"""
+MOUNTSTATS = """\
+device /dev/vda mounted on / with fstype ext4
+device 10.0.0.5:/export mounted on /mnt/ckpt with fstype nfs4 statvers=1.1
+\topts:\trw,vers=4.2,rsize=1048576,wsize=1048576
+\tbytes:\t1000 2000 0 0 1000 8388608 1 2048
+"""
+FILES = {
+    "/proc/7/mountinfo": MOUNTINFO,
+    "/proc/7/mountstats": MOUNTSTATS,
+    "/sys/dev/block/259:1/stat": "  100 0 800 10  5000 0 40960 900  2 1000 910 0 0 0 0",
+    "/proc/vmstat": "nr_dirty 12\nnr_written 4096\nnr_dirtied 5000\n",
+    "/proc/7/maps": "7f00000000-7f00100000 rw-s 00000000 103:01 1234 /data/index.bin\n",
+}
+
+
+@pytest.fixture
+def kernel(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """A thread of pid 7 in the system call `state["call"]` on fd 3, whose file lives on mount `state["mnt"]`."""
+    state: dict[str, object] = {"call": "fsync", "mnt": "40"}
+
+    def read_text(path: str, limit: int = 65536) -> Optional[str]:
+        return FILES.get(path)
+
+    monkeypatch.setattr(procfs, "read_text", read_text)
+    monkeypatch.setattr(procfs, "thread_syscall", lambda pid, tid: (state["call"], [3 if state["call"] != "msync"
+                                                                                    else 0x7F00000800]))  # fmt: skip
+    monkeypatch.setattr(procfs, "fd_info", lambda pid, fd: {"mnt_id": str(state["mnt"])} if fd == 3 else {})
+    return state
+
+
+def test_a_flush_counts_what_holds_its_file(kernel: dict[str, object]) -> None:
+    # a file on a block device: its sectors written (the 7th field), 512 bytes each
+    assert writeback.flushing(7, 7) == writeback.Flush("fsync", "block 259:1", 40960 * 512)
+    # a file on NFS: the bytes the mount has written to its server (the 6th number of `bytes:`)
+    kernel.update(call="close", mnt="41")
+    assert writeback.flushing(7, 7) == writeback.Flush("close", "nfs /mnt/ckpt", 8388608)
+    # a file on FUSE: not knowing better, the host's pages written back
+    kernel.update(call="fdatasync", mnt="42")
+    assert writeback.flushing(7, 7) == writeback.Flush("fdatasync", "host", 4096 * 4096)
+    # msync: the device of the file mapped at its address (hex in /proc/PID/maps)
+    kernel.update(call="msync")
+    assert writeback.flushing(7, 7) == writeback.Flush("msync", "block 259:1", 40960 * 512)
+
+
+def test_no_flush_no_count(kernel: dict[str, object]) -> None:
+    for call in ("read", "write", "futex", "running", None):
+        kernel["call"] = call
+        assert writeback.flushing(7, 7) is None
+    # and a descriptor whose mount is not in the table (a lazily unmounted one) falls back to the host's writeback
+    kernel.update(call="fsync", mnt="99")
+    assert writeback.flushing(7, 7) == writeback.Flush("fsync", "host", 4096 * 4096)
