@@ -232,7 +232,7 @@ import sys, time
 import torch
 rec = sys.modules["_blackbox_recorder.recorder"].ACTIVE
 motion = rec.motion
-motion.main = __import__("threading").get_ident()  # sample this thread: its own stack, 32 frames deep below
+motion.watch(__import__("threading").current_thread())  # sample this thread: its own stack, 32 frames deep below
 
 def deep(n, fn):
     return deep(n - 1, fn) if n else fn()
