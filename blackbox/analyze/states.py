@@ -332,9 +332,11 @@ def _end_facts(bundle: Bundle, rank: int, hb: dict[str, Any], alive: Optional[bo
     return facts, exit_code
 
 
-def _proc_facts(bundle: Bundle, rank: int) -> tuple[list[Fact], Optional[int]]:
+def _proc_facts(bundle: Bundle, rank: int, waiting: str) -> tuple[list[Fact], Optional[int]]:
     """What the kernel says (ranks/R/proc.json): stopped, traced, a zombie and its end, uninterruptible sleep, or
-    the main thread blocked in I/O (which syscall, on which file, socket or pipe). Returns a zombie's exit code."""
+    the main thread blocked in I/O (which syscall, on which file, socket or pipe), or waiting on other processes
+    (those the kernel shows; those it may wait for while it waits for a thread: `waiting`, its heartbeat's).
+    Returns a zombie's exit code."""
     psrc = L.process_member(rank, L.PROC)
     proc = bundle.json(psrc)
     proc = proc if isinstance(proc, dict) else {}
@@ -354,6 +356,8 @@ def _proc_facts(bundle: Bundle, rank: int) -> tuple[list[Fact], Optional[int]]:
                      + (f", {_describe_exit(code)}" if code is not None else ""))], code  # fmt: skip
     io = describe_blocked(blocked)
     child = describe_waited(proc.get("waits_for"))
+    if not child and waiting == "thread":  # a pool's result: its workers are the leaf of the wait
+        child = describe_waited(proc.get("may_wait_for"))
     if letter == "D":
         return [Fact(psrc, "kernel", f"/proc state D (uninterruptible sleep in the kernel, wchan {wchan or '?'})"
                      + (f"; {io}" if io else ""))], None  # fmt: skip
@@ -430,8 +434,16 @@ def _stack_facts(bundle: Bundle, rank: int, rs: Optional[RankStack], alive: Opti
     return out
 
 
-def _heartbeat_facts(rank: int, hb: dict[str, Any], alive: Optional[bool],
-                     peer_liveness: Optional[float]) -> list[Fact]:  # fmt: skip
+def _polled(bundle: Bundle, rank: int) -> str:
+    """What a rank in a poll loop started meanwhile, or its workers, where the collector found any: "its child
+    `python -c …` (pid 4121), which is blocked in clock_nanosleep()" (proc.json's `may_wait_for`)."""
+    proc = bundle.json(L.process_member(rank, L.PROC))
+    said = describe_waited(proc.get("may_wait_for")) if isinstance(proc, dict) else ""
+    return said.removeprefix("main thread waits for ")
+
+
+def _heartbeat_facts(rank: int, hb: dict[str, Any], alive: Optional[bool], peer_liveness: Optional[float],
+                     polled: str = "") -> list[Fact]:  # fmt: skip
     hb_src = L.rank_member(rank, L.HEARTBEAT)
     if not hb or alive is False or hb.get("state") == "exited":
         return []
@@ -443,8 +455,9 @@ def _heartbeat_facts(rank: int, hb: dict[str, Any], alive: Optional[bool],
         coll = f" {hb.get('collective')}" if named else ""
         out.append(Fact(hb_src, hb_says, f"heartbeat phase {phase}{coll}"))
     if hb.get("waiting") == "poll":  # its recorder saw it wake from a timer and sleep again: waking is not working
-        out.append(Fact(hb_src, "poll", "its main thread sleeps and checks in a loop, while nothing it could wait "
-                        "for moves (no thread of its own, no process it started)"))  # fmt: skip
+        still = f": {polled}" if polled else " (no thread of its own, no process it started)"
+        out.append(Fact(hb_src, "poll", f"its main thread sleeps and checks in a loop, while nothing it could wait for "
+                        f"moves{still}"))  # fmt: skip
     age = number(hb.get("liveness_age_s"))
     if age is not None and peer_liveness is not None and age > max(FROZEN_MIN_S, 3 * peer_liveness + 1):
         out.append(Fact(hb_src, "gil", f"its liveness thread has not run for {age:.0f} s while its peers' ran "
@@ -469,7 +482,8 @@ def read_state(bundle: Bundle, rank: int, node: str, rs: Optional[RankStack], ev
     excs = exception_records(bundle, rank)
     exc = excs[0] if excs else console_exception(ev, rank)
     facts, exit_code = _end_facts(bundle, rank, hb, alive, pid, ev, exc)
-    proc_facts, zombie_code = _proc_facts(bundle, rank)
+    waiting = str(hb.get("waiting") or "")
+    proc_facts, zombie_code = _proc_facts(bundle, rank, waiting)
     facts += proc_facts
     known = bool(proc_facts or hb or bundle.json(L.process_member(rank, L.PROC)))
     facts += _stack_facts(bundle, rank, rs, alive, known)
@@ -480,7 +494,7 @@ def read_state(bundle: Bundle, rank: int, node: str, rs: Optional[RankStack], ev
         facts.append(Fact(f"{L.CONSOLE_TAIL} (its set-up barrier line)", "waiting", "waits in process-group set-up: "
                           + line[-160:], key.group(1) if key else "set-up", None, "store_based_barrier"))  # fmt: skip
         facts.append(Fact(f"{L.CONSOLE_TAIL} (its set-up barrier line)", "setup", "process-group set-up"))
-    facts += _heartbeat_facts(rank, hb, alive, peer_liveness)
+    facts += _heartbeat_facts(rank, hb, alive, peer_liveness, _polled(bundle, rank) if waiting == "poll" else "")
     step = integer(hb.get("step"))
     st = classify(rank, str(hb.get("node") or node), pid, facts, str(hb.get("phase") or "unknown"), step)
     st.exception = exc

@@ -399,6 +399,9 @@ def _state_findings(states: list[RankState], suspects: list[int]) -> list[Findin
             out.append(Finding("observed", f"rank {s.rank}'s state: {s.kind} ({s.where}) — {s.detail}"
                                + (f"; {len(sources)} source(s) agree" if sources else ""),
                                ", ".join(sources) or None))  # fmt: skip
+            polls = next((f for f in s.facts if f.says == "poll"), None) if s.where == "poll" else None
+            if polls is not None:  # what the loop may wait for, and that it does not move
+                out.append(Finding("observed", f"rank {s.rank}: {polls.text}", polls.source))
         if s.conflicts:
             out.append(Finding("observed", f"rank {s.rank}: the sources disagree — classed {s.kind} ({s.where}) from "
                                f"{s.detail}; but " + "; ".join(s.conflicts[:3]), "per-rank sources"))  # fmt: skip

@@ -322,9 +322,11 @@ class Collector:
             if snap.get("state") is None:
                 gone.append(p.pid)
                 continue
-            waited = procfs.waited_processes(p.pid, p.workers_since)
+            waited, key = procfs.waited_processes(p.pid), "waits_for"  # what the kernel shows it waits on
+            if not waited and p.workers_since is not None:  # a thread or a timer: what it may be waiting for
+                waited, key = procfs.workers(p.pid, p.workers_since), "may_wait_for"
             if waited:
-                snap["waits_for"] = [_waited(c, c in waited) for c in procfs.process_tree(waited)[:MAX_WAITED]]
+                snap[key] = [_waited(c, c in waited) for c in procfs.process_tree(waited)[:MAX_WAITED]]
             p.add(w, L.PROC, snap)
         w.step("/proc", "ok" if not gone else "partial", t,
                f"{len(procs) - len(gone)}/{len(procs)} process(es)" + (f"; gone: {gone}" if gone else ""))  # fmt: skip

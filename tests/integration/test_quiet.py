@@ -256,6 +256,11 @@ def test_a_poll_loop_for_what_never_comes_is_a_stall(jobs: dict[str, Future[tupl
                     verdict["summary"]), verdict  # fmt: skip
     assert report["next_actions"][0].startswith("Rank 0 on ") and "a lock file another process holds" in (
         report["next_actions"][0]), report["next_actions"]  # fmt: skip
+    # AND it says what the loop may wait for, and that it does not move: for the stale lock, the lock's holder (a
+    # child of the rank here), asleep for good; for the others, nothing
+    seen = [f["text"] for f in report["findings"] if f["text"].startswith("rank 0: its main thread sleeps and checks")]
+    moved = ": its child `" if name == "stale-lock" else " (no thread of its own, no process it started)"
+    assert len(seen) == 1 and moved in seen[0], seen
 
 
 def caught_by_auto(done: tuple[Job, int, str, str]) -> dict[str, Any]:
