@@ -34,6 +34,9 @@ TIMER_SLEEPS = {"x86_64": {35: None, 230: None, 23: 0, 270: 0, 7: 1, 271: 1},
                 "aarch64": {101: None, 115: None, 72: 0, 73: 1}}  # fmt: skip
 CPU_FLOOR = 0.02  # a stack change is work when its thread used this share of a CPU since the sample before ...
 POLL_S = 10.0  # ... or, for the main thread, when it has not slept on a timer for this long: a poll loop's wake-ups
+NATIVE_SHARE = 0.25  # a main thread standing in one call while it used this share of a CPU works there (hashing, a
+# tokenizer, zlib), on a rank with no accelerator: a CUDA sync or an accelerator's wait spins a core as busily
+ACCELERATOR_MODULES = ("torch_npu", "habana_frameworks", "torch_xla")  # loaded: the rank may spin in their waits
 
 
 class Motion:
@@ -46,6 +49,11 @@ class Motion:
     finds the innermost frame at a loop's back-edge or a function's start (where only a thread running bytecode
     stops: never one in a C call) counts as a change as well. A thread holding the GIL lets no sample be taken at
     all: it does not move, and its liveness stops (the frozen rule).
+
+    Native work: a main thread whose every sample finds it in the same call — a loop of GIL-releasing native calls
+    (hashing shards, a tokenizer's batch encode, zlib, one CPU op per iteration) — moves when it used NATIVE_SHARE
+    of a CPU since the sample before, on a rank that has not initialized CUDA or another accelerator (whose waits
+    spin a core while nothing moves: there CPU time never counts).
 
     Waking is not moving. A poll loop — sleep, check a lock file, a store key or a marker file, sleep again — changes
     its stack between samples while it waits for something else: a change counts only when its thread used CPU
@@ -82,6 +90,7 @@ class Motion:
         self._slept_at = -POLL_S  # when the main thread was last seen asleep on a timer ...
         self._polled_at = -POLL_S  # ... and having woken (used CPU) since the sample before: a loop
         self.waiting = P.WAIT_NONE  # what the main thread waits for (P.WAIT_*), at the last sample
+        self._accelerated = False  # CUDA or another accelerator is in use: CPU time in one call is no work
         # the job's other threads while the main thread waits for one: thread id -> (signature, codes, bytes, CPU s)
         self._others: dict[int, tuple[tuple[int, ...], tuple[Any, ...], int, float]] = {}
         self._running: dict[int, tuple[Any, frozenset[int]]] = {}  # id(code) -> (code, its RUNNING_OPS offsets)
@@ -152,6 +161,8 @@ class Motion:
         sleeps = now - self._slept_at <= POLL_S
         changed = (sig != self._signature and bool(self._signature)) or running  # the first sample: nothing to differ
         moved = changed and (worked or not (sleeps or thread_wait))
+        if not changed and self._cpu >= 0 and cpu - self._cpu >= NATIVE_SHARE * (now - self._at):
+            moved = not self._on_accelerator()  # a native call, or one after another, that computes
         self.waiting = (P.WAIT_THREAD if thread_wait else P.WAIT_NONE if not sleeps else
                         P.WAIT_POLL if now - self._polled_at <= POLL_S else P.WAIT_SLEEP)  # fmt: skip
         others = self._read_others(frames) if self.waiting else {}
@@ -165,6 +176,18 @@ class Motion:
         self._signature, self._at, self._cpu = sig, now, cpu
         self._codes = tuple(codes)
         self._others = {t: v[:4] for t, v in others.items()}
+
+    def _on_accelerator(self) -> bool:
+        """Whether the rank uses CUDA or another accelerator (once it does, for good)."""
+        if not self._accelerated:
+            torch = self.rec.torch
+            try:
+                xpu = getattr(torch, "xpu", None) if torch is not None else None
+                self._accelerated = any(m in sys.modules for m in ACCELERATOR_MODULES) or (torch is not None and (
+                    torch.cuda.is_initialized() or bool(xpu is not None and xpu.is_initialized())))  # fmt: skip
+            except Exception:
+                self._accelerated = True  # not known: CPU time does not count, as before
+        return self._accelerated
 
     def _asleep(self) -> bool:
         """Whether the main thread sleeps on a timer now (TIMER_SLEEPS); False where that cannot be read."""

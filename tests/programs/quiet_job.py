@@ -15,7 +15,8 @@ as it goes, `… | gzip -1 > file`), captured (the same tool with capture_output
 pipes), workers (a DataLoader whose two workers take the whole pause to load the first batch, reading slowly),
 upload (an upload in a thread to a slow peer: the main thread waits on its future), polled-upload (the same, the
 future checked in a loop with a sleep), polled-tool (the tool of `tool` started with Popen and watched in a loop,
-`while p.poll() is None: sleep`), scoring (a process pool whose two workers each score for the whole pause). And six
+`while p.poll() is None: sleep`), scoring (a process pool whose two workers each score for the whole pause), native
+(hashing shards: one GIL-releasing native call after another). And six
 that are not quiet: stuck (rank 0 waits for a child that waits for input that never comes: a credential prompt),
 ema-hang (rank 0's main thread blocks for good in a read while a thread of its own keeps running a module),
 woken-read (rank 0 blocks for good in a read of a pipe while an interval timer's signal wakes it five times a
@@ -194,6 +195,18 @@ def tool(deadline: float, capture: bool = False) -> None:
     end = int(time.time() + deadline - time.monotonic())
     script = TOOL.format(end=end, out=os.path.join(WORK, "ckpt.gz"))
     subprocess.run(["sh", "-c", script], check=True, capture_output=capture)
+
+
+def native(deadline: float) -> None:
+    """Hashing shards: one GIL-releasing native call after another (as hashlib, zlib, a tokenizer's batch encode or
+    one CPU op an iteration are), every sample finding the main thread in the same call."""
+    import hashlib
+
+    shard = os.urandom(32 << 20)
+    hashed = 0
+    while time.monotonic() < deadline:
+        hashed += len(hashlib.sha256(shard).digest())
+    print(f"rank 0: hashed {hashed // 32} shards", flush=True)
 
 
 def polled_tool(deadline: float) -> None:
@@ -448,6 +461,7 @@ def main() -> None:
                     "thread-deadlock": thread_deadlock,
                     "pool": pool,
                     "scoring": scoring,
+                    "native": native,
                     "flush": flush,
                     "oversubscribed": oversubscribed,
                 }

@@ -98,6 +98,17 @@ def test_a_thread_walking_through_python_moves_one_blocked_or_sleeping_does_not(
 def waiting_on(work: Any, tmp_path: Path, how: str = "join", samples: int = 12) -> int:
     """Stack changes seen while a "main" thread waits for a worker thread running `work` (a join, a future's
     result, a queue's get), or while it sleeps in C with the worker beside it (`how` = "sleep": not a thread wait)."""
+    return waiting(work, tmp_path, how, samples).stack_changes
+
+
+def polling(tmp_path: Path, beside: Any = None, samples: int = 40) -> M.Motion:
+    """A Motion over a "main" thread that sleeps and checks in a loop (a lock file's, a marker file's) while the
+    thread running `beside` (if any) works, as `while not future.done(): time.sleep(…)` does."""
+    return waiting(beside or _blocked_in_c, tmp_path, "poll", samples)
+
+
+def waiting(work: Any, tmp_path: Path, how: str, samples: int) -> M.Motion:
+    """The Motion of `waiting_on` and `polling`, after its samples."""
     import concurrent.futures
     import queue
 
@@ -114,6 +125,10 @@ def waiting_on(work: Any, tmp_path: Path, how: str = "join", samples: int = 12) 
                 pool.submit(work, stop).result()
         elif how == "queue":
             results.get()
+        elif how == "poll":
+            while not stop.is_set():
+                select.select([r], [], [], random.uniform(0.005, 0.015))  # the check: a store's round trip, "not yet"
+                time.sleep(random.uniform(0.005, 0.015))  # ... then a sleep on a timer: a sample finds either line
         else:
             os.read(r, 1)  # hung in a C call of its own
 
@@ -122,7 +137,7 @@ def waiting_on(work: Any, tmp_path: Path, how: str = "join", samples: int = 12) 
         worker.start()
     waiter.start()
     try:
-        return watched(waiter, tmp_path, samples)
+        return watching(waiter, tmp_path, samples)
     finally:
         stop.set()
         results.put(0)
@@ -154,32 +169,6 @@ def test_a_main_thread_waiting_for_a_thread_moves_as_that_thread_does(tmp_path: 
     assert waiting_on(_walking, tmp_path, "sleep") == 0
 
 
-def polling(tmp_path: Path, beside: Any = None, samples: int = 40) -> M.Motion:
-    """A Motion over a "main" thread that sleeps and checks in a loop (a lock file's, a marker file's) until the
-    thread running `beside` (if any) is done, as `while not future.done(): time.sleep(…)` does."""
-    stop = threading.Event()
-    worker = threading.Thread(target=beside, args=(stop,), daemon=True) if beside is not None else None
-
-    r, w = os.pipe()
-
-    def main() -> None:
-        while not stop.is_set() and (worker is None or worker.is_alive()):
-            select.select([r], [], [], random.uniform(0.005, 0.015))  # the check: a store's round trip, "not yet" ...
-            time.sleep(random.uniform(0.005, 0.015))  # ... then a sleep on a timer: a sample finds it at either line
-
-    waiter = threading.Thread(target=main, daemon=True)
-    if worker is not None:
-        worker.start()
-    waiter.start()
-    try:
-        return watching(waiter, tmp_path, samples)
-    finally:
-        stop.set()
-        waiter.join(5)
-        os.close(r)
-        os.close(w)
-
-
 def _polling_a_queue(stop: threading.Event) -> None:
     import queue
 
@@ -207,6 +196,36 @@ def test_a_poll_loop_is_waiting_not_working(tmp_path: Path) -> None:
     # BUT the loop moves as the thread it polls does: one that runs Python, or moves bytes (an upload)
     assert polling(tmp_path, _walking).stack_changes >= 3
     assert polling(tmp_path, _uploading).stack_changes >= 3
+
+
+def _hashing(stop: threading.Event) -> None:
+    import hashlib
+
+    shard = os.urandom(4 << 20)
+    while not stop.is_set():  # one GIL-releasing native call after another: every sample finds it in the same call
+        hashlib.sha256(shard).digest()
+
+
+def test_a_loop_of_native_calls_moves_by_its_cpu_time_where_no_accelerator_spins(tmp_path: Path) -> None:
+    # GIVEN a main thread hashing shards: the same call at every sample, a CPU busy
+    stop = threading.Event()
+    main = threading.Thread(target=_hashing, args=(stop,), daemon=True)
+    main.start()
+    try:
+        # THEN on a rank with no accelerator its CPU time inside the call is work
+        assert watched(main, tmp_path, 20) >= 3
+        # BUT once the rank uses CUDA (whose synchronize spins a core while nothing moves) it is not
+        cuda = types.SimpleNamespace(cuda=types.SimpleNamespace(is_initialized=lambda: True))
+        m = M.Motion(FakeRecorder(tmp_path, cuda))
+        m.watch(main)
+        for _ in range(20):
+            m.tick(time.monotonic())
+            time.sleep(0.02)
+        assert m.stack_changes == 0
+    finally:
+        stop.set()
+        main.join(5)
+    # AND a thread blocked in a C call uses no CPU: still (test_a_thread_walking_through_python_moves_one_blocked_…)
 
 
 def test_a_loop_of_calls_that_return_with_data_moves(tmp_path: Path) -> None:
