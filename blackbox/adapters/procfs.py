@@ -11,7 +11,7 @@ import stat
 import struct
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import psutil
 
@@ -394,26 +394,36 @@ def fd_info(pid: int, fd: int) -> dict[str, str]:
     return _fields(read_text(f"/proc/{pid}/fdinfo/{fd}"))
 
 
-def _mounts(pid: int) -> list[tuple[int, str, str, str]]:
-    """(mount id, mount point, filesystem type, source) of the process's mount namespace."""
+class Mount(NamedTuple):
+    """One line of a process's mountinfo."""
+
+    id: int
+    point: str  # where it is mounted, in the process's view
+    fstype: str  # "ext4", "nfs4", "fuse.s3fs", …
+    source: str  # what is mounted: a device path, "server:/export", …
+    device: str  # MAJ:MIN (0:N for a filesystem without a block device: NFS, FUSE, tmpfs)
+
+
+def mounts(pid: int) -> list[Mount]:
+    """The mounts of the process's mount namespace; empty when unreadable."""
     out = []
     for line in (read_text(f"/proc/{pid}/mountinfo", 4 * 1024 * 1024) or "").splitlines():
         left, sep, right = line.partition(" - ")
         a, b = left.split(), right.split()
         if sep and len(a) >= 5 and len(b) >= 2 and a[0].isdigit():
-            out.append((int(a[0]), a[4].replace("\\040", " "), b[0], b[1]))
+            out.append(Mount(int(a[0]), a[4].replace("\\040", " "), b[0], b[1], a[2]))
     return out
 
 
-def _mount_of(mounts: list[tuple[int, str, str, str]], path: str, mnt_id: Optional[int]) -> Optional[tuple[str, str]]:
+def _mount_of(mounts: list[Mount], path: str, mnt_id: Optional[int]) -> Optional[tuple[str, str]]:
     """(filesystem type, mount point) of a path: by the fd's own mount id where known, else the longest prefix."""
     if mnt_id is not None:
-        for mid, point, fstype, _ in mounts:
-            if mid == mnt_id:
-                return fstype, point
-    best = max((m for m in mounts if path == m[1] or path.startswith(m[1].rstrip("/") + "/")), key=lambda m: len(m[1]),
-               default=None)  # fmt: skip
-    return (best[2], best[1]) if best else None
+        for m in mounts:
+            if m.id == mnt_id:
+                return m.fstype, m.point
+    best = max((m for m in mounts if path == m.point or path.startswith(m.point.rstrip("/") + "/")),
+               key=lambda m: len(m.point), default=None)  # fmt: skip
+    return (best.fstype, best.point) if best else None
 
 
 def _socket_peer(pid: int, inode: str) -> Optional[str]:
@@ -524,7 +534,7 @@ def blocked(pid: int, tid: Optional[int] = None) -> dict[str, object]:
     elif target.startswith("anon_inode:"):
         out["fd_kind"] = "anon"
     elif target.startswith("/"):
-        mount = _mount_of(_mounts(pid), target, mnt_id)
+        mount = _mount_of(mounts(pid), target, mnt_id)
         if mount:
             out["fs_type"], out["mount"] = mount
         out["fd_kind"] = _file_kind(target, mount[0] if mount else None)

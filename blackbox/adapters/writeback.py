@@ -35,7 +35,8 @@ def flushing(pid: int, tid: int) -> Optional[Flush]:
     if call in FLUSH_FD_CALLS and args:
         info = procfs.fd_info(pid, procfs.as_fd(args[0]))
         mnt_id = info.get("mnt_id", "")
-        where = _mounts(pid).get(int(mnt_id)) if mnt_id.isdigit() else None
+        mount = next((m for m in procfs.mounts(pid) if str(m.id) == mnt_id), None)
+        where = (mount.device, mount.fstype, mount.point) if mount else None
     elif call == "msync" and args:
         where = _mapped(pid, args[0])
     counted = _written(pid, where)
@@ -61,17 +62,6 @@ def _written(pid: int, where: Optional[tuple[str, str, str]]) -> Optional[tuple[
         if name == "nr_written" and value.strip().isdigit():
             return "host", int(value) * os.sysconf("SC_PAGE_SIZE")
     return None
-
-
-def _mounts(pid: int) -> dict[int, tuple[str, str, str]]:
-    """mount id -> (device MAJ:MIN, filesystem type, mount point), from the process's mountinfo."""
-    out = {}
-    for line in (procfs.read_text(f"/proc/{pid}/mountinfo", 4 * 1024 * 1024) or "").splitlines():
-        left, sep, right = line.partition(" - ")
-        a, b = left.split(), right.split()
-        if sep and len(a) >= 5 and b and a[0].isdigit():
-            out[int(a[0])] = (a[2], b[0], a[4].replace("\\040", " "))
-    return out
 
 
 def _mapped(pid: int, address: int) -> Optional[tuple[str, str, str]]:

@@ -26,7 +26,7 @@ from ..frames import where
 from ..heartbeat_reader import HeartbeatState
 from ..redact import config_files, redact_argv, redact_config, redact_env, redact_json_text, redact_text
 from ..safeopen import RunDir, UnsafeFile, read_file
-from .job import Job, RankTarget
+from .job import Job, RankTarget, _is_python
 
 CONSOLE_TAIL_BYTES = 256 * 1024
 RANK_FILE_CAP = 1024 * 1024
@@ -197,10 +197,6 @@ def _torchelastic_error_file(run_dir: Optional[str], t: RankTarget, owner: Optio
         except (OSError, ValueError, AttributeError):
             pass
     return None
-
-
-def _is_python(pid: int) -> bool:
-    return os.path.basename(procfs.exe(pid) or "").startswith("python")
 
 
 def _redact_locals(threads: list[dict[str, Any]]) -> None:

@@ -95,7 +95,7 @@ class IoWatch:
                 moved = True  # woken inside a long read or write: bytes are moving
             if storage - base_bytes >= STORAGE_FLOOR:
                 moved = True
-        drains = _drains(io, pid, now) if not moved and not self._rebase and base_bytes >= 0 else ""
+        drains = _drains(io, pid, now) if follow and not moved and not self._rebase and base_bytes >= 0 else ""
         moved = moved or bool(drains)
         itself = moved
         waited = self.waits.follow(pid, now, workers_since) if follow and not moved else None

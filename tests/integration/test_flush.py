@@ -46,11 +46,11 @@ def slow_disk(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     dev = dev.strip()
     group = BLKIO / f"blackbox-test-{os.getpid()}"
     try:
+        numbers = Path(f"/sys/block/{os.path.basename(dev)}/dev").read_text().strip()  # before the group is made
         subprocess.run(["mkfs.ext4", "-q", dev], check=True)
         mnt.mkdir()
         subprocess.run(["mount", dev, str(mnt)], check=True)
         group.mkdir(exist_ok=True)
-        numbers = Path(f"/sys/block/{os.path.basename(dev)}/dev").read_text().strip()
         (group / "blkio.throttle.write_bps_device").write_text(f"{numbers} {RATE}\n")
         yield mnt, group
     finally:
