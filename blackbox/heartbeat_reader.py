@@ -72,7 +72,7 @@ class HeartbeatState:
     @property
     def workers_since(self) -> Optional[float]:
         """Where its main thread waits for a thread of its own or polls: its last progress (mono s), from which
-        what it started, and its Python workers, are what it may wait for (procfs.workers); else None."""
+        what it started, and its Python workers, are what it may wait for (proctree.workers); else None."""
         return self.last_progress if self.waiting in ("thread", "poll", "sleep") else None
 
     @property

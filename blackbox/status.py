@@ -10,9 +10,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
+from . import movers
 from ._recorder import protocol as P
 from ._recorder.redact import redact_argv
-from .adapters import gpu, procfs
+from .adapters import gpu, procfs, proctree
 from .config import RUNS_DIR
 from .detections import straggler_episodes
 from .errors import BlackboxError
@@ -50,6 +51,7 @@ class RankStatus:
     moved_at: Optional[float] = None  # Unix time of that last motion
     io_unreadable: bool = False  # alive, but /proc refused its I/O counters: its I/O is not seen
     waits_for: Optional[str] = None  # still for a while, its main thread waits for other processes: which ones
+    kept_by: Optional[str] = None  # in a pause, its main thread waits for a thread of its own that works (movers)
 
 
 @dataclass
@@ -152,8 +154,8 @@ def _motion(r: RankStatus, hb: HeartbeatState, at: float, alive: bool, prior: Op
                 stamps.append(("io", at))
                 moved = max(moved, at)
     r.moving = [name for name, t in stamps if t and at - t <= MOVING_S]
-    waited = procfs.waited_processes(hb.pid, hb.workers_since) if alive and not r.moving else []
-    r.waits_for = procfs.waited_name(waited, redact_argv) if waited else None
+    waited = proctree.waited_processes(hb.pid, hb.workers_since) if alive and not r.moving else []
+    r.waits_for = proctree.waited_name(waited, redact_argv) if waited else None
     earlier = prior.moved_at if prior is not None and prior.moved_at is not None else 0.0
     r.moved_at = max(round(hb.wall(moved), 3) if moved else 0.0, earlier) or None
     r.moved_s = round(max(0.0, hb.wall(at) - r.moved_at), 3) if r.moved_at else round(max(0.0, at - moved), 3)
@@ -188,6 +190,8 @@ def read_status(run_dir: str, table: HeartbeatTable, previous: Optional[RunStatu
             stack_changes=hb.stack_changes,
         )  # fmt: skip
         _motion(rank, hb, at, alive, prior if prior is not None and prior.pid == hb.pid else None, since)
+        if "stack" in rank.moving and hb.waiting in ("thread", "poll") and at - hb.last_progress > movers.PAUSE_S:
+            rank.kept_by = movers.describe(run_dir, hb.rank, hb.pid, at) or None
         ranks.append(rank)
     if gpus is None:
         gpus = gpu.query_gpus(2.0)[0]

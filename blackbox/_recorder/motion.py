@@ -104,6 +104,7 @@ class Motion:
         self._progress: Any = None  # (steps, batches) at the last tick
         self._progress_at = 0.0
         self.compiling = False  # the job called torch.compile: the forward counter stays off for good
+        self._mover = 0  # the native id of the other thread named last as keeping the waiting main thread alive
 
     def watch(self, thread: threading.Thread) -> None:
         """Take `thread` for the main thread (the job's; a test's stand-in)."""
@@ -168,14 +169,35 @@ class Motion:
         others = self._read_others(frames) if self.waiting else {}
         frames = {}  # no frame outlives the sample: a frame held keeps its locals (tensors) alive
         if others and not moved:  # the rank is as alive as a thread of its own that works (a new one: baseline)
-            moved = any(t in self._others and _works(self._others[t], other, io, cpu_t, running, floor)
-                        for t, (other, _, io, cpu_t, running) in others.items())  # fmt: skip
+            mover = next((t for t, (other, _, io, cpu_t, running) in others.items() if t in self._others
+                          and _works(self._others[t], other, io, cpu_t, running, floor)), None)  # fmt: skip
+            moved = mover is not None
+            paused = now - self._progress_at >= FORWARD_HOOK_AFTER_S  # in a pause: a step's waits are not named
+            if mover is not None and paused and "mover" not in self.rec._failed:
+                try:
+                    self._note_mover(mover, now)
+                except Exception as exc:
+                    self.rec.fail("mover", exc)
         if moved:
             self.stack_changes += 1
             self.stack_time = now
         self._signature, self._at, self._cpu = sig, now, cpu
         self._codes = tuple(codes)
         self._others = {t: v[:4] for t, v in others.items()}
+
+    def _note_mover(self, ident: int, now: float) -> None:
+        """Name the thread that keeps the waiting main thread alive, for the supervisor's words (P.RANK_MOVER): its
+        native id, name, and its bytes when it took over. Written when the mover changes, not at every sample."""
+        thread = threading._active.get(ident)  # type: ignore[attr-defined]
+        native = getattr(thread, "native_id", None)
+        if thread is None or native is None or native == self._mover:
+            return
+        self._mover = native
+        read, written = _thread_io(native)
+        from .lastwords import write_json
+
+        write_json(os.path.join(self.rec.rank_dir, P.RANK_MOVER),
+                   {"tid": native, "name": thread.name, "at": now, "read": read, "written": written})  # fmt: skip
 
     def _on_accelerator(self) -> bool:
         """Whether the rank uses CUDA or another accelerator (once it does, for good)."""
@@ -254,6 +276,7 @@ class Motion:
         progress = (rec.step_count, rec._batches)
         if progress != self._progress:
             self._progress, self._progress_at = progress, now
+            self._mover = 0  # the next pause names its own
             if self._handle is not None:
                 self._unhook()
                 self.mode = P.FORWARDS_IDLE
@@ -307,12 +330,18 @@ def _thread_bytes(native_id: Any) -> int:
     """rchar + wchar of one thread of this process (/proc/self/task/TID/io); -1 where it cannot be read."""
     if native_id is None:
         return -1
+    read, written = _thread_io(native_id)
+    return read + written if read >= 0 and written >= 0 else -1
+
+
+def _thread_io(native_id: int) -> tuple[int, int]:
+    """(rchar, wchar) of one thread of this process; -1 each where they cannot be read."""
     try:
         with open("/proc/self/task/%d/io" % native_id, "rb") as f:
             fields = dict(line.split(b":", 1) for line in f.read(1024).splitlines() if b":" in line)
-        return int(fields[b"rchar"]) + int(fields[b"wchar"])
+        return int(fields[b"rchar"]), int(fields[b"wchar"])
     except (OSError, KeyError, ValueError):
-        return -1
+        return -1, -1
 
 
 def _dynamo_converted() -> bool:

@@ -30,6 +30,7 @@ RANK_EVENTS = "recorder-events.jsonl"  # what the recorder itself did (stepped a
 RANK_ANNOTATIONS = "annotations.json"  # blackbox.annotate()
 RANK_METRICS = "metrics.json"  # blackbox.log_metrics(), the newest entries
 RANK_THREADS = "threads.json"  # thread id -> name, for faulthandler's dumps (which print ids only)
+RANK_MOVER = "mover.json"  # the thread of its own a waiting main thread is as alive as: tid, name, its bytes then
 RANK_LOADER = "loader.json"  # the DataLoader iterator in use and its workers
 RANK_INFO = "rank.json"  # pid, versions of the job's own torch, the torchelastic error file's path
 RANK_EXCEPTIONS = "exceptions.jsonl"  # uncaught exceptions, one per line

@@ -392,7 +392,7 @@ def describe_waited(waits: Any) -> str:
 def _command(entry: dict[str, Any]) -> str:
     argv = entry.get("argv")
     words = [str(a) for a in argv[:6]] if isinstance(argv, list) else []
-    line = " ".join(words)[:80]
+    line = " ".join(" ".join(words).split())[:80]  # one line, whatever a `-c` script holds
     return f"`{line}`" if line else "process"
 
 
@@ -440,6 +440,30 @@ def _polled(bundle: Bundle, rank: int) -> str:
     proc = bundle.json(L.process_member(rank, L.PROC))
     said = describe_waited(proc.get("may_wait_for")) if isinstance(proc, dict) else ""
     return said.removeprefix("main thread waits for ")
+
+
+def describe_polls(polls: Any) -> str:
+    """What a poll loop checks (proc.json's `polls`, written by the collector), in words: "`while not
+    os.path.exists(path)`; path = /ckpt/stage1.done, no such file". Untrusted: what does not fit is left out."""
+    if not isinstance(polls, dict):
+        return ""
+    loop = polls.get("loop")
+    line = str(loop.get("line") or "")[:160].rstrip(":").strip() if isinstance(loop, dict) else ""
+    said = [f"`{line}`"] if line else []
+    checks = polls.get("checks")
+    for c in checks if isinstance(checks, list) else []:
+        if not isinstance(c, dict) or not isinstance(c.get("value"), str):
+            continue
+        name, value = str(c.get("name") or "?")[:40], c["value"][:240]
+        held = [h for h in c.get("held_by") or [] if isinstance(h, dict) and isinstance(h.get("pid"), int)]
+        if c.get("exists") is False:
+            value += ", no such file"
+        elif held:
+            value += ", held open by " + ", ".join(f"{_command(h)} (pid {h['pid']})" for h in held[:3])
+        elif c.get("exists") is True:
+            value += ", which no process holds open"
+        said.append(f"{name} = {value}")
+    return "; ".join(said)
 
 
 def _heartbeat_facts(rank: int, hb: dict[str, Any], alive: Optional[bool], peer_liveness: Optional[float],
@@ -497,6 +521,10 @@ def read_state(bundle: Bundle, rank: int, node: str, rs: Optional[RankStack], ev
     facts += _heartbeat_facts(rank, hb, alive, peer_liveness, _polled(bundle, rank) if waiting == "poll" else "")
     step = integer(hb.get("step"))
     st = classify(rank, str(hb.get("node") or node), pid, facts, str(hb.get("phase") or "unknown"), step)
+    if st.where == "poll":  # what its loop checks: a lock file, a marker, a store key
+        proc = bundle.json(L.process_member(rank, L.PROC))
+        checked = describe_polls(proc.get("polls")) if isinstance(proc, dict) else ""
+        st.detail += f": {checked}" if checked else ""
     st.exception = exc
     st.failed_at = number(exc.get("time")) if exc else None
     code = exit_code if exit_code is not None else zombie_code

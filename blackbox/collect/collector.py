@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 from .._recorder import protocol as P
-from ..adapters import gpu, host, procfs, pyspy, slurm, stacks, torchelastic
+from ..adapters import gpu, host, procfs, proctree, pyspy, slurm, stacks, torchelastic
 from ..bundle import layout as L
 from ..bundle.writer import BundleWriter, Step, Written
 from ..detections import Detection, Trigger
@@ -26,6 +26,7 @@ from ..frames import where
 from ..heartbeat_reader import HeartbeatState
 from ..redact import config_files, redact_argv, redact_config, redact_env, redact_json_text, redact_text
 from ..safeopen import RunDir, UnsafeFile, read_file
+from . import polled
 from .job import Job, RankTarget, _is_python
 
 CONSOLE_TAIL_BYTES = 256 * 1024
@@ -116,7 +117,8 @@ class _Proc:
     rank: Optional[int]  # None: the launcher (torchrun's agent)
     pid: int
     helper: bool
-    workers_since: Optional[float] = None  # its main thread waits for a thread or polls: procfs.waited_processes
+    workers_since: Optional[float] = None  # its main thread waits for a thread or polls: proctree.waited_processes
+    polling: bool = False  # its recorder saw its main thread sleep and check in a loop (collect.polled)
 
     def path(self, what: str) -> str:
         """Where its `what` (py-spy, proc) goes in the bundle (bundle.layout)."""
@@ -159,7 +161,7 @@ def _helpers(t: RankTarget) -> list[int]:
     if not t.alive:
         return []
     rank_exe = procfs.exe(t.pid)
-    return [pid for pid in procfs.descendants(t.pid) if procfs.runs_python(pid, rank_exe)][:MAX_HELPERS_PER_RANK]
+    return [pid for pid in procfs.descendants(t.pid) if proctree.runs_python(pid, rank_exe)][:MAX_HELPERS_PER_RANK]
 
 
 def _rank_files(run: RunDir, ranks: Iterable[int]) -> list[tuple[str, str]]:
@@ -309,7 +311,31 @@ class Collector:
             + "".join("; " + f for f in failed),
         )
 
-    def proc_state(self, procs: list[_Proc], w: BundleWriter) -> None:
+    def poll_checks(self, procs: list[_Proc], taken: dict[int, Any], w: BundleWriter,
+                    deadline: float) -> dict[int, dict[str, Any]]:  # fmt: skip
+        """A rank in a poll loop gets its frames' locals read (`py-spy dump --locals`, in parallel, within the
+        budget) for what the loop checks (collect.polled): only the strings that name it are kept. pid -> record."""
+        polling = [p for p in procs if p.polling]
+        if not polling or time.monotonic() >= deadline:
+            return {}
+        t = time.monotonic()
+        exe, _ = pyspy.find()
+        self.progress(f"what the poll loop of {len(polling)} rank(s) checks")
+
+        def one(p: _Proc) -> Optional[dict[str, Any]]:
+            if self.options.locals:  # the stacks taken have them already
+                return polled.checks(p.pid, taken.get(p.pid))
+            left = self._left(deadline, self.options.dump_timeout)
+            return polled.checks(p.pid, pyspy.dump(p.pid, locals=True, exe=exe, timeout=left).threads)
+
+        with ThreadPoolExecutor(max_workers=min(16, len(polling))) as pool:
+            results = list(pool.map(one, polling))
+        got = {p.pid: r for p, r in zip(polling, results) if r is not None}
+        w.step("poll loops", "ok" if len(got) == len(polling) else "partial", t,
+               f"rank(s) {[p.rank for p in polling]}: what the loop checks found for {len(got)}")  # fmt: skip
+        return got
+
+    def proc_state(self, procs: list[_Proc], w: BundleWriter, polls: dict[int, dict[str, Any]]) -> None:
         t = time.monotonic()
         self.progress(f"/proc state of {len(procs)} process(es)")
         gone = []
@@ -318,11 +344,13 @@ class Collector:
             if snap.get("state") is None:
                 gone.append(p.pid)
                 continue
-            waited, key = procfs.waited_processes(p.pid), "waits_for"  # what the kernel shows it waits on
+            waited, key = proctree.waited_processes(p.pid), "waits_for"  # what the kernel shows it waits on
             if not waited and p.workers_since is not None:  # a thread or a timer: what it may be waiting for
-                waited, key = procfs.workers(p.pid, p.workers_since), "may_wait_for"
+                waited, key = proctree.workers(p.pid, p.workers_since), "may_wait_for"
             if waited:
-                snap[key] = [_waited(c, c in waited) for c in procfs.process_tree(waited)[:MAX_WAITED]]
+                snap[key] = [_waited(c, c in waited) for c in proctree.process_tree(waited)[:MAX_WAITED]]
+            if p.pid in polls:
+                snap["polls"] = polls[p.pid]
             p.add(w, L.PROC, snap)
         w.step("/proc", "ok" if not gone else "partial", t,
                f"{len(procs) - len(gone)}/{len(procs)} process(es)" + (f"; gone: {gone}" if gone else ""))  # fmt: skip
@@ -538,7 +566,8 @@ class Collector:
         ranks = job.ranks
         # read while the ranks live: a rank that raised may be gone by the time its files are copied
         error_files = {r.rank: p for r in ranks if (p := _torchelastic_error_file(job.run_dir, r, job.owner))}
-        procs = [_Proc(r.rank, r.pid, False, r.hb.workers_since if r.hb else None) for r in ranks if r.alive]
+        procs = [_Proc(r.rank, r.pid, False, r.hb.workers_since if r.hb else None,
+                       r.hb is not None and r.hb.waiting == "poll") for r in ranks if r.alive]  # fmt: skip
         procs += [_Proc(r.rank, pid, True) for r in ranks for pid in _helpers(r)]
         if job.agent_pid is not None and job.mode == "collect" and _is_python(job.agent_pid):
             procs.append(_Proc(None, job.agent_pid, False))
@@ -547,7 +576,8 @@ class Collector:
             node = self.node_facts(node_pool)
             taken = self.pyspy_stacks(procs, w, deadline)  # first: from outside, before any signal changes a rank
             self.native_where_ambiguous(procs, taken, w, deadline)
-            self.proc_state(procs, w)
+            polls = self.poll_checks(procs, taken, w, deadline)
+            self.proc_state(procs, w, polls)
             self.request_dumps(ranks, w, deadline)
             now = time.monotonic()
             t = now

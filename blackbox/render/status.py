@@ -70,6 +70,8 @@ def renderable(s: RunStatus, title: str = "blackbox status") -> RenderableType:
     for r in s.ranks:
         if r.waits_for:
             parts.append(Text(f"rank {r.rank} waits for {printable(r.waits_for)}"))
+        if r.kept_by:
+            parts.append(Text(f"rank {r.rank} {printable(r.kept_by)}"))
         if r.io_unreadable:
             parts.append(Text(f"rank {r.rank}: /proc/{r.pid}/io cannot be read (another user's process, or no "
                               "CAP_SYS_PTRACE): its I/O is not seen, only its heartbeat", style="yellow"))  # fmt: skip

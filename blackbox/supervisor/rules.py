@@ -37,6 +37,7 @@ class RankView:
     io_written_1m: int = 0
     io_in_call: bool = False  # its main thread is inside a read or write system call
     waits_for: str = ""  # what its main thread waits for that moved at this poll: "waits for its child `gzip` …"
+    thread_words: str = ""  # the thread of its own its waiting main thread is as alive as (supervisor.movers)
 
     @property
     def rank(self) -> int:
@@ -74,7 +75,7 @@ class RankView:
         if now - hb.last_progress <= recent and hb.batches:
             how.append("taking batches")
         if now - hb.stack_time <= recent:
-            how.append("running Python code")
+            how.append(self.thread_words or "running Python code")
         return f"{where}: " + (", ".join(how) or "moving")
 
 

@@ -13,7 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..adapters import procfs
+from ..adapters import procfs, proctree
 from ..detections import human_bytes
 from ..redact import redact_argv
 
@@ -70,10 +70,10 @@ class WaitFollower:
         """What the main thread of process `pid` waits for, if another process, and whether that moved since the
         last poll; None when it waits for no other process. `workers_since` (CLOCK_MONOTONIC s): the main
         thread waits for a thread of its own or polls (its heartbeat says), so where the kernel shows no wait on a
-        process, the rank's workers and what it started since then are what it may wait for (procfs.workers)."""
+        process, the rank's workers and what it started since then are what it may wait for (proctree.workers)."""
         waited = self._waited(pid, now)
         if not waited and workers_since is not None:
-            waited = procfs.workers(pid, workers_since)
+            waited = proctree.workers(pid, workers_since)
         if not waited:
             return None
         moved, read, written = self._moved(waited, now)
@@ -84,7 +84,7 @@ class WaitFollower:
             rank.samples.popleft()
         _, r0, w0 = rank.samples[0]
         who = tuple(waited)
-        name = self._names[who] = self._names.get(who) or procfs.waited_name(waited, redact_argv)
+        name = self._names[who] = self._names.get(who) or proctree.waited_name(waited, redact_argv)
         self._named.add(who)
         return Waited(name, moved, rank.totals[0] - r0, rank.totals[1] - w0)
 
@@ -92,7 +92,7 @@ class WaitFollower:
         """Whether these processes or any below them moved since the last poll (bytes, or CPU time over the floor),
         and the bytes they read and wrote meanwhile. A process seen for the first time sets its baseline."""
         moved, read, written = False, 0, 0
-        for p in procfs.process_tree(waited):
+        for p in proctree.process_tree(waited):
             st, io = procfs.proc_stat(p), procfs.io_counters(p)
             if st is None:
                 continue
@@ -115,15 +115,15 @@ class WaitFollower:
         return moved, read, written
 
     def _waited(self, pid: int, now: float) -> list[int]:
-        """procfs.waited_processes, with who holds a polled pipe remembered for HOLDERS_TTL_S (a DataLoader's workers
+        """proctree.waited_processes, with who holds a polled pipe remembered for HOLDERS_TTL_S (a DataLoader's workers
         stay the same for an epoch; finding them reads every descriptor below the rank)."""
         self._following.add(pid)
-        waited, pipes = procfs.wait_target(pid)
+        waited, pipes = proctree.wait_target(pid)
         if not pipes:
             return waited
         known = self._holders.get((pid, pipes))
         if known is None or now - known[0] > HOLDERS_TTL_S or not all(procfs.is_alive(*p) for p in known[1]):
-            found = procfs.pipe_holders_below(pid, pipes)
+            found = proctree.pipe_holders_below(pid, pipes)
             stats = [(p, procfs.proc_stat(p)) for p in found]
             known = self._holders[(pid, pipes)] = (now, [(p, st.start_ticks) for p, st in stats if st is not None])
         return [p for p, _ in known[1]]

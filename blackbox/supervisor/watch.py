@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import replace
 from typing import Optional
 
+from .. import movers
 from .._recorder import protocol as P
 from ..adapters import flight_recorder as fr
 from ..adapters import gpu, procfs
@@ -94,6 +95,8 @@ class Watch:
             read, written = io.last_minute() if io is not None else (0, 0)
             view = RankView(hb, alive, status, io.moved_at if io is not None else 0.0, read, written,
                             io is not None and io.in_call, io.waits_for if io is not None else "")  # fmt: skip
+            if alive and hb.waiting in ("thread", "poll") and now - hb.last_progress > movers.PAUSE_S:
+                view = replace(view, thread_words=movers.describe(self.ctx.run_dir, hb.rank, hb.pid, now))
             if stuck and alive and self.output.rank_blocked(hb.pid):
                 view = replace(view, io_at=now, waits_for=outputwait.WORDS)  # as alive as what reads its output
                 self._output_blocked(hb.rank, hb.pid)

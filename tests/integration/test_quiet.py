@@ -54,8 +54,9 @@ QUIET = {  # case -> what its slow-phase line must say rank 0 was doing
     "tool": "waits for its child `sh -c while [ $(date +%s) -lt ",  # in wait4: the tool's bytes and CPU time
     "captured": "waits for its child `sh -c while [ $(date +%s) -lt ",  # in poll on the tool's silent pipes
     "workers": "waits for its 2 child processes (pids ",  # in poll on the result queue: the workers read
-    "upload": "running Python code",  # the main thread waits on a future: the uploading thread's bytes move
-    "polled-upload": "running Python code",  # the future checked in a sleep loop: the thread's bytes move
+    # the main thread waits on a future (or checks it in a sleep loop): the uploading thread's bytes move, 640 kB/s
+    "upload": "_0` (tid ",  # "waits for its thread `ThreadPoolExecutor-1_0` (tid N), which works: writing 654 kB/s"
+    "polled-upload": "_0` (tid ",
     "polled-tool": "waits for its child `sh -c while [ $(date +%s) -lt ",  # `while p.poll() is None: sleep`
     "scoring": "waits for its 2 child processes (pids ",  # a pool's result event: only its workers move
     "native": "running Python code",  # the same native call at every sample, the main thread's CPU time moving
@@ -159,6 +160,9 @@ def test_a_long_pause_on_one_rank_is_never_a_stall(jobs: dict[str, Future[tuple[
     assert note["ranks"] == [0] and "rank 1 waits for it" in note["reason"], note
     doing = next(f["doing"] for f in note["findings"] if f["rank"] == 0)
     assert QUIET[case] in doing, (case, doing)
+    if case in ("upload", "polled-upload"):  # the thread it waits for, named, and its rate
+        assert re.search(r"waits for its thread `ThreadPoolExecutor-\d+_0` \(tid \d+\), which works: writing \d+ kB/s$",
+                         doing), doing  # fmt: skip
     lines = [line for line in err.splitlines() if line.startswith("blackbox:")]
     assert len(lines) == 1 and lines[0].startswith("blackbox: slow phase: rank 0 has taken no step for 6"), lines
 
@@ -252,9 +256,14 @@ def test_a_poll_loop_for_what_never_comes_is_a_stall(jobs: dict[str, Future[tupl
     verdict = report["verdict"]
     assert (verdict["category"], verdict["suspect_ranks"], verdict["confidence"]) == ("hang.poll", [0], "high"), verdict
     function = name.replace("-", "_")
+    # AND what the loop checks: the lock file and who holds it, the marker that does not exist, the store key
+    checks = {"stale-lock": r"lock_filename = /\S+/bb-quiet-\w+/model\.lock, held open by `\S+python\S* -c import "
+                            r"fcntl[^`]*` \(pid \d+\)",
+              "marker": r"`while not os\.path\.exists\(path\)`; path = /\S+/bb-quiet-\w+/stage1\.done, no such file",
+              "store-poll": r'`while not store\.check\(\["blackbox-test/never-set"\]\)`'}[name]  # fmt: skip
     assert re.match(rf"The job stalled: rank 0 sleeps and checks in a loop for something that never comes "
-                    rf"\({function} \(quiet_job\.py:\d+\)\), while rank 1 waits for it in barrier #\d+ of group 0\.$",
-                    verdict["summary"]), verdict  # fmt: skip
+                    rf"\({function} \(quiet_job\.py:\d+\): {checks}\), while rank 1 waits for it in barrier #\d+ of "
+                    rf"group 0\.$", verdict["summary"]), verdict  # fmt: skip
     assert report["next_actions"][0].startswith("Rank 0 on ") and "a lock file another process holds" in (
         report["next_actions"][0]), report["next_actions"]  # fmt: skip
     # AND it says what the loop may wait for, and that it does not move: for the stale lock, the lock's holder (a

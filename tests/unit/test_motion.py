@@ -5,6 +5,7 @@ A thread blocked in a C call or sleeping at one line never counts; CPU time is n
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -19,6 +20,7 @@ from typing import Any, Optional
 
 import pytest
 
+from blackbox import movers
 from blackbox._recorder import motion as M
 from blackbox._recorder import protocol as P
 from blackbox._recorder.heartbeat_writer import HeartbeatWriter
@@ -36,6 +38,7 @@ class FakeRecorder:
         self.step_count = 0
         self._batches = 0
         self.torch = torch
+        self.rank_dir = str(tmp_path)
         self._failed: set[str] = set()
         self.failures: list[tuple[str, BaseException]] = []
 
@@ -570,3 +573,74 @@ def test_a_read_of_a_pipe_woken_by_signals_is_not_woken_by_bytes() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def _sending(stop: threading.Event) -> None:
+    fd = os.open(os.devnull, os.O_WRONLY)
+    try:
+        while not stop.is_set():  # 64 KiB every 10 ms: about 6 MB/s
+            os.write(fd, b"x" * 65536)
+            time.sleep(0.01)
+    finally:
+        os.close(fd)
+
+
+def test_the_thread_a_waiting_main_thread_is_as_alive_as_is_named(tmp_path: Path) -> None:
+    # GIVEN a main thread that waits (a join) for a thread `upload-0` that sends bytes, in a pause (no step)
+    stop = threading.Event()
+    worker = threading.Thread(target=_sending, args=(stop,), name="upload-0", daemon=True)
+    main = threading.Thread(target=worker.join, daemon=True)
+    worker.start()
+    main.start()
+    rec = FakeRecorder(tmp_path)
+    rec.rank_dir = str(tmp_path / "ranks" / "0")
+    os.makedirs(rec.rank_dir)
+    mover = tmp_path / "ranks" / "0" / P.RANK_MOVER
+    m = M.Motion(rec)
+    m.watch(main)
+    try:
+        start = time.monotonic()
+        # WHEN its recorder samples it: first within a step's reach (no pause yet), then past FORWARD_HOOK_AFTER_S
+        while time.monotonic() - start < M.FORWARD_HOOK_AFTER_S - 1:
+            m.tick(time.monotonic())
+            time.sleep(0.1)
+        # THEN a step's waits name nothing (no file written on the training path)
+        assert m.stack_changes >= 3 and not mover.exists()
+        while time.monotonic() - start < M.FORWARD_HOOK_AFTER_S + 2:
+            m.tick(time.monotonic())
+            time.sleep(0.1)
+        # AND in the pause the thread is named once, with its native id and its bytes then
+        record = json.loads(mover.read_text())
+        assert (record["tid"], record["name"]) == (worker.native_id, "upload-0"), record
+        assert record["written"] > 0 and not rec.failures
+        written_at = mover.stat().st_mtime_ns
+        for _ in range(5):
+            m.tick(time.monotonic())
+            time.sleep(0.1)
+        assert mover.stat().st_mtime_ns == written_at  # the same mover: not written again
+        # AND the supervisor's words for it: the thread and its rate
+        time.sleep(0.5)
+        said = movers.describe(str(tmp_path), 0, os.getpid(), time.monotonic())
+        assert re.fullmatch(rf"waits for its thread `upload-0` \(tid {worker.native_id}\), which works: writing "
+                            r"[\d.]+ MB/s", said), said  # fmt: skip
+    finally:
+        stop.set()
+        worker.join(5)
+    # AND a thread gone keeps nothing alive: no words
+    assert movers.describe(str(tmp_path), 0, os.getpid(), time.monotonic()) == ""
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        '{"tid": "1", "name": "x", "at": 0, "read": 0, "written": 0}',
+        "[]",
+        "{",
+        "",
+        '{"tid": 1, "name": 5, "at": 0, "read": 0, "written": 0}',
+    ],
+)
+def test_a_mover_record_that_does_not_fit_names_nothing(tmp_path: Path, record: str) -> None:
+    (tmp_path / "ranks" / "0").mkdir(parents=True)
+    (tmp_path / "ranks" / "0" / P.RANK_MOVER).write_text(record)
+    assert movers.describe(str(tmp_path), 0, os.getpid(), time.monotonic()) == ""

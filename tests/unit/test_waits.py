@@ -38,9 +38,9 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def _tree(pid: int) -> list[int]:
-    from blackbox.adapters import procfs
+    from blackbox.adapters import proctree
 
-    return procfs.process_tree([pid])[1:]
+    return proctree.process_tree([pid])[1:]
 
 
 def follow(pid: int, seconds: float) -> list[Waited | None]:
@@ -151,7 +151,7 @@ def test_a_wait_for_a_thread_or_a_poll_loop_follows_the_workers_and_what_came_si
     # GIVEN a rank whose main thread waits for a thread of its own (the kernel shows a futex; its heartbeat says
     # so), with three children: a service it started long before its last step (a metrics agent, always busy), a
     # Python worker of its pool, and a tool it started since
-    from blackbox.adapters import procfs
+    from blackbox.adapters import proctree
 
     p = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import multiprocessing as mp, subprocess, sys, threading, time
@@ -176,7 +176,7 @@ def test_a_wait_for_a_thread_or_a_poll_loop_follows_the_workers_and_what_came_si
     late = int(p.stdout.readline())
     time.sleep(0.5)
     # THEN the worker and the tool are what it may wait for, never the service (which moves all the time)
-    assert sorted(procfs.workers(p.pid, since)) == sorted([worker, late])
+    assert sorted(proctree.workers(p.pid, since)) == sorted([worker, late])
     follower = WaitFollower()
     seen = []
     for _ in range(3):
