@@ -2,7 +2,9 @@
 many bytes have been written so far to what holds its file — the block device's sectors written
 (/sys/dev/block/MAJ:MIN/stat), an NFS mount's bytes written to the server (/proc/PID/mountstats), else the pages
 the whole host has written back (/proc/vmstat). A flush whose count grows drains; one on a mount that answers
-nothing does not. Imports the stdlib and blackbox's /proc adapter."""
+nothing does not. So does a long write to a file on a block device or NFS (held in balance_dirty_pages past the
+dirty limit, woken every 200 ms whether or not its pages go out). Imports the stdlib and blackbox's /proc
+adapter."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from . import procfs
 
 FLUSH_FD_CALLS = frozenset({"fsync", "fdatasync", "close", "sync_file_range", "syncfs"})
 FLUSH_CALLS = FLUSH_FD_CALLS | {"msync", "sync"}
+WRITE_CALLS = frozenset({"write", "writev", "pwrite64", "pwritev", "pwritev2"})
 SECTOR = 512  # the unit of /sys/block/*/stat, whatever the device's own sector size
 
 
@@ -29,18 +32,44 @@ class Flush:
 def flushing(pid: int, tid: int) -> Optional[Flush]:
     """The flush a thread is in now, with its count; None when it is in none (or its count cannot be read)."""
     call, args = procfs.thread_syscall(pid, tid)
+    if call in WRITE_CALLS:
+        return writing(pid, call, args)
     if call not in FLUSH_CALLS:
         return None
     where: Optional[tuple[str, str, str]] = None  # (device, filesystem type, mount point) of its file
     if call in FLUSH_FD_CALLS and args:
-        info = procfs.fd_info(pid, procfs.as_fd(args[0]))
-        mnt_id = info.get("mnt_id", "")
-        mount = next((m for m in procfs.mounts(pid) if str(m.id) == mnt_id), None)
-        where = (mount.device, mount.fstype, mount.point) if mount else None
+        where = _holding(pid, procfs.as_fd(args[0]))
     elif call == "msync" and args:
         where = _mapped(pid, args[0])
     counted = _written(pid, where)
     return Flush(call, *counted) if counted is not None else None
+
+
+def writing(pid: int, call: Optional[str], args: list[int]) -> Optional[Flush]:
+    """A write (WRITE_CALLS) to a file on a block device or an NFS mount, with that store's own count; None for a
+    write to anything else (a pipe, a socket, FUSE, tmpfs: nothing counts its bytes but the write's return)."""
+    if call not in WRITE_CALLS or not args:
+        return None
+    fd = procfs.as_fd(args[0])
+    target = procfs.fd_target(pid, fd)
+    where = _holding(pid, fd) if target is not None and target.startswith("/") else None
+    if where is None or (where[0].startswith("0:") and not where[1].startswith("nfs")):
+        return None
+    counted = _written(pid, where)
+    return Flush(call, *counted) if counted is not None else None
+
+
+def is_counted_write(pid: int, tid: int) -> bool:
+    """Whether a thread is in a write whose progress its store's count says (`writing`): its wake-ups do not."""
+    call, args = procfs.thread_syscall(pid, tid)
+    return writing(pid, call, args) is not None
+
+
+def _holding(pid: int, fd: int) -> Optional[tuple[str, str, str]]:
+    """(device, filesystem type, mount point) of the mount that holds a descriptor's file (its fdinfo's mnt_id)."""
+    mnt_id = procfs.fd_info(pid, fd).get("mnt_id", "")
+    mount = next((m for m in procfs.mounts(pid) if str(m.id) == mnt_id), None)
+    return (mount.device, mount.fstype, mount.point) if mount else None
 
 
 def _written(pid: int, where: Optional[tuple[str, str, str]]) -> Optional[tuple[str, int]]:

@@ -466,6 +466,24 @@ def describe_polls(polls: Any) -> str:
     return "; ".join(said)
 
 
+def _held_at(proc: Any, where: str) -> str:
+    """What holds a rank where its stack is, for its state's words (": " and them, else ""): what a poll loop checks
+    (a lock file, a marker, a store key); for checkpoint or data code the kernel holds asleep (state D), the call it
+    is held in ("main thread blocked in write() of fd 13, /ckpt/step-900.pt (a file on ext4 (/ckpt)), held by the
+    kernel in balance_dirty_pages")."""
+    if not isinstance(proc, dict):
+        return ""
+    if where == "poll":
+        checked = describe_polls(proc.get("polls"))
+        return f": {checked}" if checked else ""
+    main = proc.get("main_thread")
+    if where in ("checkpoint", "data") and str(proc.get("state") or "")[:1] == "D" and isinstance(main, dict):
+        wchan = str(proc.get("wchan") or "")[:60]
+        blocked = describe_blocked(main) or "main thread asleep in the kernel"
+        return f": {blocked}, held by the kernel" + (f" in {wchan}" if wchan and wchan != "0" else "")
+    return ""
+
+
 def _heartbeat_facts(rank: int, hb: dict[str, Any], alive: Optional[bool], peer_liveness: Optional[float],
                      polled: str = "") -> list[Fact]:  # fmt: skip
     hb_src = L.rank_member(rank, L.HEARTBEAT)
@@ -521,10 +539,7 @@ def read_state(bundle: Bundle, rank: int, node: str, rs: Optional[RankStack], ev
     facts += _heartbeat_facts(rank, hb, alive, peer_liveness, _polled(bundle, rank) if waiting == "poll" else "")
     step = integer(hb.get("step"))
     st = classify(rank, str(hb.get("node") or node), pid, facts, str(hb.get("phase") or "unknown"), step)
-    if st.where == "poll":  # what its loop checks: a lock file, a marker, a store key
-        proc = bundle.json(L.process_member(rank, L.PROC))
-        checked = describe_polls(proc.get("polls")) if isinstance(proc, dict) else ""
-        st.detail += f": {checked}" if checked else ""
+    st.detail += _held_at(bundle.json(L.process_member(rank, L.PROC)), st.where)
     st.exception = exc
     st.failed_at = number(exc.get("time")) if exc else None
     code = exit_code if exit_code is not None else zombie_code

@@ -91,8 +91,10 @@ class IoWatch:
         moved = False
         if not self._rebase and base_bytes >= 0:
             moved = own is not None and io._main is not None and own != io._main
-            if wakeups is not None and io._wakeups is not None and wakeups > io._wakeups:
-                moved = True  # woken inside a long read or write: bytes are moving
+            if wakeups is not None and io._wakeups is not None and wakeups > io._wakeups and not moved:
+                # woken inside a long read or write: bytes are moving — but a write to a file on a disk or NFS is
+                # woken every 200 ms past the dirty limit whatever goes out: its store's count decides (_drains)
+                moved = not writeback.is_counted_write(pid, pid)
             if storage - base_bytes >= STORAGE_FLOOR:
                 moved = True
         drains = _drains(io, pid, now) if follow and not moved and not self._rebase and base_bytes >= 0 else ""

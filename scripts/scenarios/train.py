@@ -26,7 +26,7 @@ service for its learning rate each step over TCP, and the bad rank's service sto
 
 Scenarios: healthy, straggler, data-hang, data-hang-workers, read-failure, ckpt-hang, spin, gil-hang,
 skip-allreduce, collective-hang, mismatch, comm-timeout, raise, oom, cuda-error, segv, sigkill, sigusr1-user,
-stopped, kernel-hang, exit-early, exit-code, memmap-hang, socket-read; steady, jitter, data-straggler,
+stopped, kernel-hang, marker-hang, exit-early, exit-code, memmap-hang, socket-read; steady, jitter, data-straggler,
 compute-straggler."""
 
 import ctypes
@@ -58,6 +58,7 @@ PACE_S, SLOWER_S = 0.05, 0.08  # a pace scenario's work per step, and the stragg
 STEPS = (30 if SCENARIO in ("healthy", "straggler") else int(os.environ.get("BB_STEPS", "600")) if SCENARIO in PACE
          else 100_000 if FAIL_WHEN else 1000)  # fmt: skip
 WORK = tempfile.mkdtemp(prefix="bb-scenario-")
+MARKER = os.path.join(WORK, "stage1.done")  # marker-hang: a file nothing writes
 FIFO = os.path.join(WORK, "fifo")  # opening it blocks until a peer comes: a dead network filesystem
 os.mkfifo(FIFO)
 SHARD = os.path.join(WORK, "shard-0003.bin")  # read-failure: a shard the job may not read
@@ -202,6 +203,9 @@ def main() -> None:
                                "asynchronously reported at some other API call.")  # fmt: skip
         if mine and SCENARIO == "segv":
             ctypes.string_at(0)
+        if mine and SCENARIO == "marker-hang":  # waits in a loop for an earlier stage's marker nothing writes
+            while not os.path.exists(MARKER):
+                time.sleep(0.5)
         if mine and SCENARIO == "kernel-hang":  # uninterruptible sleep (D) in the kernel, as on a hung mount
             vfork_and_wait()
         if mine and SCENARIO == "stopped":  # as a debugger or a job-control stop would leave it

@@ -1,21 +1,31 @@
 """A flush is a write (issue 33 item 3): a healthy 2-rank DDP job whose rank 0 saves a checkpoint and then spends
 longer than the `auto` stall timeout in `fsync` while a slow disk takes its pages (a filesystem on a loop device
 whose writes the blkio cgroup holds to 4 MB/s) must not be called a stall: blackbox counts the device's sectors
-written while the rank is inside the flush. Needs root, losetup, mkfs.ext4 and cgroup v1's blkio throttle; skipped,
-saying why, where those are missing."""
+written while the rank is inside the flush. And waking is not writing: a rank whose buffered write the kernel holds
+in balance_dirty_pages while its disk takes nothing (the blkio root group holds the device to 1 byte a second, the
+flusher's writes too; its bdi is strictly limited to 16 MB of dirty pages) is woken every 200 ms, yet is a stall.
+Needs root, losetup, mkfs.ext4, cgroup v1's blkio throttle and a bdi's strict_limit; skipped, saying why, where
+those are missing."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from blackbox.events import read_events
-from tests.conftest import BLACKBOX, PROGRAMS, TORCHRUN, job_env
+from tests.conftest import BLACKBOX, PROGRAMS, ROOT, TORCHRUN, job_env
+
+sys.path.insert(0, str(ROOT / "scripts" / "scenarios"))
+import runner
 
 BLKIO = Path("/sys/fs/cgroup/blkio")
 RATE = 4 << 20  # bytes a second the throttled disk takes
@@ -33,32 +43,77 @@ def _missing() -> str:
     return ""
 
 
+def _job(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run the job to its end, within 280 s; whatever it left running (its ranks, held in the kernel by a disk that
+    takes nothing, outlive a killed blackbox) is killed before the disk is let go and unmounted."""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=280)
+    finally:
+        runner.kill_tree(proc.pid)
+        if proc.poll() is None:
+            proc.communicate()
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+@contextlib.contextmanager
+def _disk(tmp_path: Path, name: str) -> Iterator[tuple[Path, str]]:
+    """A mounted ext4 on a loop device, and the device's MAJ:MIN; its writes let go before it is unmounted."""
+    image, mnt = tmp_path / f"{name}.img", tmp_path / name
+    with open(image, "wb") as f:
+        f.truncate(1 << 30)
+    dev = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True, check=True).stdout
+    dev = dev.strip()
+    try:
+        numbers = Path(f"/sys/block/{os.path.basename(dev)}/dev").read_text().strip()
+        subprocess.run(["mkfs.ext4", "-q", dev], check=True)
+        mnt.mkdir()
+        subprocess.run(["mount", dev, str(mnt)], check=True)
+        try:
+            yield mnt, numbers
+        finally:
+            (BLKIO / "blkio.throttle.write_bps_device").write_text(f"{numbers} 0\n")  # let what is left go
+            subprocess.run(["umount", str(mnt)], check=False)
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=False)
+
+
+@pytest.fixture
+def dead_disk(tmp_path: Path) -> Iterator[Path]:
+    """A mounted ext4 whose device takes (about) nothing: every writer held, the kernel's flusher too."""
+    missing = _missing()
+    if missing:
+        pytest.skip(missing)
+    with _disk(tmp_path, "dead") as (mnt, numbers):
+        bdi = Path(f"/sys/class/bdi/{numbers}")
+        if not (bdi / "strict_limit").exists() or not (bdi / "max_bytes").exists():
+            pytest.skip("needs a kernel with a bdi's strict_limit and max_bytes (6.2 or later)")
+        before = {name: (bdi / name).read_text() for name in ("strict_limit", "max_ratio")}
+        try:
+            (bdi / "strict_limit").write_text("1\n")
+            (bdi / "max_bytes").write_text(f"{16 << 20}\n")
+            (BLKIO / "blkio.throttle.write_bps_device").write_text(f"{numbers} 1\n")
+            yield mnt
+        finally:  # a loop device outlives its use, its bdi's limits with it: the next test's disk must be plain
+            (BLKIO / "blkio.throttle.write_bps_device").write_text(f"{numbers} 0\n")
+            for name, value in before.items():
+                (bdi / name).write_text(value)
+
+
 @pytest.fixture
 def slow_disk(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """(a mounted ext4 on a loop device, a blkio cgroup that holds that device's writes to RATE)."""
     missing = _missing()
     if missing:
         pytest.skip(missing)
-    image, mnt = tmp_path / "disk.img", tmp_path / "mnt"
-    with open(image, "wb") as f:
-        f.truncate(1 << 30)
-    dev = subprocess.run(["losetup", "-f", "--show", str(image)], capture_output=True, text=True, check=True).stdout
-    dev = dev.strip()
     group = BLKIO / f"blackbox-test-{os.getpid()}"
-    try:
-        numbers = Path(f"/sys/block/{os.path.basename(dev)}/dev").read_text().strip()  # before the group is made
-        subprocess.run(["mkfs.ext4", "-q", dev], check=True)
-        mnt.mkdir()
-        subprocess.run(["mount", dev, str(mnt)], check=True)
+    with _disk(tmp_path, "slow") as (mnt, numbers):
         group.mkdir(exist_ok=True)
-        (group / "blkio.throttle.write_bps_device").write_text(f"{numbers} {RATE}\n")
-        yield mnt, group
-    finally:
-        if group.exists():
+        try:
+            (group / "blkio.throttle.write_bps_device").write_text(f"{numbers} {RATE}\n")
+            yield mnt, group
+        finally:
             (group / "blkio.throttle.write_bps_device").write_text(f"{numbers} 0\n")  # let what is left go
-        subprocess.run(["umount", str(mnt)], check=False)
-        subprocess.run(["losetup", "-d", dev], check=False)
-        if group.exists():
             group.rmdir()
 
 
@@ -71,8 +126,7 @@ def test_a_long_fsync_to_a_slow_disk_is_a_write_not_a_stall(slow_disk: tuple[Pat
     argv = [*BLACKBOX, "run", "--run-dir", str(run_dir), "--", TORCHRUN, "--standalone", "--nproc-per-node", "2",
             str(PROGRAMS / "quiet_job.py"), "flush"]  # fmt: skip
     enter = f'echo $$ > {group / "cgroup.procs"} && exec "$@"'
-    done = subprocess.run(["sh", "-c", enter, "sh", *argv], env=job_env(BB_FLUSH_DIR=str(mnt), BB_FLUSH_MB=str(
-        FLUSH_MB)), capture_output=True, text=True, timeout=280)  # fmt: skip
+    done = _job(["sh", "-c", enter, "sh", *argv], job_env(BB_FLUSH_DIR=str(mnt), BB_FLUSH_MB=str(FLUSH_MB)))
     # THEN the job ends by itself, exit 0, rank 0's flush really longer than the auto timeout
     assert done.returncode == 0, done.stderr[-3000:]
     paused = [float(line.split()[3]) for line in done.stdout.splitlines() if line.startswith("rank 0: paused")]
@@ -83,3 +137,29 @@ def test_a_long_fsync_to_a_slow_disk_is_a_write_not_a_stall(slow_disk: tuple[Pat
     (note,) = [e for e in events if e.get("event") == "slow_phase"]
     doing = next(f["doing"] for f in note["findings"] if f["rank"] == 0)
     assert "in fsync(), its file's pages going out: the disk (" in doing and " MB/s" in doing, doing
+
+
+@pytest.mark.timeout(300)
+def test_a_write_held_at_the_dirty_limit_of_a_dead_disk_is_a_stall(dead_disk: Path, tmp_path: Path) -> None:
+    # GIVEN the job under `blackbox run` with default options: rank 0 writes a checkpoint through the page cache to
+    # a disk that takes nothing; past its dirty limit the kernel holds the write, waking it every 200 ms
+    run_dir = tmp_path / "run"
+    argv = [*BLACKBOX, "run", "--run-dir", str(run_dir), "--kill-grace", "3", "--", TORCHRUN, "--standalone",
+            "--nproc-per-node", "2", str(PROGRAMS / "quiet_job.py"), "dirty"]  # fmt: skip
+    done = _job(argv, job_env(BB_FLUSH_DIR=str(dead_disk), BB_FLUSH_MB="200"))
+    # THEN the wake-ups are not motion: one stall under `auto`, about 60 s after the last motion, and the job ended
+    assert done.returncode == 86, done.stderr[-3000:]
+    events = read_events(str(run_dir / "events.jsonl"))
+    (stall,) = [e for e in events if e.get("event") == "stall" and not e.get("expected")]
+    assert {f["timeout_rule"] for f in stall["findings"]} == {"auto"}, stall
+    assert 60 <= min(f["idle_s"] for f in stall["findings"]) <= 63, stall
+    # AND the report blames rank 0, in its checkpoint's write to the dead disk's file, held by the kernel
+    (bundle,) = (run_dir / "bundles").glob("*.tar.gz")
+    report = json.loads(subprocess.run([*BLACKBOX, "report", str(bundle), "--format", "json"], capture_output=True,
+                                       text=True, check=True).stdout)  # fmt: skip
+    verdict = report["verdict"]
+    assert (verdict["category"], verdict["suspect_ranks"]) == ("hang.checkpoint_io", [0]), verdict
+    assert re.match(r"The job stalled: rank 0 is in checkpoint I/O \(dirty \(quiet_job\.py:\d+\): main thread blocked "
+                    r"in write\(\) of fd \d+, (/\S+)/ckpt\.pt \(a file on ext4 \(\1\)\), held by the kernel in "
+                    r"balance_dirty_pages\), while rank 1 waits for it in barrier #\d+ of group 0\.$",
+                    verdict["summary"]), verdict  # fmt: skip

@@ -23,7 +23,8 @@ woken-read (rank 0 blocks for good in a read of a pipe while an interval timer's
 second), stale-lock (a `filelock` another process holds forever: it polls every 50 ms), marker (a loop that waits for
 a marker file nothing writes) and store-poll (a loop that polls the job's store for a key no rank sets). And nap:
 rank 0 sleeps the pause (with a short --stall-timeout, a stall whose rank moves again while its evidence is
-collected). For the hang
+collected). For tests/integration/test_flush.py: flush (a checkpoint fsynced while a throttled disk takes it) and
+dirty (a hang: a checkpoint written through the page cache to a disk that takes nothing). For the hang
 benchmark (scripts/hangbench.py): pool (scoring in a multiprocessing.Pool for the pause, every CPU busy),
 oversubscribed (evaluation while two burning processes take the CPUs), and thread-deadlock (a hang: the main thread
 and a thread of its own each wait for the other's lock)."""
@@ -187,6 +188,14 @@ def flush(deadline: float) -> None:
         torch.save(torch.zeros(int(os.environ["BB_FLUSH_MB"]) << 18), f)  # float32: MB << 18 of them, MB MiB
         f.flush()
         os.fsync(f.fileno())
+
+
+def dirty(deadline: float) -> None:
+    """A hang: a checkpoint written through the page cache to a store that takes nothing (a dead NFS server, a hung
+    disk: BB_FLUSH_DIR): past the dirty limit the kernel holds the write in balance_dirty_pages, waking it every
+    200 ms, for good."""
+    with open(os.path.join(os.environ["BB_FLUSH_DIR"], "ckpt.pt"), "wb") as f:
+        torch.save(torch.zeros(int(os.environ["BB_FLUSH_MB"]) << 18), f)
 
 
 def tool(deadline: float, capture: bool = False) -> None:
@@ -463,6 +472,7 @@ def main() -> None:
                     "scoring": scoring,
                     "native": native,
                     "flush": flush,
+                    "dirty": dirty,
                     "oversubscribed": oversubscribed,
                 }
                 if CASE in work:

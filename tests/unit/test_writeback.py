@@ -34,7 +34,7 @@ FILES = {
 @pytest.fixture
 def kernel(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     """A thread of pid 7 in the system call `state["call"]` on fd 3, whose file lives on mount `state["mnt"]`."""
-    state: dict[str, object] = {"call": "fsync", "mnt": "40"}
+    state: dict[str, object] = {"call": "fsync", "mnt": "40", "target": "/data/ckpt.pt"}
 
     def read_text(path: str, limit: int = 65536) -> Optional[str]:
         return FILES.get(path)
@@ -43,6 +43,7 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     monkeypatch.setattr(procfs, "thread_syscall", lambda pid, tid: (state["call"], [3 if state["call"] != "msync"
                                                                                     else 0x7F00000800]))  # fmt: skip
     monkeypatch.setattr(procfs, "fd_info", lambda pid, fd: {"mnt_id": str(state["mnt"])} if fd == 3 else {})
+    monkeypatch.setattr(procfs, "fd_target", lambda pid, fd: state["target"] if fd == 3 else None)
     return state
 
 
@@ -61,9 +62,23 @@ def test_a_flush_counts_what_holds_its_file(kernel: dict[str, object]) -> None:
 
 
 def test_no_flush_no_count(kernel: dict[str, object]) -> None:
-    for call in ("read", "write", "futex", "running", None):
+    for call in ("read", "futex", "running", None):
         kernel["call"] = call
         assert writeback.flushing(7, 7) is None
     # and a descriptor whose mount is not in the table (a lazily unmounted one) falls back to the host's writeback
     kernel.update(call="fsync", mnt="99")
     assert writeback.flushing(7, 7) == writeback.Flush("fsync", "host", 4096 * 4096)
+
+
+def test_a_long_write_to_a_disk_or_nfs_counts_its_store(kernel: dict[str, object]) -> None:
+    # a write held past the dirty limit is woken every 200 ms whatever goes out: what its store writes decides
+    kernel.update(call="write", mnt="40")
+    assert writeback.flushing(7, 7) == writeback.Flush("write", "block 259:1", 40960 * 512)
+    assert writeback.is_counted_write(7, 7)
+    kernel.update(call="pwrite64", mnt="41")
+    assert writeback.flushing(7, 7) == writeback.Flush("pwrite64", "nfs /mnt/ckpt", 8388608)
+    # but a write to FUSE (its daemon takes the bytes, no writeback count says so), a pipe or a socket has no count:
+    # its wake-ups are what moves
+    for mnt, target in (("42", "/mnt/fuse/ckpt.pt"), ("40", "pipe:[88]"), ("40", "socket:[99]"), ("99", "/x")):
+        kernel.update(call="write", mnt=mnt, target=target)
+        assert writeback.flushing(7, 7) is None and not writeback.is_counted_write(7, 7), (mnt, target)
