@@ -332,14 +332,12 @@ def _end_facts(bundle: Bundle, rank: int, hb: dict[str, Any], alive: Optional[bo
     return facts, exit_code
 
 
-def _proc_facts(bundle: Bundle, rank: int, waiting: str) -> tuple[list[Fact], Optional[int]]:
+def _proc_facts(proc: dict[str, Any], rank: int, waiting: str) -> tuple[list[Fact], Optional[int]]:
     """What the kernel says (ranks/R/proc.json): stopped, traced, a zombie and its end, uninterruptible sleep, or
     the main thread blocked in I/O (which syscall, on which file, socket or pipe), or waiting on other processes
     (those the kernel shows; those it may wait for while it waits for a thread: `waiting`, its heartbeat's).
     Returns a zombie's exit code."""
     psrc = L.process_member(rank, L.PROC)
-    proc = bundle.json(psrc)
-    proc = proc if isinstance(proc, dict) else {}
     letter = str(proc.get("state") or "")[:1]
     wchan = str(proc.get("wchan") or "")
     main = proc.get("main_thread")
@@ -434,11 +432,10 @@ def _stack_facts(bundle: Bundle, rank: int, rs: Optional[RankStack], alive: Opti
     return out
 
 
-def _polled(bundle: Bundle, rank: int) -> str:
+def _polled(proc: dict[str, Any]) -> str:
     """What a rank in a poll loop started meanwhile, or its workers, where the collector found any: "its child
     `python -c …` (pid 4121), which is blocked in clock_nanosleep()" (proc.json's `may_wait_for`)."""
-    proc = bundle.json(L.process_member(rank, L.PROC))
-    said = describe_waited(proc.get("may_wait_for")) if isinstance(proc, dict) else ""
+    said = describe_waited(proc.get("may_wait_for"))
     return said.removeprefix("main thread waits for ")
 
 
@@ -466,13 +463,11 @@ def describe_polls(polls: Any) -> str:
     return "; ".join(said)
 
 
-def _held_at(proc: Any, where: str) -> str:
+def _held_at(proc: dict[str, Any], where: str) -> str:
     """What holds a rank where its stack is, for its state's words (": " and them, else ""): what a poll loop checks
     (a lock file, a marker, a store key); for checkpoint or data code the kernel holds asleep (state D), the call it
     is held in ("main thread blocked in write() of fd 13, /ckpt/step-900.pt (a file on ext4 (/ckpt)), held by the
     kernel in balance_dirty_pages")."""
-    if not isinstance(proc, dict):
-        return ""
     if where == "poll":
         checked = describe_polls(proc.get("polls"))
         return f": {checked}" if checked else ""
@@ -525,9 +520,11 @@ def read_state(bundle: Bundle, rank: int, node: str, rs: Optional[RankStack], ev
     exc = excs[0] if excs else console_exception(ev, rank)
     facts, exit_code = _end_facts(bundle, rank, hb, alive, pid, ev, exc)
     waiting = str(hb.get("waiting") or "")
-    proc_facts, zombie_code = _proc_facts(bundle, rank, waiting)
+    proc = bundle.json(L.process_member(rank, L.PROC))  # parsed once: the facts, the poll, what holds it
+    proc = proc if isinstance(proc, dict) else {}
+    proc_facts, zombie_code = _proc_facts(proc, rank, waiting)
     facts += proc_facts
-    known = bool(proc_facts or hb or bundle.json(L.process_member(rank, L.PROC)))
+    known = bool(proc_facts or hb or proc)
     facts += _stack_facts(bundle, rank, rs, alive, known)
     facts += _fr_facts(rank, ev)
     if rank in ev.console.setup_waits:  # "Waiting in store based barrier to initialize process group for rank: N"
@@ -536,10 +533,10 @@ def read_state(bundle: Bundle, rank: int, node: str, rs: Optional[RankStack], ev
         facts.append(Fact(f"{L.CONSOLE_TAIL} (its set-up barrier line)", "waiting", "waits in process-group set-up: "
                           + line[-160:], key.group(1) if key else "set-up", None, "store_based_barrier"))  # fmt: skip
         facts.append(Fact(f"{L.CONSOLE_TAIL} (its set-up barrier line)", "setup", "process-group set-up"))
-    facts += _heartbeat_facts(rank, hb, alive, peer_liveness, _polled(bundle, rank) if waiting == "poll" else "")
+    facts += _heartbeat_facts(rank, hb, alive, peer_liveness, _polled(proc) if waiting == "poll" else "")
     step = integer(hb.get("step"))
     st = classify(rank, str(hb.get("node") or node), pid, facts, str(hb.get("phase") or "unknown"), step)
-    st.detail += _held_at(bundle.json(L.process_member(rank, L.PROC)), st.where)
+    st.detail += _held_at(proc, st.where)
     st.exception = exc
     st.failed_at = number(exc.get("time")) if exc else None
     code = exit_code if exit_code is not None else zombie_code
