@@ -19,11 +19,12 @@ PAUSE_S = 5.0  # named once a rank has taken no step for this long (the recorder
 RATE_FLOOR = 100_000  # bytes a second below which a thread is said to run Python code, not to move bytes
 
 
-def describe(run_dir: str, rank: int, pid: int, now: float) -> str:
-    """The words for the thread a rank's waiting main thread is as alive as; "" when its recorder named none, or that
-    thread is gone. `now`: CLOCK_MONOTONIC, the clock the recorder wrote its time in."""
+def describe(run_dir: str, rank: int, pid: int, now: float, since: float) -> str:
+    """The words for the thread a rank's waiting main thread is as alive as; "" when its recorder named none since
+    the pause began (`since`: its last step), or that thread is gone. `now`, `since`: CLOCK_MONOTONIC, the clock the
+    recorder wrote its time in."""
     record = _record(RunDir(run_dir, None), rank)
-    if record is None:
+    if record is None or record[2] < since:  # none, or an earlier pause's
         return ""
     tid, name, at, read, written = record
     io = procfs.io_counters(pid, tid)

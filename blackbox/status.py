@@ -191,7 +191,7 @@ def read_status(run_dir: str, table: HeartbeatTable, previous: Optional[RunStatu
         )  # fmt: skip
         _motion(rank, hb, at, alive, prior if prior is not None and prior.pid == hb.pid else None, since)
         if "stack" in rank.moving and hb.waiting in ("thread", "poll") and at - hb.last_progress > movers.PAUSE_S:
-            rank.kept_by = movers.describe(run_dir, hb.rank, hb.pid, at) or None
+            rank.kept_by = movers.describe(run_dir, hb.rank, hb.pid, at, hb.last_progress) or None
         ranks.append(rank)
     if gpus is None:
         gpus = gpu.query_gpus(2.0)[0]

@@ -96,7 +96,9 @@ class Watch:
             view = RankView(hb, alive, status, io.moved_at if io is not None else 0.0, read, written,
                             io is not None and io.in_call, io.waits_for if io is not None else "")  # fmt: skip
             if alive and hb.waiting in ("thread", "poll") and now - hb.last_progress > movers.PAUSE_S:
-                view = replace(view, thread_words=movers.describe(self.ctx.run_dir, hb.rank, hb.pid, now))
+                view = replace(
+                    view, thread_words=movers.describe(self.ctx.run_dir, hb.rank, hb.pid, now, hb.last_progress)
+                )
             if stuck and alive and self.output.rank_blocked(hb.pid):
                 view = replace(view, io_at=now, waits_for=outputwait.WORDS)  # as alive as what reads its output
                 self._output_blocked(hb.rank, hb.pid)

@@ -620,14 +620,16 @@ def test_the_thread_a_waiting_main_thread_is_as_alive_as_is_named(tmp_path: Path
         assert mover.stat().st_mtime_ns == written_at  # the same mover: not written again
         # AND the supervisor's words for it: the thread and its rate
         time.sleep(0.5)
-        said = movers.describe(str(tmp_path), 0, os.getpid(), time.monotonic())
+        said = movers.describe(str(tmp_path), 0, os.getpid(), time.monotonic(), start)
         assert re.fullmatch(rf"waits for its thread `upload-0` \(tid {worker.native_id}\), which works: writing "
                             r"[\d.]+ MB/s", said), said  # fmt: skip
+        # AND in a later pause, before its recorder named anyone, an earlier pause's mover is not named
+        assert movers.describe(str(tmp_path), 0, os.getpid(), time.monotonic(), time.monotonic()) == ""
     finally:
         stop.set()
         worker.join(5)
     # AND a thread gone keeps nothing alive: no words
-    assert movers.describe(str(tmp_path), 0, os.getpid(), time.monotonic()) == ""
+    assert movers.describe(str(tmp_path), 0, os.getpid(), time.monotonic(), start) == ""
 
 
 @pytest.mark.parametrize(
@@ -643,4 +645,4 @@ def test_the_thread_a_waiting_main_thread_is_as_alive_as_is_named(tmp_path: Path
 def test_a_mover_record_that_does_not_fit_names_nothing(tmp_path: Path, record: str) -> None:
     (tmp_path / "ranks" / "0").mkdir(parents=True)
     (tmp_path / "ranks" / "0" / P.RANK_MOVER).write_text(record)
-    assert movers.describe(str(tmp_path), 0, os.getpid(), time.monotonic()) == ""
+    assert movers.describe(str(tmp_path), 0, os.getpid(), time.monotonic(), 0.0) == ""
