@@ -116,9 +116,11 @@ def _while_line(pid: int, file: str, line: int) -> Optional[str]:
     lines = _source(pid, file, line)
     if len(lines) < line:
         return None
+    if _WHILE.match(lines[-1]):  # caught in the check itself
+        return None if _FOREVER.match(lines[-1]) else lines[-1]
     inner = _indent(lines[-1])
     for text in reversed(lines[-LOOP_LINES:-1]):
-        if not text.strip() or _indent(text) >= inner:
+        if not text.strip() or text.lstrip().startswith("#") or _indent(text) >= inner:
             continue
         inner = _indent(text)  # a header of a block around the line
         if _WHILE.match(text):

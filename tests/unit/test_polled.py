@@ -5,6 +5,7 @@ words for it (analyze.states.describe_polls), read from an untrusted bundle."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -174,3 +175,31 @@ def test_an_existing_file_no_one_holds_is_said() -> None:
     # a soft lock (a file that exists while held) left behind by a process that died: no holder
     record = {"loop": None, "checks": [{"name": "lock", "value": "/x/.lock", "exists": True, "held_by": []}]}
     assert describe_polls(record) == "lock = /x/.lock, which no process holds open"
+
+
+def test_the_loop_is_the_while_around_the_line(tmp_path: Path) -> None:
+    # GIVEN a source file (read here through this process's own root, as the collector reads a rank's)
+    source = tmp_path / "job.py"
+    source.write_text(
+        textwrap.dedent("""\
+        def wait(path, store):
+            while not store.check([path]):
+        # a comment at the margin, inside the loop
+                try:
+                    time.sleep(0.1)
+                except OSError:
+                    pass
+            while True:
+                time.sleep(1)
+            done = 1
+    """)
+    )
+    line = {text.strip(): n for n, text in enumerate(source.read_text().splitlines(), 1)}
+    # THEN the `while` around a line in it, past a comment and a `try`; the check's own line; none for a bare
+    # `while True` or a line after the loops
+    assert (
+        polled._while_line(os.getpid(), str(source), line["time.sleep(0.1)"]) == "    while not store.check([path]):\n"
+    )
+    assert polled._while_line(os.getpid(), str(source), line["while not store.check([path]):"]) is not None
+    assert polled._while_line(os.getpid(), str(source), line["time.sleep(1)"]) is None
+    assert polled._while_line(os.getpid(), str(source), line["done = 1"]) is None
