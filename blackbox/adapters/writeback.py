@@ -9,6 +9,7 @@ adapter."""
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from typing import Optional
 
@@ -46,14 +47,16 @@ def flushing(pid: int, tid: int) -> Optional[Flush]:
 
 
 def writing(pid: int, call: Optional[str], args: list[int]) -> Optional[Flush]:
-    """A write (WRITE_CALLS) to a file on a block device or an NFS mount, with that store's own count; None for a
-    write to anything else (a pipe, a socket, FUSE, tmpfs: nothing counts its bytes but the write's return)."""
+    """A write (WRITE_CALLS) to a regular file on a block device or an NFS mount, with that store's own count; None
+    for a write to anything else (a pipe, a FIFO, a socket, a device, FUSE, tmpfs: nothing counts its bytes but the
+    write's return)."""
     if call not in WRITE_CALLS or not args:
         return None
     fd = procfs.as_fd(args[0])
     target = procfs.fd_target(pid, fd)
     where = _holding(pid, fd) if target is not None and target.startswith("/") else None
-    if where is None or (where[0].startswith("0:") and not where[1].startswith("nfs")):
+    nfs = where is not None and where[1].startswith("nfs")
+    if where is None or (where[0].startswith("0:") and not nfs) or (not nfs and not _regular(pid, fd)):
         return None
     counted = _written(pid, where)
     return Flush(call, *counted) if counted is not None else None
@@ -63,6 +66,15 @@ def is_counted_write(pid: int, tid: int) -> bool:
     """Whether a thread is in a write whose progress its store's count says (`writing`): its wake-ups do not."""
     call, args = procfs.thread_syscall(pid, tid)
     return writing(pid, call, args) is not None
+
+
+def _regular(pid: int, fd: int) -> bool:
+    """Whether a descriptor is a regular file (not a FIFO or a device that lives on a disk's filesystem); stat()ed
+    through /proc, only on a local filesystem (a remote one whose server is gone would hang it)."""
+    try:
+        return stat.S_ISREG(os.stat(f"/proc/{pid}/fd/{fd}").st_mode)
+    except OSError:
+        return False
 
 
 def _holding(pid: int, fd: int) -> Optional[tuple[str, str, str]]:

@@ -30,6 +30,7 @@ import runner
 BLKIO = Path("/sys/fs/cgroup/blkio")
 RATE = 4 << 20  # bytes a second the throttled disk takes
 FLUSH_MB = 300  # 75 s of it: past the auto timeout (60 s)
+DIRTY_MB = 200  # written to the dead disk: well past its 16 MB dirty limit
 
 
 def _missing() -> str:
@@ -57,7 +58,7 @@ def _job(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[st
 
 
 @contextlib.contextmanager
-def _disk(tmp_path: Path, name: str) -> Iterator[tuple[Path, str]]:
+def _disk(tmp_path: Path, name: str, options: str = "defaults") -> Iterator[tuple[Path, str]]:
     """A mounted ext4 on a loop device, and the device's MAJ:MIN; its writes let go before it is unmounted."""
     image, mnt = tmp_path / f"{name}.img", tmp_path / name
     with open(image, "wb") as f:
@@ -68,7 +69,7 @@ def _disk(tmp_path: Path, name: str) -> Iterator[tuple[Path, str]]:
         numbers = Path(f"/sys/block/{os.path.basename(dev)}/dev").read_text().strip()
         subprocess.run(["mkfs.ext4", "-q", dev], check=True)
         mnt.mkdir()
-        subprocess.run(["mount", dev, str(mnt)], check=True)
+        subprocess.run(["mount", "-o", options, dev, str(mnt)], check=True)
         try:
             yield mnt, numbers
         finally:
@@ -84,7 +85,12 @@ def dead_disk(tmp_path: Path) -> Iterator[Path]:
     missing = _missing()
     if missing:
         pytest.skip(missing)
-    with _disk(tmp_path, "dead") as (mnt, numbers):
+    # lazytime: a write's time stamps stay in memory, so the job's overwrite of a file written before (its blocks
+    # allocated, nothing left to journal) is held only where the test means, at the dirty limit
+    with _disk(tmp_path, "dead", "lazytime") as (mnt, numbers):
+        with open(mnt / "ckpt.pt", "wb") as f:
+            f.write(bytes(DIRTY_MB + 20 << 20))
+        subprocess.run(["sync", "-f", str(mnt / "ckpt.pt")], check=True)
         bdi = Path(f"/sys/class/bdi/{numbers}")
         if not (bdi / "strict_limit").exists() or not (bdi / "max_bytes").exists():
             pytest.skip("needs a kernel with a bdi's strict_limit and max_bytes (6.2 or later)")
@@ -146,7 +152,7 @@ def test_a_write_held_at_the_dirty_limit_of_a_dead_disk_is_a_stall(dead_disk: Pa
     run_dir = tmp_path / "run"
     argv = [*BLACKBOX, "run", "--run-dir", str(run_dir), "--kill-grace", "3", "--", TORCHRUN, "--standalone",
             "--nproc-per-node", "2", str(PROGRAMS / "quiet_job.py"), "dirty"]  # fmt: skip
-    done = _job(argv, job_env(BB_FLUSH_DIR=str(dead_disk), BB_FLUSH_MB="200"))
+    done = _job(argv, job_env(BB_FLUSH_DIR=str(dead_disk), BB_FLUSH_MB=str(DIRTY_MB)))
     # THEN the wake-ups are not motion: one stall under `auto`, about 60 s after the last motion, and the job ended
     assert done.returncode == 86, done.stderr[-3000:]
     events = read_events(str(run_dir / "events.jsonl"))

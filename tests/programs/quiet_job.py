@@ -191,10 +191,10 @@ def flush(deadline: float) -> None:
 
 
 def dirty(deadline: float) -> None:
-    """A hang: a checkpoint written through the page cache to a store that takes nothing (a dead NFS server, a hung
-    disk: BB_FLUSH_DIR): past the dirty limit the kernel holds the write in balance_dirty_pages, waking it every
-    200 ms, for good."""
-    with open(os.path.join(os.environ["BB_FLUSH_DIR"], "ckpt.pt"), "wb") as f:
+    """A hang: a checkpoint written through the page cache over the last one (BB_FLUSH_DIR/ckpt.pt) on a store that
+    takes nothing (a dead NFS server, a hung disk): past the dirty limit the kernel holds the write in
+    balance_dirty_pages, waking it every 200 ms, for good."""
+    with open(os.path.join(os.environ["BB_FLUSH_DIR"], "ckpt.pt"), "r+b") as f:
         torch.save(torch.zeros(int(os.environ["BB_FLUSH_MB"]) << 18), f)
 
 

@@ -4,6 +4,8 @@ while the thread is in no flush. The real thing on a throttled loop device: test
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -34,7 +36,7 @@ FILES = {
 @pytest.fixture
 def kernel(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     """A thread of pid 7 in the system call `state["call"]` on fd 3, whose file lives on mount `state["mnt"]`."""
-    state: dict[str, object] = {"call": "fsync", "mnt": "40", "target": "/data/ckpt.pt"}
+    state: dict[str, object] = {"call": "fsync", "mnt": "40", "target": "/data/ckpt.pt", "regular": True}
 
     def read_text(path: str, limit: int = 65536) -> Optional[str]:
         return FILES.get(path)
@@ -44,6 +46,7 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
                                                                                     else 0x7F00000800]))  # fmt: skip
     monkeypatch.setattr(procfs, "fd_info", lambda pid, fd: {"mnt_id": str(state["mnt"])} if fd == 3 else {})
     monkeypatch.setattr(procfs, "fd_target", lambda pid, fd: state["target"] if fd == 3 else None)
+    monkeypatch.setattr(writeback, "_regular", lambda pid, fd: state["regular"])
     return state
 
 
@@ -82,3 +85,21 @@ def test_a_long_write_to_a_disk_or_nfs_counts_its_store(kernel: dict[str, object
     for mnt, target in (("42", "/mnt/fuse/ckpt.pt"), ("40", "pipe:[88]"), ("40", "socket:[99]"), ("99", "/x")):
         kernel.update(call="write", mnt=mnt, target=target)
         assert writeback.flushing(7, 7) is None and not writeback.is_counted_write(7, 7), (mnt, target)
+    # nor a FIFO that lives on the disk's filesystem (torch.save to a named pipe a slow reader drains): the reader
+    # takes its bytes, and each wake-up inside the write is them moving
+    kernel.update(call="write", mnt="40", target="/data/fifo", regular=False)
+    assert writeback.flushing(7, 7) is None and not writeback.is_counted_write(7, 7)
+
+
+def test_a_fifo_on_a_disk_is_no_file(tmp_path: Path) -> None:
+    # the real check, on this process's own descriptors: a FIFO made on the disk, and a file beside it
+    fifo, plain = tmp_path / "fifo", tmp_path / "plain"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    writer = os.open(fifo, os.O_WRONLY)
+    with open(plain, "wb") as f:
+        try:
+            assert not writeback._regular(os.getpid(), writer) and writeback._regular(os.getpid(), f.fileno())
+        finally:
+            os.close(writer)
+            os.close(reader)
