@@ -322,17 +322,21 @@ class Collector:
         exe, _ = pyspy.find()
         self.progress(f"what the poll loop of {len(polling)} rank(s) checks")
 
-        def one(p: _Proc) -> Optional[dict[str, Any]]:
+        def one(p: _Proc) -> tuple[Optional[dict[str, Any]], Optional[str]]:
             if self.options.locals:  # the stacks taken have them already
-                return polled.checks(p.pid, taken.get(p.pid))
+                return polled.checks(p.pid, taken.get(p.pid)), None
             left = self._left(deadline, self.options.dump_timeout)
-            return polled.checks(p.pid, pyspy.dump(p.pid, locals=True, exe=exe, timeout=left).threads)
+            result = pyspy.dump(p.pid, locals=True, exe=exe, timeout=left)
+            return polled.checks(p.pid, result.threads), result.error
 
         with ThreadPoolExecutor(max_workers=min(16, len(polling))) as pool:
             results = list(pool.map(one, polling))
-        got = {p.pid: r for p, r in zip(polling, results) if r is not None}
-        w.step("poll loops", "ok" if len(got) == len(polling) else "partial", t,
-               f"rank(s) {[p.rank for p in polling]}: what the loop checks found for {len(got)}")  # fmt: skip
+        got = {p.pid: r for p, (r, _) in zip(polling, results) if r is not None}
+        failed = [f"rank {p.rank}: {error}" for p, (_, error) in zip(polling, results) if error]
+        # a loop that holds nothing to name is no failure: only a dump that could not be taken is
+        w.step("poll loops", "partial" if failed else "ok", t,
+               f"rank(s) {[p.rank for p in polling]}: what the loop checks found for {len(got)}"
+               + "".join("; " + f for f in failed))  # fmt: skip
         return got
 
     def proc_state(self, procs: list[_Proc], w: BundleWriter, polls: dict[int, dict[str, Any]]) -> None:
