@@ -21,6 +21,18 @@ RUNS_DIR = "blackbox-runs"  # where `blackbox run` makes a run directory when --
 AUTO = "auto"
 
 
+def working_directory() -> str:
+    """The directory `blackbox run` was started in; one sentence when it no longer exists (removed under a shell that
+    still stands in it), where every relative path and the run directory would otherwise fail later."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise BlackboxError(
+            "The working directory of `blackbox run` no longer exists: it was removed after the shell entered it.",
+            hint="`cd` to a directory that exists and run the command again.",
+        ) from None
+
+
 def _seconds(value: Any) -> float:
     seconds = float(value)
     if not seconds > 0 or seconds != seconds or seconds == float("inf"):
@@ -298,6 +310,7 @@ def _read_config_file(path: str) -> dict[str, Any]:
 
 def load_run_config(flags: Mapping[str, Any], env: Mapping[str, str], config_path: Optional[str] = None) -> RunConfig:
     """Resolve every run option: flag > env var > config file > default."""
+    working_directory()  # relative paths are resolved against it
     path = config_path or env.get(ENV_CONFIG) or None
     file_values = _read_config_file(path) if path else {}
     values: dict[str, Any] = {}

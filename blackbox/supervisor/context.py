@@ -1,6 +1,7 @@
 """What every room of the supervisor shares: the run's identity and configuration, its logs, and how it speaks —
-through `say` (a line on stderr), `event` (a record in events.jsonl) and `internal_error` (blackbox's own bug: said
-once, logged with its traceback, never the job's problem). Imports the stdlib and blackbox's config and logs."""
+through `say` (a line on stderr, written by a thread of its own: a stderr nobody reads never stops the watch),
+`event` (a record in events.jsonl) and `internal_error` (blackbox's own bug: said once, logged with its traceback,
+never the job's problem). Imports the stdlib and blackbox's config and logs."""
 
 from __future__ import annotations
 
@@ -15,32 +16,44 @@ from ..config import RunConfig
 from ..events import EventLog
 from .console_log import ConsoleLogProcess
 from .rundir import INJECT_DIR, flight_recorder_env
+from .speaker import Speaker
 
 
 class RunContext:
     def __init__(self, argv: list[str], cfg: RunConfig, env: Mapping[str, str], say: Callable[[str], None],
-                 run_id: str, node: str, run_dir: str) -> None:  # fmt: skip
+                 run_id: str, node: str, run_dir: str, cwd: str) -> None:  # fmt: skip
         self.argv = list(argv)
         self.cfg = cfg
         self.env = dict(env)
         self.run_id = run_id
         self.node = node
         self.run_dir = run_dir
+        self.cwd = cwd  # where blackbox was started, read once (it may be removed while the job runs)
         self.events: Optional[EventLog] = None
         self.console: Optional[ConsoleLogProcess] = None
         self.watching = True  # False once the watch itself failed: the job goes on unwatched
         self.bundles: list[str] = []  # the bundles this node wrote, in order
-        self._say = say
+        self._speaker = Speaker(say, lambda line: self.event("unsaid", line=line))
         self._said_once: set[str] = set()
         self.listeners: list[Callable[[str, dict[str, object]], None]] = []  # told every event (the metrics)
 
     def say(self, message: str) -> None:
-        with contextlib.suppress(Exception):
-            self._say(message)
+        """Queue a line for stderr: returns at once, whether or not anything reads it."""
+        self._speaker.say(message)
+
+    def close_speech(self) -> None:
+        """The run ends: the queued lines out (bounded when stderr takes nothing; those are kept in events.jsonl)."""
+        self._speaker.close()
+
+    def first(self, key: str) -> bool:
+        """True the first time `key` is asked for in this run: what is said or logged once."""
+        if key in self._said_once:
+            return False
+        self._said_once.add(key)
+        return True
 
     def say_once(self, key: str, message: str) -> None:
-        if key not in self._said_once:
-            self._said_once.add(key)
+        if self.first(key):
             self.say(message)
 
     def event(self, name: str, **fields: object) -> None:

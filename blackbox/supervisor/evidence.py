@@ -75,7 +75,7 @@ class Evidence:
                 run_id=ctx.run_id,
                 node=ctx.node,
                 argv=ctx.argv,
-                cwd=os.getcwd(),
+                cwd=ctx.cwd,
                 env=ctx.job_env(),
                 python=job_python(live[0].hb.pid) if live else None,
                 run_dir=ctx.run_dir,

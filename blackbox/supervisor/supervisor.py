@@ -20,7 +20,7 @@ from typing import Callable, Optional
 from .. import __version__
 from .._recorder import protocol as P
 from ..adapters import gpu, host, procfs
-from ..config import RUNS_DIR, RunConfig
+from ..config import RUNS_DIR, RunConfig, working_directory
 from ..coord.topology import Topology, topology
 from ..detections import Trigger
 from ..errors import EXIT_CANT_CREATE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
@@ -44,6 +44,7 @@ RECORD_S = 5.0  # what Slurm says of a SIGTERM it sent is asked within this, aga
 
 class Supervisor:
     def __init__(self, argv: list[str], cfg: RunConfig, env: Mapping[str, str], say: Callable[[str], None]):
+        cwd = working_directory()
         run_id, node = new_run_id(), host.hostname()
         run_dir = os.path.abspath(cfg.run_dir or os.path.join(RUNS_DIR, run_id))
         # A task srun started: the node's tasks share one run directory and one watch (supervisor.node)
@@ -54,7 +55,7 @@ class Supervisor:
             run_id, node = f"slurm-{self.task.key}", self.task.node
             run_dir = os.path.abspath(run_dir_of(cfg.run_dir, RUNS_DIR, self.task))
             self.node = NodeShare(self.task, run_dir)
-        self.ctx = RunContext(argv, cfg, env, say, run_id, node, run_dir)
+        self.ctx = RunContext(argv, cfg, env, say, run_id, node, run_dir, cwd)
         self.topology: Optional[Topology] = None  # this node's place in a multi-node job (None: one node)
         self._episodes: Optional[Episodes] = None
         self.process = JobProcess(self.ctx, lambda: self.watch.rank_processes(),
@@ -73,11 +74,18 @@ class Supervisor:
 
     # --- the run --------------------------------------------------------------------------------------
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            self.ctx.close_speech()  # a refusal before the job started still says what came before it
+
+    def _run(self) -> int:
         ctx = self.ctx
         exe = resolve_command(ctx.argv, ctx.env)
         if not sys.platform.startswith("linux"):
             ctx.say(f"cannot watch on {sys.platform} (blackbox reads /proc, which only Linux has); "
                     "running the job unwatched")  # fmt: skip
+            ctx.close_speech()
             return run_plain(ctx.argv, exe)
         leading = True
         if self.node is not None:
@@ -112,6 +120,7 @@ class Supervisor:
                 self.metrics.close()
             if ctx.console is not None:
                 ctx.console.close(wait=self._output_ended)
+            ctx.close_speech()  # before the event log closes: what stderr would not take is kept there
             if ctx.events is not None:
                 ctx.events.close()
             if self.node is not None:
@@ -129,7 +138,7 @@ class Supervisor:
     def _prepare(self) -> None:
         """The run directory and its logs, the heartbeat table, console.log's header and the start event."""
         ctx = self.ctx
-        add_known_secrets(ctx.env, ctx.argv, os.getcwd())  # the job's credentials: env, stores, config files
+        add_known_secrets(ctx.env, ctx.argv, ctx.cwd)  # the job's credentials: env, stores, config files
         if ctx.cfg.notify_url:  # a webhook URL is a credential too: only its host is ever written
             add_known_secret(ctx.cfg.notify_url)
         if ctx.cfg.upload:  # a storage URL's password and query (an Azure SAS token) too
@@ -147,7 +156,7 @@ class Supervisor:
         cfg = ctx.cfg
         ctx.event(
             "start", run_id=ctx.run_id, node=ctx.node, pid=os.getpid(), command=redact_argv(ctx.argv),
-            cwd=os.getcwd(), blackbox_version=__version__, config={
+            cwd=ctx.cwd, blackbox_version=__version__, config={
                 k: redact_url(v) if k == "notify_url" and v else v
                 for k, v in ((k, getattr(cfg, k)) for k in cfg.sources)},
             config_sources=dict(cfg.sources),
@@ -180,7 +189,7 @@ class Supervisor:
         leads (the node's first leader died before this task started)."""
         ctx, task = self.ctx, self.task
         assert task is not None and self.node is not None
-        add_known_secrets(ctx.env, ctx.argv, os.getcwd())
+        add_known_secrets(ctx.env, ctx.argv, ctx.cwd)
         if ctx.cfg.upload:
             add_url_secrets(ctx.cfg.upload)
         try:
@@ -233,7 +242,7 @@ class Supervisor:
                 results[name] = fn()
 
         threads = [
-            threading.Thread(target=probe, args=("git", lambda: host.git_state(os.getcwd(), 2.0)), daemon=True),
+            threading.Thread(target=probe, args=("git", lambda: host.git_state(ctx.cwd, 2.0)), daemon=True),
             threading.Thread(target=probe, args=("gpus", lambda: gpu.query_gpus(2.0)), daemon=True),
         ]
         for t in threads:
@@ -252,7 +261,7 @@ class Supervisor:
             f"blackbox {__version__} run {ctx.run_id}",
             f"host: {ctx.node} ({', '.join(ips) or 'no non-loopback address'})",
             f"command: {' '.join(redact_argv(ctx.argv))}",
-            f"cwd: {os.getcwd()}",
+            f"cwd: {ctx.cwd}",
             f"git: {git.describe() if isinstance(git, host.GitState) else 'unknown (probe timed out)'}",
             f"torch: {torch_version or 'not installed'} (blackbox's environment)",
             f"started: {datetime.now(timezone.utc).isoformat(timespec='seconds')}",

@@ -42,7 +42,6 @@ class Watch:
         self.known: dict[tuple[int, int], HeartbeatState] = {}  # (rank, pid) -> last reading
         self.stepped: set[tuple[int, int]] = set()
         self._elsewhere: set[tuple[int, int]] = set()  # (rank, pid) of ranks in another PID namespace: unwatched
-        self._io_said: set[str] = set()  # rank processes whose /proc/PID/io was said unreadable
         self.history: dict[int, deque[dict[str, object]]] = {}  # rank -> recent changes (for the report)
         self.gpus = GpuWatch()
         self.io = IoWatch()
@@ -125,10 +124,8 @@ class Watch:
 
     def _output_blocked(self, rank: int, pid: int) -> None:
         """Said once a run (an event per rank process): the job waits for whoever reads blackbox's output."""
-        key = f"output_blocked:{rank}:{pid}"
-        if key in self._io_said:
+        if not self.ctx.first(f"output_blocked:{rank}:{pid}"):
             return
-        self._io_said.add(key)
         self.ctx.event("output_blocked", rank=rank, pid=pid)
         self.ctx.say_once("output_blocked", "the job is blocked on its output: nothing reads blackbox's stdout or "
                           "stderr (a pager, a log shipper that stopped, a terminal paused with Ctrl-S); blackbox "
@@ -136,10 +133,8 @@ class Watch:
 
     def _io_unreadable(self, rank: int, pid: int) -> None:
         """Said once per rank process: without its I/O counters, I/O is no motion blackbox can see."""
-        key = f"io_unreadable:{rank}:{pid}"
-        if key in self._io_said:
+        if not self.ctx.first(f"io_unreadable:{rank}:{pid}"):
             return
-        self._io_said.add(key)
         self.ctx.event("io_unreadable", rank=rank, pid=pid, path=f"/proc/{pid}/io")
         self.ctx.say(f"rank {rank}: /proc/{pid}/io cannot be read (another user's process, or no CAP_SYS_PTRACE): "
                      "its reads and writes are not seen, only its heartbeat")  # fmt: skip

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from blackbox.events import read_events
-from tests.conftest import BLACKBOX, PROGRAMS, TORCHRUN, job_env, wait_for
+from tests.conftest import BLACKBOX, PROGRAMS, ROOT, TORCHRUN, job_env, wait_for
 
 CHATTY = str(PROGRAMS / "chatty_ranks.py")
 
@@ -173,3 +173,44 @@ def test_a_job_blocked_on_its_unread_output_is_not_a_stall(tmp_path: Path) -> No
     assert [g[:13] for g in got if g.startswith("line ")] == [f"line {i:08d}" for i in range(lines)]
     assert {"rank 0 done", "rank 1 done"} <= set(got)
     assert not (run_dir / "bundles").exists() or not list((run_dir / "bundles").iterdir())
+
+
+F_SETPIPE_SZ = 1031
+
+
+@pytest.mark.timeout(150)
+def test_a_stderr_nobody_reads_never_stops_the_watch(tmp_path: Path) -> None:
+    # GIVEN blackbox's stderr a pipe nobody reads, already full (a log shipper that died), its stdout read, and a job
+    # whose rank 1 hangs reading its data while the job's own stderr goes elsewhere (so its output never blocks)
+    import fcntl
+
+    read_end, stderr = os.pipe()
+    fcntl.fcntl(stderr, F_SETPIPE_SZ, 4096)
+    os.set_blocking(stderr, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(stderr, b"x" * 4096)
+    os.set_blocking(stderr, True)
+    run_dir = tmp_path / "run"
+    job = " ".join([TORCHRUN, "--standalone", "--nproc-per-node", "2", str(ROOT / "scripts" / "scenarios" / "train.py"),
+                    "data-hang", "1"])  # fmt: skip
+    cmd = [*BLACKBOX, "run", "--run-dir", str(run_dir), "--stall-timeout", "3", "--poll-interval", "0.5",
+           "--kill-grace", "3", "--", "sh", "-c", f"exec 2>/dev/null; exec {job}"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=job_env(), stdout=subprocess.DEVNULL, stderr=stderr,
+                            start_new_session=True)  # fmt: skip
+    os.close(stderr)
+    try:
+        # WHEN the hang comes: THEN the watch still catches it, bundles it and ends the job, exit 86, though not one
+        # of its words could be written
+        code = proc.wait(timeout=120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        os.close(read_end)
+    assert code == 86
+    assert len(list((run_dir / "bundles").glob("*.tar.gz"))) == 1
+    # AND what it would have said is kept in events.jsonl, in order
+    unsaid = [e["line"] for e in read_events(str(run_dir / "events.jsonl")) if e.get("event") == "unsaid"]
+    assert any(line.startswith("stall: ") for line in unsaid), unsaid
+    assert any(line.startswith("evidence bundle: ") for line in unsaid), unsaid

@@ -21,7 +21,7 @@ from blackbox.adapters.procfs import is_alive
 from blackbox.bundle.reader import read_bundle
 from blackbox.events import read_events
 from blackbox.heartbeat_reader import decode
-from tests.conftest import PROGRAMS, TORCHRUN, bundles, job_env, run_blackbox, send, start_blackbox, wait_for
+from tests.conftest import BLACKBOX, PROGRAMS, TORCHRUN, bundles, job_env, run_blackbox, send, start_blackbox, wait_for
 
 GLOO_JOB = str(PROGRAMS / "gloo_job.py")
 
@@ -245,6 +245,23 @@ def test_unwritable_run_dir(tmp_path: Path) -> None:
     res = run_blackbox(["run", "--run-dir", str(blocker / "run"), "--", "true"], tmp_path)
     err = res.stderr.decode()
     assert res.returncode == 73 and "Cannot use" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("run_dir_given", [False, True], ids=["default-run-dir", "relative-run-dir"])
+def test_a_removed_working_directory_is_one_sentence(tmp_path: Path, run_dir_given: bool) -> None:
+    # GIVEN a shell standing in a directory that was removed under it (a scratch directory a script cleaned up)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    flags = ["--run-dir", "run"] if run_dir_given else []
+    script = f'cd "{gone}" && rmdir "{gone}" && exec "$@"'
+    # WHEN blackbox run starts there
+    res = subprocess.run(["sh", "-c", script, "sh", *BLACKBOX, "run", *flags, "--", "true"], env=job_env(),
+                         capture_output=True, timeout=60)  # fmt: skip
+    # THEN one sentence says so and what to do, no "internal error", no traceback
+    err = res.stderr.decode()
+    assert res.returncode == 2, err
+    assert err.startswith("blackbox: error: The working directory of `blackbox run` no longer exists"), err
+    assert "`cd` to a directory that exists" in err and "internal error" not in err and "Traceback" not in err
 
 
 def test_run_dir_with_a_run_in_it_is_refused(tmp_path: Path, run_dir: Path) -> None:

@@ -44,7 +44,8 @@ def test_a_run_says_the_disk_is_full_not_an_internal_error(tmp_path: Path, monke
 
     told: list[str] = []
     ctx = SimpleNamespace(
-        watching=False, run_id="run-1", node="node0", argv=["torchrun"], run_dir=str(tmp_path), console=None,
+        watching=False, run_id="run-1", node="node0", argv=["torchrun"], run_dir=str(tmp_path), cwd=str(tmp_path),
+        console=None,
         cfg=SimpleNamespace(dump_timeout=1.0, collect_budget=5.0, pyspy_native=False, pyspy_locals=False),
         events=None, job_env=lambda: {}, say=told.append, say_once=lambda key, m: told.append(m),
         event=lambda *a, **k: None, internal_error=lambda where, exc: told.append(f"internal error: {exc!r}"),

@@ -35,7 +35,7 @@ def sample(text: str, metric: str, **labels: str) -> float:
 
 
 def make(gpus: list[GpuReading]) -> Metrics:
-    ctx = RunContext(["job"], load_run_config({}, {}), {}, lambda m: None, "run-1", "host", "/tmp/x")
+    ctx = RunContext(["job"], load_run_config({}, {}), {}, lambda m: None, "run-1", "host", "/tmp/x", "/tmp")
     return Metrics(ctx, lambda: "run-1", lambda: "host", lambda: gpus, lambda: {1})
 
 
@@ -81,10 +81,11 @@ def test_a_scrape_renders_the_last_poll(monkeypatch: pytest.MonkeyPatch) -> None
 
 def test_without_prometheus_client_the_job_runs_on_with_one_sentence(monkeypatch: pytest.MonkeyPatch) -> None:
     said: list[str] = []
-    ctx = RunContext(["job"], load_run_config({}, {}), {}, said.append, "run-1", "host", "/tmp/x")
+    ctx = RunContext(["job"], load_run_config({}, {}), {}, said.append, "run-1", "host", "/tmp/x", "/tmp")
     metrics = Metrics(ctx, lambda: "r", lambda: "n", lambda: [], lambda: set())
     monkeypatch.setitem(__import__("sys").modules, "prometheus_client", None)
     assert metrics.start("127.0.0.1", 9) is False
+    ctx.close_speech()  # the words go out from a thread of their own
     assert said == ["--metrics-port needs prometheus_client, which is not installed here (pip install "
                     "'torch-blackbox[metrics]'): no metrics are served; the job runs on"]  # fmt: skip
 
