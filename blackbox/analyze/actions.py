@@ -28,13 +28,21 @@ class Facts:
     kernel_oom: bool = False
     disk_free: Optional[str] = None
     hosts: dict[int, str] = field(default_factory=dict)  # rank -> the host it lives on (coordination, merged view)
-    blocked_io: dict[int, str] = field(default_factory=dict)  # rank -> what its main thread is blocked reading
+    blocked_io: dict[int, Blocked] = field(default_factory=dict)  # rank -> the I/O or process its main thread waits for
     network_lines: list[str] = field(default_factory=list)  # what the console said about the network's set-up
     remote_addresses: list[str] = field(default_factory=list)  # the addresses those lines name
     # this node's side of a network set-up: what its hostname resolves to, its interfaces, the *_SOCKET_IFNAME set
     hostname_note: Optional[str] = None
     queued: list[int] = field(default_factory=list)  # ranks whose pending collective waits behind their GPU's work
     job_ended: bool = False  # blackbox ended the job once this bundle was taken (`--on-stall kill`): no live pids
+
+
+@dataclass(frozen=True)
+class Blocked:
+    """What a rank's main thread waits for, outside the job: a system call or another process."""
+
+    text: str  # "main thread blocked in read() of fd 5, /data/train.bin (a file on nfs4)"
+    waited: str = ""  # another process, in the words that follow "waits for": "its child `cat` (pid 4121), …"
 
 
 @dataclass
@@ -153,7 +161,8 @@ def _signal(at: _At, facts: Facts) -> list[str]:
 
 def _data(at: _At, facts: Facts) -> list[str]:
     workers = facts.stuck_workers.get(at.first) if at.first is not None else None
-    blocked = facts.blocked_io.get(at.first) if at.first is not None else None
+    io = facts.blocked_io.get(at.first) if at.first is not None else None
+    blocked = io.text if io is not None else None
     out = [f"Check what {at.where} reads" + (f" ({blocked})" if blocked else ": the dataset shard or file in its "
            "`__getitem__` or `get_batch` frame") + ": its permissions and the filesystem or storage service (a hung "
            "network mount or object store blocks a read forever)."]  # fmt: skip
@@ -166,9 +175,10 @@ def _data(at: _At, facts: Facts) -> list[str]:
 
 
 def _io(at: _At, facts: Facts) -> list[str]:
-    blocked = facts.blocked_io.get(at.first) if at.first is not None else None
-    if blocked and blocked.startswith("main thread waits for its child"):
-        return [f"R{at.where[1:]} {blocked[len('main thread '):]}. Look at that process (`py-spy dump --pid`, "
+    io = facts.blocked_io.get(at.first) if at.first is not None else None
+    blocked = io.text if io is not None else None
+    if io is not None and io.waited:
+        return [f"R{at.where[1:]} waits for {io.waited}. Look at that process (`py-spy dump --pid`, "
                 "`cat /proc/PID/wchan`): a tool that reads its standard input or a terminal waits for an answer no "
                 "one gives (a password or confirmation prompt).",
                 "Run tools without a terminal and with a deadline: `subprocess.run(..., stdin=subprocess.DEVNULL, "

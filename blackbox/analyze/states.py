@@ -44,6 +44,7 @@ class Fact:
     op: Optional[str] = None  # ... and its op, where known
     weak: bool = False  # a stack that says compute only because nothing in it says otherwise (frames.Where.fallback)
     stack: bool = False  # read from the main thread's stack
+    waited: str = ""  # io: the other process the main thread waits for, in words ("its child `cat` (pid 4121), …")
 
 
 @dataclass
@@ -360,16 +361,16 @@ def _proc_facts(proc: dict[str, Any], rank: int, waiting: str) -> tuple[list[Fac
         return [Fact(psrc, "kernel", f"/proc state D (uninterruptible sleep in the kernel, wchan {wchan or '?'})"
                      + (f"; {io}" if io else ""))], None  # fmt: skip
     if child:
-        return [Fact(psrc, "io", child)], None
+        return [Fact(psrc, "io", f"main thread waits for {child}", waited=child)], None
     if io and blocked.get("syscall") in IO_SYSCALLS and blocked.get("fd_kind") in IO_FDS:
         return [Fact(psrc, "io", io)], None
     return [], None
 
 
 def describe_waited(waits: Any) -> str:
-    """The leaf of a rank's wait on other processes (proc.json's `waits_for`, written by the collector), in words:
-    "main thread waits for its child `cat` (pid 4121), which is blocked in read() of fd 0, pipe:[88] (a pipe)". The
-    leaf is the deepest process that waits on something other than its own children."""
+    """The leaf of a rank's wait on other processes (proc.json's `waits_for`, written by the collector), in words
+    that follow "waits for": "its child `cat` (pid 4121), which is blocked in read() of fd 0, pipe:[88] (a pipe)".
+    The leaf is the deepest process that waits on something other than its own children."""
     entries = [e for e in waits if isinstance(e, dict) and isinstance(e.get("pid"), int)] if isinstance(
         waits, list) else []  # fmt: skip
     if not entries:
@@ -378,7 +379,7 @@ def describe_waited(waits: Any) -> str:
     leaves = [e for e in entries if isinstance(e.get("main_thread"), dict)
               and e["main_thread"].get("syscall") not in ("wait4", "waitid")]  # fmt: skip
     leaf = leaves[-1] if leaves else first
-    said = f"main thread waits for its child {_command(first)} (pid {first['pid']})"
+    said = f"its child {_command(first)} (pid {first['pid']})"
     if leaf is not first:
         said += f", which waits for {_command(leaf)} (pid {leaf['pid']})"
     blocked = describe_blocked(leaf["main_thread"], subject="") if isinstance(leaf.get("main_thread"), dict) else ""
@@ -430,13 +431,6 @@ def _stack_facts(bundle: Bundle, rank: int, rs: Optional[RankStack], alive: Opti
     if reads is not None:  # under a read the kernel may show: the job's data (nanoGPT's get_batch), not other I/O
         out.append(Fact(src, "reads_data", f"{reads.describe()} reads the job's data", stack=True))
     return out
-
-
-def _polled(proc: dict[str, Any]) -> str:
-    """What a rank in a poll loop started meanwhile, or its workers, where the collector found any: "its child
-    `python -c …` (pid 4121), which is blocked in clock_nanosleep()" (proc.json's `may_wait_for`)."""
-    said = describe_waited(proc.get("may_wait_for"))
-    return said.removeprefix("main thread waits for ")
 
 
 def describe_polls(polls: Any) -> str:
@@ -533,7 +527,8 @@ def read_state(bundle: Bundle, rank: int, node: str, rs: Optional[RankStack], ev
         facts.append(Fact(f"{L.CONSOLE_TAIL} (its set-up barrier line)", "waiting", "waits in process-group set-up: "
                           + line[-160:], key.group(1) if key else "set-up", None, "store_based_barrier"))  # fmt: skip
         facts.append(Fact(f"{L.CONSOLE_TAIL} (its set-up barrier line)", "setup", "process-group set-up"))
-    facts += _heartbeat_facts(rank, hb, alive, peer_liveness, _polled(proc) if waiting == "poll" else "")
+    polled = describe_waited(proc.get("may_wait_for")) if waiting == "poll" else ""
+    facts += _heartbeat_facts(rank, hb, alive, peer_liveness, polled)
     step = integer(hb.get("step"))
     st = classify(rank, str(hb.get("node") or node), pid, facts, str(hb.get("phase") or "unknown"), step)
     st.detail += _held_at(proc, st.where)

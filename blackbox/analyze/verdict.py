@@ -16,7 +16,7 @@ from ..adapters.cuda_memory import human
 from ..bundle import layout as L
 from ..bundle.reader import Bundle, integer, number
 from ..detections import ON_REQUEST_RULES, Trigger, plural_ranks
-from .actions import Facts, next_actions
+from .actions import Blocked, Facts, next_actions
 from .blame import ERROR_CATEGORY, Blame, Context, blame
 from .model import Finding, RankRow, Report, Verdict
 from .motion import findings as motion_findings
@@ -505,9 +505,9 @@ def _action_facts(facts: Facts, unjoined: list[fr.Unjoined], mismatched: list[fr
         path = re.search(r"'(/[^']+)'", exception_line(first))
         facts.exception_path = path.group(1) if path else None
     for s in states:
-        io = next((f.text for f in s.facts if f.says == "io"), None)
+        io = next((f for f in s.facts if f.says == "io"), None)
         if io is not None:
-            facts.blocked_io.setdefault(s.rank, io)
+            facts.blocked_io.setdefault(s.rank, Blocked(io.text, io.waited))
     facts.network_lines = ev.console.network[:3] + ev.console.hostname_fallback[:1]
     facts.remote_addresses = ev.console.remote_addresses[:4]
 

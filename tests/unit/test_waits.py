@@ -197,10 +197,10 @@ def test_the_report_names_the_leaf_of_the_wait_from_untrusted_proc_json() -> Non
            "main_thread": {"syscall": "read", "fd": 0, "fd_target": "pipe:[88]", "fd_kind": "pipe"}}  # fmt: skip
     sh = {"pid": 11, "waited": True, "argv": ["sh", "-c", "cat"], "state": "S", "main_thread": {"syscall": "wait4"}}
     assert describe_waited([sh, cat]) == (
-        "main thread waits for its child `sh -c cat` (pid 11), which waits for `cat` (pid 12), which is blocked in "
+        "its child `sh -c cat` (pid 11), which waits for `cat` (pid 12), which is blocked in "
         "read() of fd 0, pipe:[88] (a pipe)")  # fmt: skip
     assert describe_waited([{**cat, "waited": True}]) == (
-        "main thread waits for its child `cat` (pid 12), which is blocked in read() of fd 0, pipe:[88] (a pipe)"
+        "its child `cat` (pid 12), which is blocked in read() of fd 0, pipe:[88] (a pipe)"
     )
     d = {**cat, "waited": True, "state": "D", "main_thread": {"syscall": "write", "fd": 3, "fd_target": "/mnt/x",
                                                                "fd_kind": "file", "fs_type": "nfs4"}}  # fmt: skip
@@ -209,4 +209,4 @@ def test_the_report_names_the_leaf_of_the_wait_from_untrusted_proc_json() -> Non
     for bad in (None, "x", [1, "a", {"pid": "7"}], {"pid": 3}, []):
         assert describe_waited(bad) == ""
     odd = [{"pid": 5, "argv": 3, "main_thread": []}]
-    assert describe_waited(odd) == "main thread waits for its child process (pid 5)"
+    assert describe_waited(odd) == "its child process (pid 5)"
