@@ -402,24 +402,40 @@ class Mount(NamedTuple):
     device: str  # MAJ:MIN (0:N for a filesystem without a block device: NFS, FUSE, tmpfs)
 
 
+MOUNTINFO_MAX = 4 * 1024 * 1024  # a Kubernetes node's mount table runs to thousands of lines
+
+
 def mounts(pid: int) -> list[Mount]:
     """The mounts of the process's mount namespace; empty when unreadable."""
-    out = []
-    for line in (read_text(f"/proc/{pid}/mountinfo", 4 * 1024 * 1024) or "").splitlines():
-        left, sep, right = line.partition(" - ")
-        a, b = left.split(), right.split()
-        if sep and len(a) >= 5 and len(b) >= 2 and a[0].isdigit():
-            out.append(Mount(int(a[0]), a[4].replace("\\040", " "), b[0], b[1], a[2]))
-    return out
+    lines = (read_text(f"/proc/{pid}/mountinfo", MOUNTINFO_MAX) or "").splitlines()
+    return [m for m in map(_mount_line, lines) if m is not None]
 
 
-def _mount_of(mounts: list[Mount], path: str, mnt_id: Optional[int]) -> Optional[tuple[str, str]]:
+def mount(pid: int, mnt_id: int) -> Optional[Mount]:
+    """The mount with this id (a descriptor's fdinfo `mnt_id`) in the process's namespace: its line alone is parsed,
+    not the whole table."""
+    text = "\n" + (read_text(f"/proc/{pid}/mountinfo", MOUNTINFO_MAX) or "")
+    at = text.find(f"\n{mnt_id} ")
+    if at < 0:
+        return None
+    end = text.find("\n", at + 1)
+    return _mount_line(text[at + 1 : end if end >= 0 else None])
+
+
+def _mount_line(line: str) -> Optional[Mount]:
+    left, sep, right = line.partition(" - ")
+    a, b = left.split(), right.split()
+    if sep and len(a) >= 5 and len(b) >= 2 and a[0].isdigit():
+        return Mount(int(a[0]), a[4].replace("\\040", " "), b[0], b[1], a[2])
+    return None
+
+
+def _mount_of(pid: int, path: str, mnt_id: Optional[int]) -> Optional[tuple[str, str]]:
     """(filesystem type, mount point) of a path: by the fd's own mount id where known, else the longest prefix."""
-    if mnt_id is not None:
-        for m in mounts:
-            if m.id == mnt_id:
-                return m.fstype, m.point
-    best = max((m for m in mounts if path == m.point or path.startswith(m.point.rstrip("/") + "/")),
+    found = mount(pid, mnt_id) if mnt_id is not None else None
+    if found is not None:
+        return found.fstype, found.point
+    best = max((m for m in mounts(pid) if path == m.point or path.startswith(m.point.rstrip("/") + "/")),
                key=lambda m: len(m.point), default=None)  # fmt: skip
     return (best.fstype, best.point) if best else None
 
@@ -532,7 +548,7 @@ def blocked(pid: int, tid: Optional[int] = None) -> dict[str, object]:
     elif target.startswith("anon_inode:"):
         out["fd_kind"] = "anon"
     elif target.startswith("/"):
-        mount = _mount_of(mounts(pid), target, mnt_id)
+        mount = _mount_of(pid, target, mnt_id)
         if mount:
             out["fs_type"], out["mount"] = mount
         out["fd_kind"] = _file_kind(target, mount[0] if mount else None)

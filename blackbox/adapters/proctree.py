@@ -10,6 +10,7 @@ import time
 from typing import Callable, Optional
 
 from .procfs import (
+    ProcStat,
     _fields,
     _user_bytes,
     as_fd,
@@ -132,15 +133,16 @@ def runs_python(pid: int, rank_exe: Optional[str]) -> bool:
     return path is not None and (path == rank_exe or os.path.basename(path).startswith("python"))
 
 
-def workers(pid: int, since: float) -> list[int]:
+def workers(pid: int, since: float, stat: Callable[[int], Optional[ProcStat]] = proc_stat) -> list[int]:
     """The children of `pid` that a wait for a thread of its own or a poll loop may be waiting on: its Python workers
     (a process pool's, a DataLoader's) and whatever it started at or after `since` (CLOCK_MONOTONIC s: the tool a
-    loop polls) — not a program it started before (a metrics service that always moves)."""
+    loop polls) — not a program it started before (a metrics service that always moves). `stat`: how a process's
+    /proc/PID/stat is read (a caller that reads it again at the same poll keeps what it read)."""
     since_ticks = _boot_ticks(since)
     rank_exe = exe(pid)
     out = []
     for child in children(pid):
-        st = proc_stat(child)
+        st = stat(child)
         if st is not None and st.state not in ("Z", "X") and (st.start_ticks >= since_ticks
                                                               or runs_python(child, rank_exe)):  # fmt: skip
             out.append(child)

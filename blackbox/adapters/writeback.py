@@ -29,6 +29,11 @@ class Flush:
     counter: str  # "block 259:1", "nfs /mnt/ckpt", "host": what `written` counts
     written: int  # bytes written there so far
 
+    @property
+    def is_write(self) -> bool:
+        """A long write (`writing`) whose progress its store's count says: its wake-ups do not."""
+        return self.call in WRITE_CALLS
+
 
 def flushing(pid: int, tid: int) -> Optional[Flush]:
     """The flush a thread is in now, with its count; None when it is in none (or its count cannot be read)."""
@@ -62,12 +67,6 @@ def writing(pid: int, call: Optional[str], args: list[int]) -> Optional[Flush]:
     return Flush(call, *counted) if counted is not None else None
 
 
-def is_counted_write(pid: int, tid: int) -> bool:
-    """Whether a thread is in a write whose progress its store's count says (`writing`): its wake-ups do not."""
-    call, args = procfs.thread_syscall(pid, tid)
-    return writing(pid, call, args) is not None
-
-
 def _regular(pid: int, fd: int) -> bool:
     """Whether a descriptor is a regular file (not a FIFO or a device that lives on a disk's filesystem); stat()ed
     through /proc, only on a local filesystem (a remote one whose server is gone would hang it)."""
@@ -80,7 +79,7 @@ def _regular(pid: int, fd: int) -> bool:
 def _holding(pid: int, fd: int) -> Optional[tuple[str, str, str]]:
     """(device, filesystem type, mount point) of the mount that holds a descriptor's file (its fdinfo's mnt_id)."""
     mnt_id = procfs.fd_info(pid, fd).get("mnt_id", "")
-    mount = next((m for m in procfs.mounts(pid) if str(m.id) == mnt_id), None)
+    mount = procfs.mount(pid, int(mnt_id)) if mnt_id.isdigit() else None
     return (mount.device, mount.fstype, mount.point) if mount else None
 
 

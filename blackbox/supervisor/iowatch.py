@@ -89,19 +89,24 @@ class IoWatch:
         storage = proc.read_bytes + proc.write_bytes
         base_t, base_bytes = io._base
         moved = False
-        if not self._rebase and base_bytes >= 0:
+        flush: Optional[writeback.Flush] = None  # the flush or counted write the main thread is in, read once a poll
+        counting = not self._rebase and base_bytes >= 0
+        woken = wakeups is not None and io._wakeups is not None and wakeups > io._wakeups
+        if counting:
             moved = own is not None and io._main is not None and own != io._main
-            if wakeups is not None and io._wakeups is not None and wakeups > io._wakeups and not moved:
+            if not moved and (woken or follow):
+                flush = writeback.flushing(pid, pid)
+            if woken and not moved:
                 # woken inside a long read or write: bytes are moving — but a write to a file on a disk or NFS is
                 # woken every 200 ms past the dirty limit whatever goes out: its store's count decides (_drains)
-                moved = not writeback.is_counted_write(pid, pid)
+                moved = flush is None or not flush.is_write
             if storage - base_bytes >= STORAGE_FLOOR:
                 moved = True
-        drains = _drains(io, pid, now) if follow and not moved and not self._rebase and base_bytes >= 0 else ""
+        drains = _drains(io, flush, now) if follow and not moved and counting else ""
         moved = moved or bool(drains)
         itself = moved
         waited = self.waits.follow(pid, now, workers_since) if follow and not moved else None
-        if waited is not None and waited.moved and not self._rebase and base_bytes >= 0:
+        if waited is not None and waited.moved and counting:
             moved = True
             io.waits_for = waited.describe()
         elif itself:
@@ -116,11 +121,10 @@ class IoWatch:
         return io
 
 
-def _drains(io: RankIo, pid: int, now: float) -> str:
-    """What a flush the main thread is in has written since the last poll, in words ("in fsync(), its file's pages
-    going out: the disk (259:1) writes 4.2 MB/s"); "" when it is in none, or nothing went out (a mount that answers
-    nothing). The first poll in a flush sets its baseline."""
-    flush = writeback.flushing(pid, pid)
+def _drains(io: RankIo, flush: Optional[writeback.Flush], now: float) -> str:
+    """What a flush the main thread is in (`flush`: writeback.flushing, this poll) has written since the last poll,
+    in words ("in fsync(), its file's pages going out: the disk (259:1) writes 4.2 MB/s"); "" when it is in none, or
+    nothing went out (a mount that answers nothing). The first poll in a flush sets its baseline."""
     before, io._flush = io._flush, (now, flush) if flush is not None else None
     if flush is None or before is None or before[1].counter != flush.counter or flush.written <= before[1].written:
         return ""

@@ -65,6 +65,16 @@ class WaitFollower:
         self._names: dict[tuple[int, ...], str] = {}  # the processes waited for -> their name (a redacted command line)
         self._named: set[tuple[int, ...]] = set()  # ... named at this poll
         self._holders: dict[tuple[int, frozenset[str]], tuple[float, list[tuple[int, int]]]] = {}  # (rank pid, pipes)
+        self._stats: dict[int, Optional[procfs.ProcStat]] = {}  # /proc/PID/stat read at this poll: once a process
+
+    def _stat(self, pid: int) -> Optional[procfs.ProcStat]:
+        if pid not in self._stats:
+            self._stats[pid] = procfs.proc_stat(pid)
+        return self._stats[pid]
+
+    def _alive(self, pid: int, start_ticks: int) -> bool:
+        st = self._stat(pid)
+        return st is not None and st.state not in ("Z", "X") and st.start_ticks == start_ticks
 
     def follow(self, pid: int, now: float, workers_since: Optional[float] = None) -> Optional[Waited]:
         """What the main thread of process `pid` waits for, if another process, and whether that moved since the
@@ -73,7 +83,7 @@ class WaitFollower:
         process, the rank's workers and what it started since then are what it may wait for (proctree.workers)."""
         waited = self._waited(pid, now)
         if not waited and workers_since is not None:
-            waited = proctree.workers(pid, workers_since)
+            waited = proctree.workers(pid, workers_since, self._stat)
         if not waited:
             return None
         moved, read, written = self._moved(waited, now)
@@ -93,9 +103,10 @@ class WaitFollower:
         and the bytes they read and wrote meanwhile. A process seen for the first time sets its baseline."""
         moved, read, written = False, 0, 0
         for p in proctree.process_tree(waited):
-            st, io = procfs.proc_stat(p), procfs.io_counters(p)
+            st = self._stat(p)
             if st is None:
                 continue
+            io = procfs.io_counters(p)
             ticks = st.cpu_ticks
             key = (p, st.start_ticks)
             self._polled.add(key)
@@ -122,9 +133,9 @@ class WaitFollower:
         if not pipes:
             return waited
         known = self._holders.get((pid, pipes))
-        if known is None or now - known[0] > HOLDERS_TTL_S or not all(procfs.is_alive(*p) for p in known[1]):
+        if known is None or now - known[0] > HOLDERS_TTL_S or not all(self._alive(*p) for p in known[1]):
             found = proctree.pipe_holders_below(pid, pipes)
-            stats = [(p, procfs.proc_stat(p)) for p in found]
+            stats = [(p, self._stat(p)) for p in found]
             known = self._holders[(pid, pipes)] = (now, [(p, st.start_ticks) for p, st in stats if st is not None])
         return [p for p, _ in known[1]]
 
@@ -137,3 +148,4 @@ class WaitFollower:
         self._named = set()
         self._following = set()
         self._polled = set()
+        self._stats = {}
