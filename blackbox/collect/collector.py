@@ -117,8 +117,17 @@ class _Proc:
     rank: Optional[int]  # None: the launcher (torchrun's agent)
     pid: int
     helper: bool
-    workers_since: Optional[float] = None  # its main thread waits for a thread or polls: proctree.waited_processes
-    polling: bool = False  # its recorder saw its main thread sleep and check in a loop (collect.polled)
+    hb: Optional[HeartbeatState] = None  # a rank's own process: its heartbeat as the collection began
+
+    @property
+    def workers_since(self) -> Optional[float]:
+        """Its main thread waits for a thread or polls (its heartbeat says): proctree.workers."""
+        return self.hb.workers_since if self.hb is not None else None
+
+    @property
+    def polling(self) -> bool:
+        """Its recorder saw its main thread sleep and check in a loop (collect.polled)."""
+        return self.hb is not None and self.hb.waiting == "poll"
 
     def path(self, what: str) -> str:
         """Where its `what` (py-spy, proc) goes in the bundle (bundle.layout)."""
@@ -570,8 +579,7 @@ class Collector:
         ranks = job.ranks
         # read while the ranks live: a rank that raised may be gone by the time its files are copied
         error_files = {r.rank: p for r in ranks if (p := _torchelastic_error_file(job.run_dir, r, job.owner))}
-        procs = [_Proc(r.rank, r.pid, False, r.hb.workers_since if r.hb else None,
-                       r.hb is not None and r.hb.waiting == "poll") for r in ranks if r.alive]  # fmt: skip
+        procs = [_Proc(r.rank, r.pid, False, r.hb) for r in ranks if r.alive]
         procs += [_Proc(r.rank, pid, True) for r in ranks for pid in _helpers(r)]
         if job.agent_pid is not None and job.mode == "collect" and _is_python(job.agent_pid):
             procs.append(_Proc(None, job.agent_pid, False))

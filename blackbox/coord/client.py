@@ -59,7 +59,6 @@ class Coordination:
         self.joined = 0  # how many nodes have joined the coordination
         self.silent: dict[str, dict[str, Any]] = {}  # node -> what was known when it fell silent
         self.unanswered_since: Optional[float] = None  # wall time since which the store has not answered this node
-        self._lost = False  # the store was lost and the helper is connecting again
         self.hosts: dict[str, Any] = {}  # node -> {"host", "ranks"}: where each node's ranks live
         self._lock = threading.Lock()
         self._inbox: list[dict[str, Any]] = []  # remote incidents, silences: taken by the supervisor's loop
@@ -94,8 +93,8 @@ class Coordination:
                 stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True, cwd=self.run_dir,
             )  # fmt: skip
         self._event("coordination", status="starting", address=self.topo.address, hosting=self.topo.hosting,
-                    node=self.label, nnodes=self.topo.nnodes, job_key=self.topo.job_key,
-                    learned_from=self.topo.source, helper_pid=self.proc.pid)  # fmt: skip
+                    node=self.label, nnodes=self.topo.nnodes, learned_from=self.topo.source,
+                    helper_pid=self.proc.pid)  # fmt: skip
         if not self.signed:
             self._say_once("coordination-unauthenticated", (
                 f"warning: the coordination store at {self.topo.address} is unauthenticated: anyone who reaches that "
@@ -238,9 +237,9 @@ class Coordination:
         if ev == "motion":
             self._on_motion(msg.get("nodes"))
         elif ev == "connected":
-            if self._lost or self.unanswered_since is not None:  # connected again after a cut or a lost store
+            if self.status == "waiting" or self.unanswered_since is not None:  # again, after a cut or a lost store
                 self._say_once("coordination-answered", f"{where} answers again")
-            self._lost, self.unanswered_since = False, None
+            self.unanswered_since = None
             self.status, self.job_id = "connected", str(msg.get("job_id"))
             self._event("coordination", status="connected", job_id=self.job_id, hosting=msg.get("hosting"),
                         address=msg.get("address"), job_host=msg.get("job_host"))  # fmt: skip
@@ -262,7 +261,7 @@ class Coordination:
             sentence = sentences.get(reason, f"coordination failed: {detail}")
             if msg.get("retry"):
                 if reason == "lost":  # nothing is posted or believed until it is connected again
-                    self._lost, self.status = True, "waiting"
+                    self.status = "waiting"
                 self._event("coordination", status="waiting", reason=reason, message=detail)
                 self._say_once(f"coordination-{reason}", sentence)
             else:

@@ -36,7 +36,8 @@ from typing import Any, Optional
 # A node costs the store four operations a poll; only the hosting node reads every node's liveness (one
 # multi_get), so a job of hundreds of nodes stays cheap.
 # With the job's secret (every node's blackbox has it, nobody else does), what steers the other nodes — `incident/<n>`,
-# `silent`, `motion` — is stored signed: {"body": <the JSON text>, "mac": HMAC-SHA256(secret, key + "\n" + body)}.
+# `silent`, `motion`, and what they believe of each other: `beat/<node>`, `summary/<node>`, `hosts/<node>` — is stored
+# signed: {"body": <the JSON text>, "mac": HMAC-SHA256(secret, key + "\n" + body)}.
 # The key is in the MAC, so a signed value cannot be moved to another key (an old incident replayed as a new one).
 # A value that is unsigned or wrongly signed is not believed: one `rejected` event, and the node goes on.
 OP_TIMEOUT_S = 5.0
@@ -133,7 +134,8 @@ class StoreProcess:
             emit("failed", reason="no_host", message=_first_line(exc), retry=True)
             return False
         self.store, self.job_id = store, str(job["job_id"])
-        store.set(f"beat/{self.me}", "0")  # before joining the roster: the watcher reads every member's beat
+        store.set(f"beat/{self.me}", self.seal(f"beat/{self.me}", "0"))  # before joining the roster: the watcher
+        # reads every member's beat
         if not self.joined:  # once: a node that connects again after losing the store is the same node
             k = store.add("roster", 1)
             store.set(f"roster/{k}", self.me)
@@ -183,9 +185,11 @@ class StoreProcess:
     def tick(self) -> None:
         store = self.store
         self.beat += 1
-        store.set(f"summary/{self.me}", json.dumps({**self.summary, "time": time.time()}))
+        summary = json.dumps({**self.summary, "time": time.time()})
+        store.set(f"summary/{self.me}", self.seal(f"summary/{self.me}", summary))
         moved = self.summary.get("moved_s")
-        store.set(f"beat/{self.me}", f"{self.beat} {moved:.1f}" if isinstance(moved, (int, float)) else str(self.beat))
+        beat = f"{self.beat} {moved:.1f}" if isinstance(moved, (int, float)) else str(self.beat)
+        store.set(f"beat/{self.me}", self.seal(f"beat/{self.me}", beat))
         motion = self.read("motion")  # where the job last moved, as the hosting node last said
         if isinstance(motion, list) and motion:
             emit("motion", nodes=motion)
@@ -222,7 +226,7 @@ class StoreProcess:
         ranks = self.summary.get("ranks")
         if not self.hosts_set and isinstance(ranks, dict) and ranks:
             mine = {"host": self.cfg["hostname"], "ranks": sorted(int(r) for r in ranks if str(r).isdigit())}
-            store.set(f"hosts/{self.me}", json.dumps(mine))
+            store.set(f"hosts/{self.me}", self.seal(f"hosts/{self.me}", json.dumps(mine)))
             self.hosts_set = True
         nnodes = self.cfg.get("nnodes")
         if isinstance(nnodes, int) and len(self.hosts) >= nnodes:
@@ -235,7 +239,8 @@ class StoreProcess:
         if not waiting:
             return
         for name, raw in zip(waiting, _multi_get(store, [f"hosts/{n}" for n in waiting])):
-            value = _loads(raw)
+            body = self.unseal(f"hosts/{name}", raw)
+            value = _loads(body.encode()) if body is not None else None
             if isinstance(value, dict):
                 self.hosts[name] = value
         emit("hosts", hosts=self.hosts)
@@ -257,14 +262,15 @@ class StoreProcess:
         motion = [(now - moved, self.me)] if isinstance(moved, (int, float)) else []
         for name, raw in zip(names, _multi_get(store, [f"beat/{n}" for n in names])):
             peer = self.peers.setdefault(name, {"beat": None, "changed": now, "moved": None})  # moved: its motion
-            if raw != peer["beat"]:
-                peer.update(beat=raw, changed=now, moved=_moved_at(raw, now))
+            beat = self.unseal(f"beat/{name}", raw)  # a forged beat keeps no node alive
+            if beat is not None and beat != peer["beat"]:
+                peer.update(beat=beat, changed=now, moved=_moved_at(beat, now))
             if peer["moved"] is not None:
                 motion.append((peer["moved"], name))
             quiet = now - peer["changed"]
             if quiet > self.silent_after:
                 before = self.silent.get(name)
-                summary = before.get("summary") if isinstance(before, dict) else _loads(store.get(f"summary/{name}"))
+                summary = before.get("summary") if isinstance(before, dict) else self.read(f"summary/{name}")
                 verdict[name] = {"silent_s": round(quiet, 1), "summary": summary}
         if verdict.keys() != self.silent.keys():
             store.set("silent", self.seal("silent", json.dumps(verdict)))
@@ -404,7 +410,7 @@ def _create_secret(path: str) -> None:
         os.unlink(tmp)
 
 
-def _moved_at(beat: bytes, now: float) -> Optional[float]:
+def _moved_at(beat: str, now: float) -> Optional[float]:
     """When (on this clock) a node's ranks last moved, from its beat (`<counter> <seconds ago>`), else None."""
     parts = beat.split()
     try:

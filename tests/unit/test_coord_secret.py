@@ -94,3 +94,67 @@ def test_where_the_secret_is_read_from(tmp_path: Path, monkeypatch: pytest.Monke
     assert secret_source("k8s/secret", {}) == (os.path.join(str(tmp_path), "k8s/secret"), False)
     slurm = secret_source("", {"SLURM_JOB_ID": "5", "SLURM_SUBMIT_DIR": "/shared/run"})
     assert slurm == ("/shared/run/.blackbox/coord-secret-5", True)
+
+
+class MemoryStore:
+    """The few calls of torch's TCPStore the helper makes, over a dict: what the job's nodes and a forger write."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.data[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.data for k in keys)
+
+    def add(self, key: str, n: int) -> int:
+        value = int(self.data.get(key, b"0")) + n
+        self.data[key] = str(value).encode()
+        return value
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [self.data[k] for k in keys]
+
+
+def test_a_forged_beat_keeps_no_node_alive_and_a_forged_summary_or_host_is_not_believed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN the hosting node's helper with the job's secret, and node 1 on the roster, its beat and host signed
+    events: list[dict[str, Any]] = []
+    host = helper(b"s3cret", events, monkeypatch)
+    host.cfg.update(hosting=True, nnodes=2, hostname="node0")
+    host.silent_after = 0.3
+    store = host.store = MemoryStore()
+    store.set("motion", host.seal("motion", "[]"))
+    one = helper(b"s3cret", events, monkeypatch)
+    one.me, one.store = "1", store
+    for name in ("0", "1"):
+        store.set(f"roster/{store.add('roster', 1)}", name)
+    one.summary = {"ranks": {"2": {}, "3": {}}, "moved_s": 0.0}
+    one.cfg.update(hostname="node1", nnodes=2, hosting=False)
+    one.tick()
+    host.watch()
+    assert host.peers["1"]["beat"] == "1 0.0" and not [e for e in events if e["ev"] == "rejected"], events
+    # WHEN node 1 falls silent while someone without the secret writes a new beat every poll (its ranks moving), a
+    # summary and a host for it
+    store.set("hosts/1", json.dumps({"host": "evil", "ranks": [2, 3]}))
+    deadline = time.monotonic() + 5
+    forged = 0
+    while "1" not in host.silent and time.monotonic() < deadline:
+        forged += 1
+        store.set("beat/1", f"{forged} 0.0")
+        store.set("summary/1", json.dumps({"ranks": {"2": {"step": 999}}}))
+        host.watch()
+        host.silent = json.loads(json.loads(store.data["silent"])["body"]) if "silent" in store.data else {}
+        time.sleep(0.1)
+    host.learn_hosts()
+    # THEN node 1 is silent all the same (its forged beats never believed), its forged summary is not the one the
+    # verdict carries, its forged host is not learned, and each forgery is said as rejected
+    assert "1" in host.silent and host.silent["1"]["summary"] is None, host.silent
+    assert "1" not in host.hosts, host.hosts
+    rejected = {(e["key"], e["why"]) for e in events if e["ev"] == "rejected"}
+    assert {("beat/1", "unsigned"), ("summary/1", "unsigned"), ("hosts/1", "unsigned")} <= rejected, rejected
