@@ -16,7 +16,6 @@ from .safeopen import RunDir, UnsafeFile
 
 MAX_RECORD = 4096
 PAUSE_S = 5.0  # named once a rank has taken no step for this long (the recorder names a mover from then on)
-RATE_FLOOR = 100_000  # bytes a second below which a thread is said to run Python code, not to move bytes
 
 
 def describe(run_dir: str, rank: int, pid: int, now: float, since: float) -> str:
@@ -34,8 +33,8 @@ def describe(run_dir: str, rank: int, pid: int, now: float, since: float) -> str
     if read < 0 or written < 0:  # its bytes could not be read when it took over
         read, written = io.rchar, io.wchar
     moved = (("writing", io.wchar - written), ("reading", io.rchar - read))
-    rates = [f"{verb} {human_bytes(n / span)}/s" for verb, n in moved if n / span >= RATE_FLOOR]
-    how = " and ".join(rates) if rates else "running Python code"
+    rates = [f"{verb} {human_bytes(n / span)}/s" for verb, n in moved if n > 0]  # a slow upload's bytes too
+    how = " and ".join(rates) if rates else "running Python code"  # no byte: its CPU-backed stack changes moved
     return f"waits for its thread `{name}` (tid {tid}), which works: {how}"
 
 

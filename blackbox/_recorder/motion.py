@@ -15,7 +15,7 @@ from . import protocol as P
 
 TYPE_CHECKING = False  # not typing.TYPE_CHECKING: importing typing costs milliseconds at start-up
 if TYPE_CHECKING:  # annotations only
-    from typing import Any
+    from typing import Any, Optional
 
 STACK_DEPTH = 32  # innermost frames of the main thread compared between two samples
 # where the interpreter checks for a GIL hand-over between bytecodes (3.9-3.10: a backward jump is JUMP_ABSOLUTE)
@@ -89,11 +89,13 @@ class Motion:
         self._cpu = -1.0
         self._slept_at = -POLL_S  # when the main thread was last seen asleep on a timer ...
         self._polled_at = -POLL_S  # ... and having woken (used CPU) since the sample before: a loop
+        self._was_asleep: Optional[bool] = None  # the main thread was asleep on a timer at the sample before
         self.waiting = P.WAIT_NONE  # what the main thread waits for (P.WAIT_*), at the last sample
         self._accelerated = False  # CUDA or another accelerator is in use: CPU time in one call is no work
         # the job's other threads while the main thread waits for one: thread id -> (signature, codes, bytes, CPU s)
         self._others: dict[int, tuple[tuple[int, ...], tuple[Any, ...], int, float]] = {}
         self._running: dict[int, tuple[Any, frozenset[int]]] = {}  # id(code) -> (code, its RUNNING_OPS offsets)
+        self._waits: dict[int, tuple[Any, bool]] = {}  # id(code) -> (code, whether it is a wait for a thread)
         self.stack_changes = 0
         self.stack_time = 0.0
         self.forwards = 0  # incremented by the hook in whichever thread runs a module, read here
@@ -150,15 +152,23 @@ class Motion:
 
     def _sample(self, now: float) -> None:
         frames = sys._current_frames()
-        codes, sig, running = self._read(frames.get(self.main))
+        codes, sig, running = self._read(frames.get(self.main), (self._signature, self._codes))
         cpu = _cpu_seconds(self.main)
         floor = CPU_FLOOR * (now - self._at)
         worked = cpu < 0 or (self._cpu >= 0 and cpu - self._cpu >= floor)  # unreadable: every change counts
-        if not worked and self._asleep():
-            self._slept_at = now
-            if cpu > self._cpu >= 0:  # it ran since the sample before: woke to check, and sleeps again
-                self._polled_at = now
-        thread_wait = bool(codes) and _waits_for_thread(codes[0])
+        if not worked:
+            # the same instruction of the same frames as the sample before, and no work since: the same call as
+            # then — asleep on a timer or not — without asking the kernel again (a still rank's sample stays cheap)
+            before = self._was_asleep
+            asleep = self._asleep() if before is None or sig != self._signature else before
+            self._was_asleep = asleep
+            if asleep:
+                self._slept_at = now
+                if before and cpu > self._cpu >= 0:  # asleep at both samples, and it ran between: woke to check
+                    self._polled_at = now  # (not the work before its first sleep: one long sleep is no loop)
+        else:
+            self._was_asleep = None  # it worked: at the next still sample, asked again
+        thread_wait = bool(codes) and self._thread_wait(codes[0])
         sleeps = now - self._slept_at <= POLL_S
         changed = (sig != self._signature and bool(self._signature)) or running  # the first sample: nothing to differ
         moved = changed and (worked or not (sleeps or thread_wait))
@@ -182,7 +192,7 @@ class Motion:
             self.stack_changes += 1
             self.stack_time = now
         self._signature, self._at, self._cpu = sig, now, cpu
-        self._codes = tuple(codes)
+        self._codes = codes
         self._others = {t: v[:4] for t, v in others.items()}
 
     def _note_mover(self, ident: int, now: float) -> None:
@@ -227,18 +237,23 @@ class Motion:
         count = self._sleeps[nr]
         return count is None or (len(fields) > count + 1 and int(fields[count + 1], 16) == 0)
 
-    def _read(self, frame: Any) -> tuple[list[Any], tuple[int, ...], bool]:
+    def _read(self, frame: Any, before: tuple[tuple[int, ...], tuple[Any, ...]] = ((), ())
+              ) -> tuple[tuple[Any, ...], tuple[int, ...], bool]:  # fmt: skip
         """A thread's innermost frames: their code objects, the signature compared between samples (code ids and
-        instruction offsets), and whether it stands where only a thread running bytecode stops."""
-        codes: list[Any] = []
+        instruction offsets), and whether it stands where only a thread running bytecode stops. `before`: its
+        (signature, codes) at the sample before — the same signature is the same code objects (held since, so their
+        ids were never reused), which a still thread's sample then need not collect again."""
         signature: list[int] = []
-        while frame is not None and len(codes) < STACK_DEPTH:
-            code = frame.f_code
-            codes.append(code)
-            signature.append(id(code))
-            signature.append(frame.f_lasti)
+        add = signature.append  # bound once: this loop is most of a still rank's sample
+        top, depth = frame, 0
+        while frame is not None and depth < STACK_DEPTH:
+            add(id(frame.f_code))
+            add(frame.f_lasti)
             frame = frame.f_back
-        return codes, tuple(signature), bool(codes) and signature[1] in self._running_at(codes[0])
+            depth += 1
+        sig = tuple(signature)
+        codes = before[1] if sig == before[0] else _codes(top)
+        return codes, sig, bool(codes) and sig[1] in self._running_at(codes[0])
 
     def _read_others(self, frames: dict[int, Any]
                      ) -> dict[int, tuple[tuple[int, ...], tuple[Any, ...], int, float, bool]]:  # fmt: skip
@@ -252,10 +267,20 @@ class Motion:
             thread = threading._active.get(ident)  # type: ignore[attr-defined]
             if ident in (self.main, ours) or thread is None or thread.name.startswith("blackbox"):
                 continue
-            codes, sig, running = self._read(frame)
-            out[ident] = (sig, tuple(codes), _thread_bytes(getattr(thread, "native_id", None)), _cpu_seconds(ident),
+            before = self._others.get(ident)
+            codes, sig, running = self._read(frame, before[:2] if before is not None else ((), ()))
+            out[ident] = (sig, codes, _thread_bytes(getattr(thread, "native_id", None)), _cpu_seconds(ident),
                           running)  # fmt: skip
         return out
+
+    def _thread_wait(self, code: Any) -> bool:
+        """_waits_for_thread, remembered per code object (asked at every sample of the same frame)."""
+        known = self._waits.get(id(code))
+        if known is None or known[0] is not code:
+            if len(self._waits) >= 512:
+                self._waits.clear()
+            known = self._waits[id(code)] = (code, _waits_for_thread(code))
+        return known[1]
 
     def _running_at(self, code: Any) -> frozenset[int]:
         """The offsets in `code` where a thread stops only while it runs bytecode: loop back-edges and the function's
@@ -304,6 +329,15 @@ class Motion:
         handle, self._handle = self._handle, None
         if handle is not None:
             handle.remove()
+
+
+def _codes(frame: Any) -> tuple[Any, ...]:
+    """The code objects of a thread's innermost STACK_DEPTH frames."""
+    codes: list[Any] = []
+    while frame is not None and len(codes) < STACK_DEPTH:
+        codes.append(frame.f_code)
+        frame = frame.f_back
+    return tuple(codes)
 
 
 def _waits_for_thread(code: Any) -> bool:

@@ -201,6 +201,41 @@ def test_a_poll_loop_is_waiting_not_working(tmp_path: Path) -> None:
     assert polling(tmp_path, _uploading).stack_changes >= 3
 
 
+def test_one_long_sleep_after_a_little_work_is_a_sleep_never_a_poll_loop(tmp_path: Path) -> None:
+    # GIVEN a main thread blocked in a C call (a collective's wait), then a moment's work (the rest of its step), then
+    # one long sleep (a rank that skipped its all_reduce: `time.sleep(3600)`)
+    go = threading.Event()
+
+    def main_loop() -> None:
+        go.wait()
+        sum(range(1000))
+        time.sleep(30)
+
+    main = threading.Thread(target=main_loop, daemon=True)
+    main.start()
+    m = M.Motion(FakeRecorder(tmp_path))
+    m.watch(main)
+    now = time.monotonic()
+    for _ in range(3):  # blocked: no CPU, no timer
+        now += 0.5
+        m.tick(now)
+    go.set()
+    syscall, sleeps = f"/proc/self/task/{main.native_id}/syscall", M.TIMER_SLEEPS[os.uname().machine]
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and Path(syscall).read_text().split()[0] not in map(str, sleeps):
+        time.sleep(0.01)
+    # WHEN it is sampled every 0.5 s while it sleeps
+    seen = []
+    for _ in range(6):
+        now += 0.5
+        m.tick(now)
+        seen.append(m.waiting)
+    # THEN it sleeps: it ran between the sample before its sleep and the first one in it, but it never woke between
+    # two samples that found it asleep — no loop (a gallery row once named it hang.poll on a loaded machine)
+    assert seen == [P.WAIT_SLEEP] * 6, seen
+    assert m.stack_changes == 0
+
+
 def _hashing(stop: threading.Event) -> None:
     import hashlib
 
@@ -248,7 +283,8 @@ def test_a_loop_of_calls_that_return_with_data_moves(tmp_path: Path) -> None:
             os.read(feeds[0][0], 1)  # a request and its answer ...
             os.read(feeds[1][0], 1)  # ... then another one, at another line
 
-    threading.Thread(target=server, daemon=True).start()
+    answering = threading.Thread(target=server, daemon=True)
+    answering.start()
     waiter = threading.Thread(target=main, daemon=True)
     waiter.start()
     try:
@@ -257,10 +293,12 @@ def test_a_loop_of_calls_that_return_with_data_moves(tmp_path: Path) -> None:
         assert m.waiting == P.WAIT_NONE
     finally:
         stop.set()
-        waiter.join(5)
-        for r, w in feeds:
-            os.close(r)
+        answering.join(5)
+        for _, w in feeds:  # the end of its input: a read that waits returns, and the loop sees `stop`
             os.close(w)
+        waiter.join(5)
+        for r, _ in feeds:
+            os.close(r)
 
 
 def test_forward_calls_count_only_from_the_main_thread(tmp_path: Path) -> None:
@@ -511,16 +549,19 @@ def test_the_report_says_who_was_working_without_a_step_and_who_waited(tmp_path:
 
 def test_an_unreadable_proc_io_is_said_once_per_rank_process(monkeypatch: pytest.MonkeyPatch) -> None:
     # GIVEN a supervisor's watch over a rank whose /proc/PID/io cannot be read
+    from blackbox.supervisor.context import RunContext
     from blackbox.supervisor.watch import Watch
 
     said: list[str] = []
     written: list[tuple[str, dict[str, object]]] = []
     cfg = types.SimpleNamespace(straggler_factor=2.0, straggler_window=10)
-    ctx = types.SimpleNamespace(say=said.append, event=lambda name, **f: written.append((name, f)), cfg=cfg)
+    ctx = RunContext([], cfg, {}, said.append, "run", "node", "/nonexistent", "/")  # type: ignore[arg-type]
+    ctx.listeners.append(lambda name, fields: written.append((name, fields)))
     watch = Watch(ctx, None)  # type: ignore[arg-type]
     # WHEN it reads the rank three times
     for _ in range(3):
         watch._io_unreadable(0, 4242)
+    ctx.close_speech()
     # THEN it said so once, in the events and aloud
     assert written == [("io_unreadable", {"rank": 0, "pid": 4242, "path": "/proc/4242/io"})]
     assert len(said) == 1 and "/proc/4242/io cannot be read" in said[0]
@@ -630,6 +671,44 @@ def test_the_thread_a_waiting_main_thread_is_as_alive_as_is_named(tmp_path: Path
         worker.join(5)
     # AND a thread gone keeps nothing alive: no words
     assert movers.describe(str(tmp_path), 0, os.getpid(), time.monotonic(), start) == ""
+
+
+def _trickle(stop: threading.Event, path: str) -> None:
+    """A slow upload: a few hundred bytes at a time, far below a disk's speed."""
+    with open(path, "wb", buffering=0) as f:
+        while not stop.is_set():
+            f.write(b"x" * 500)
+            time.sleep(0.05)
+
+
+def _think(stop: threading.Event) -> None:
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+@pytest.mark.parametrize(("target", "words"), [("trickle", r"writing [\d.]+ k?B/s"), ("think", "running Python code")])
+def test_a_movers_bytes_are_named_however_slow(tmp_path: Path, target: str, words: str) -> None:
+    # GIVEN a thread its recorder named as the mover: one that sends a trickle of bytes, one that only computes
+    stop = threading.Event()
+    args = (stop, str(tmp_path / "out")) if target == "trickle" else (stop,)
+    worker = threading.Thread(target=_trickle if target == "trickle" else _think, args=args, name="upload-0")
+    worker.start()
+    try:
+        io = procfs.io_counters(os.getpid(), worker.native_id)
+        assert io is not None
+        (tmp_path / "ranks" / "0").mkdir(parents=True)
+        (tmp_path / "ranks" / "0" / P.RANK_MOVER).write_text(json.dumps(
+            {"tid": worker.native_id, "name": "upload-0", "at": time.monotonic(), "read": io.rchar,
+             "written": io.wchar}))  # fmt: skip
+        time.sleep(1.0)
+        # WHEN the supervisor says what it does
+        said = movers.describe(str(tmp_path), 0, os.getpid(), time.monotonic(), 0.0)
+    finally:
+        stop.set()
+        worker.join(5)
+    # THEN a trickle of bytes is named as bytes (10 kB/s, not "running Python code"), and no byte as Python code
+    expected = rf"waits for its thread `upload-0` \(tid {worker.native_id}\), which works: {words}"
+    assert re.fullmatch(expected, said), said
 
 
 @pytest.mark.parametrize(
