@@ -40,12 +40,20 @@ slurm:
 		{ apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y \
 		--no-install-recommends $(SLURM_PACKAGES) >/dev/null 2>&1; }; }; } || true
 
+# The suite in two runs: every test but those that need the machine to itself, TEST_WORKERS at a time (pytest-xdist;
+# most tests wait on their jobs, the tests of one module fixture or gallery row stay together: conftest.py), then
+# those (`-m alone`: the quiet gallery's 26 jobs take about 17 GB and both cores). Prints the 15 slowest and the time.
+TEST_WORKERS ?= 3
 test: $(STAMP) browser services slurm
-	$(PY) -m pytest
+	@start=$$(date +%s); \
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --durations=15; first=$$?; \
+	$(PY) -m pytest -m alone --durations=5; second=$$?; \
+	echo "make test: $$(( $$(date +%s) - start )) s"; \
+	[ $$first = 0 ] && [ $$second = 0 ]
 
-# The unit tests alone: pure logic on golden and generated bundles, no torch import, no job started (seconds).
+# The unit tests alone: pure logic on golden and generated bundles, no torch import, no job started (under a minute).
 test-fast: $(STAMP)
-	$(PY) -m pytest tests/unit -q
+	$(PY) -m pytest tests/unit -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The parts of docs/ generated from the code (a unit test fails when they are stale).
 docs: $(STAMP)

@@ -49,14 +49,35 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    global UNIT_ONLY
+    UNIT_ONLY = bool(items) and all(UNIT in Path(str(item.fspath)).parents for item in items)
     for item in items:  # every integration test spawns real processes: `-m "not slow"` is the unit suite
         if INTEGRATION in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.slow)
+        if "gallery" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group(f"gallery-{_gallery_row(item)}"))
+    alone = [item for item in items if "alone" in item.keywords]
+    if in_xdist_worker() and len(alone) < len(items):  # beside other tests' jobs its own exhaust the memory
+        skip = pytest.mark.skip(reason="needs the machine to itself: run it in a session of its own (`make test` "
+                                "does: `pytest -m alone` after the others)")  # fmt: skip
+        for item in alone:
+            item.add_marker(skip)
     gpu = [item for item in items if "gpu" in item.keywords]
     if gpu and not _has_cuda():  # torch is imported only when a gpu test is to run: the unit suite never does
         skip = pytest.mark.skip(reason="needs a CUDA GPU; none on this machine")
         for item in gpu:
             item.add_marker(skip)
+
+
+def _gallery_row(item: pytest.Item) -> str:
+    """The gallery scenario a test reads (`@pytest.mark.gallery(NAME)`, or its `name` or `scenario` parameter): the
+    tests of one scenario run in one xdist worker, so that its job runs once for all of them."""
+    marker = item.get_closest_marker("gallery")
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    name = marker.args[0] if marker is not None else params.get("name", params.get("scenario"))
+    if not isinstance(name, str):
+        raise pytest.UsageError(f"{item.nodeid} uses the gallery: say which scenario with @pytest.mark.gallery(NAME)")
+    return name
 
 
 def _has_cuda() -> bool:
@@ -68,16 +89,21 @@ def _has_cuda() -> bool:
         return False
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The unit suite is pure: a session of unit tests only that imported torch fails (`make test-fast` stays
-    seconds, and a unit test that needs torch belongs in tests/integration)."""
-    items = getattr(session, "items", [])
-    if items and all(UNIT in Path(str(item.fspath)).parents for item in items) and "torch" in sys.modules:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line("the unit tests imported torch: move the test that needs it to tests/integration",
-                                red=True)  # fmt: skip
+UNIT_ONLY = False  # the session runs unit tests only (collected in this process): none of them may import torch
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """The unit suite is pure: in a session of unit tests only, the test after which torch is imported fails (`make
+    test-fast` stays fast, and a unit test that needs torch belongs in tests/integration). Said in the test's own
+    report, so that it reaches the terminal from an xdist worker too."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    global UNIT_ONLY
+    if call.when == "teardown" and UNIT_ONLY and "torch" in sys.modules:
+        UNIT_ONLY = False  # said once: the tests after it are not to blame
+        report.outcome = "failed"
+        report.longrepr = f"{item.nodeid} imported torch: move the test that needs it to tests/integration"
 
 
 # pids of the servers a module shares between its tests (tests/integration/services.py): their fixtures stop them
@@ -160,10 +186,25 @@ def bundles(run_dir: Path) -> list[Path]:
     return sorted((run_dir / "bundles").glob("*.tar.gz"))
 
 
-# The gallery's verdicts as the tests saw them: (scenario, mode, expected, got, same), printed as one table at the
-# end of the session (pytest_terminal_summary).
-GALLERY_ROWS: list[tuple[str, str, Any, Any, bool]] = []
-GALLERY_JOBS = 2  # gallery runs at a time
+# Tables printed at the end of the session (pytest_terminal_summary): a test adds its row with `table_row`, carried in
+# its report, so that the rows of tests run by pytest-xdist's workers reach the one terminal too.
+TABLES: dict[str, list[Any]] = {}
+GALLERY_JOBS = 2  # gallery runs at a time, when pytest runs the tests one after another (no xdist workers)
+
+
+def table_row(request: pytest.FixtureRequest, table: str, row: Any) -> None:
+    """Add `row` (plain data: strings, numbers, lists, dicts) to the end-of-session table `table`."""
+    request.node.user_properties.append((f"table:{table}", row))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for key, row in report.user_properties if report.when == "call" else ():
+        if isinstance(key, str) and key.startswith("table:"):
+            TABLES.setdefault(key[len("table:") :], []).append(row)
+
+
+def in_xdist_worker() -> bool:
+    return "PYTEST_XDIST_WORKER" in os.environ
 
 
 @pytest.fixture(scope="session")
@@ -187,8 +228,10 @@ def gallery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., 
 
     def run(name: str, mode: str = "run") -> tuple[Path, Any]:
         # the next row of the gallery starts beside this one: two jobs at a time halve the gallery's wall time,
-        # and no job's timing is tight enough to mind sharing the two cores
+        # and no job's timing is tight enough to mind sharing the two cores (under xdist its workers run the rows
+        # side by side: each row's tests are one group, conftest.pytest_collection_modifyitems)
         ahead = [key for key in order if key not in done and key != (name, mode)][: GALLERY_JOBS - 1]
+        ahead = [] if in_xdist_worker() else ahead
         wanted = [(name, mode), *ahead]
         for key in wanted:
             if key not in done:
@@ -209,13 +252,19 @@ def gallery(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., 
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if not GALLERY_ROWS:
-        return
-    sys.path.insert(0, str(ROOT / "scripts" / "scenarios"))
-    import runner
+    rows = TABLES.get("gallery")
+    if rows:
+        sys.path.insert(0, str(ROOT / "scripts" / "scenarios"))
+        import runner
 
-    terminalreporter.write_sep("-", "scenario gallery: expected and got verdicts")
-    terminalreporter.write_line(runner.table(sorted(GALLERY_ROWS, key=lambda r: (r[0], r[1]))))
+        terminalreporter.write_sep("-", "scenario gallery: expected and got verdicts")
+        terminalreporter.write_line(runner.table(sorted((tuple(r) for r in rows), key=lambda r: (r[0], r[1]))))
+    rows = TABLES.get("gpu corpus")
+    if rows:
+        from tests.unit.test_gpu_corpus import corpus_table
+
+        terminalreporter.write_sep("-", "GPU corpus: the thread's answer and blackbox's")
+        terminalreporter.write_line(corpus_table(sorted(tuple(r) for r in rows)))
 
 
 @pytest.fixture

@@ -27,6 +27,7 @@ from tests.conftest import BLACKBOX, PROGRAMS, ROOT, TORCHRUN, job_env
 sys.path.insert(0, str(ROOT / "scripts" / "scenarios"))
 import runner
 
+pytestmark = pytest.mark.xdist_group("flush")  # one loop device, its limits set and put back, a test at a time
 BLKIO = Path("/sys/fs/cgroup/blkio")
 RATE = 4 << 20  # bytes a second the throttled disk takes
 FLUSH_MB = 300  # 75 s of it: past the auto timeout (60 s)

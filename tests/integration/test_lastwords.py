@@ -60,7 +60,7 @@ def bundle_names(run_dir: Path) -> list[str]:
     return sorted(read_bundle(str(bundle)).files)
 
 
-@pytest.mark.parametrize("scenario", ["data-hang", "ddp-data-hang-workers"])
+@pytest.mark.parametrize("scenario", ["data-hang", "ddp-data-hang-workers"])  # the gallery's row: `scenario`
 def test_data_hang(gallery: Gallery, scenario: str) -> None:
     run_dir, res = gallery(scenario)
     assert res.exit_code == 86, res.stderr
@@ -115,6 +115,7 @@ def test_checkpoint_hang(tmp_path: Path) -> None:
     assert "made no progress" in err and "verdict: hang.checkpoint_io, suspect rank(s) 0, phase checkpoint" in err
 
 
+@pytest.mark.gallery("gil-hang")
 def test_gil_held_in_c_still_dumps_on_sigusr1(gallery: Gallery) -> None:
     run_dir, res = gallery("gil-hang")
     assert res.exit_code == 86, res.stderr
@@ -131,6 +132,7 @@ def test_gil_held_in_c_still_dumps_on_sigusr1(gallery: Gallery) -> None:
     assert hb[1]["alive"] and hb[1]["liveness_age_s"] > 2.5 > hb[0]["liveness_age_s"]
 
 
+@pytest.mark.gallery("raise")
 def test_exception_and_the_survivors_sigterm_last_words(gallery: Gallery) -> None:
     run_dir, res = gallery("raise")
     assert res.exit_code == 1
@@ -161,6 +163,7 @@ def test_exception_and_the_survivors_sigterm_last_words(gallery: Gallery) -> Non
     assert "Current thread" in text and "in main" in text
 
 
+@pytest.mark.gallery("ddp-oom")
 def test_oom_record(gallery: Gallery) -> None:
     run_dir, res = gallery("ddp-oom")
     assert res.exit_code == 1
@@ -173,6 +176,7 @@ def test_oom_record(gallery: Gallery) -> None:
     assert record["stack"][-1]["function"] == "main"
 
 
+@pytest.mark.gallery("ddp-segv")
 def test_segfault_leaves_a_native_dump(gallery: Gallery) -> None:
     run_dir, res = gallery("ddp-segv")
     assert res.exit_code != 0
@@ -228,6 +232,7 @@ def _has_fr_dump() -> bool:
     return out.stdout.strip() == "True"
 
 
+@pytest.mark.gallery("skip-allreduce")
 def test_flight_recorder_names_the_rank_that_skipped(tmp_path: Path, gallery: Gallery) -> None:
     # GIVEN a job where rank 1 skips an all_reduce and rank 0 waits in it: a stall, collected
     run_dir, res = gallery("skip-allreduce")

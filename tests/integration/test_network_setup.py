@@ -25,7 +25,10 @@ from scripts.netns import available, cut, mend, on_host, two_hosts
 from tests.conftest import BIN, BLACKBOX, ROOT, job_env, wait_for
 
 TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
-pytestmark = pytest.mark.skipif(not available(), reason="network and UTS namespaces need root, `ip` and `unshare`")
+pytestmark = [
+    pytest.mark.skipif(not available(), reason="network and UTS namespaces need root, `ip` and `unshare`"),
+    pytest.mark.xdist_group("netns"),  # the hosts' namespaces have fixed names: one test at a time
+]
 
 
 def start_node(tmp: Path, ns: str, node: int, master: str, port: int, hosts: str = "", *train: str,

@@ -42,6 +42,8 @@ from tests.conftest import BLACKBOX, PROGRAMS, ROOT, TORCHRUN, job_env
 sys.path.insert(0, str(ROOT / "scripts" / "scenarios"))
 import runner
 
+# one set of 26 jobs for every test of the module (its fixture): about 17 GB and both cores, so nothing runs beside it
+pytestmark = [pytest.mark.alone, pytest.mark.xdist_group("quiet")]
 PAUSE_S = 75.0  # rank 0's pause: past the auto timeout (60 s)
 QUIET = {  # case -> what its slow-phase line must say rank 0 was doing
     "save": "in a long read or write system call",  # torch.save: one long write to a FIFO drained slowly

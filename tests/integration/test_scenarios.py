@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import pytest
 
-from tests.conftest import GALLERY_ROWS, ROOT
+from tests.conftest import ROOT, table_row
 
 sys.path.insert(0, str(ROOT / "scripts" / "scenarios"))
 from runner import SCENARIOS, compare
@@ -24,7 +24,8 @@ ROWS = [(name, "run") for name in SCENARIOS] + [(name, "collect") for name, s in
 
 
 @pytest.mark.parametrize(("name", "mode"), ROWS, ids=[f"{n}-{m}" for n, m in ROWS])
-def test_scenario_verdict(gallery: Callable[..., tuple[Path, Any]], name: str, mode: str) -> None:
+def test_scenario_verdict(request: pytest.FixtureRequest, gallery: Callable[..., tuple[Path, Any]], name: str,
+                          mode: str) -> None:  # fmt: skip
     spec = SCENARIOS[name]
     _, outcome = gallery(name, mode)
     if mode == "run":
@@ -43,5 +44,5 @@ def test_scenario_verdict(gallery: Callable[..., tuple[Path, Any]], name: str, m
     # the report's analysis in this process (the CLI's JSON of it is tested elsewhere): a second saved per row
     verdict = analyze(read_bundle(str(outcome.bundles[0]))).to_json()["verdict"]
     got, same = compare(name, verdict)
-    GALLERY_ROWS.append((name, mode, spec["verdict"], got, same))
+    table_row(request, "gallery", (name, mode, spec["verdict"], got, same))
     assert same, f"{verdict}\n{outcome.stderr[-3000:]}"

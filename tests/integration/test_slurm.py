@@ -26,6 +26,7 @@ from tests.conftest import BIN, BLACKBOX, ROOT, job_env, wait_for
 from tests.integration.test_multinode import events, finish, manifest, report
 from tests.slurm_cluster import free_port, slurm_version
 
+pytestmark = pytest.mark.xdist_group("slurm")  # one Slurm cluster of its own for the module
 TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
 EXAMPLE = ROOT / "scripts" / "slurm_example.sbatch"
 PY = str(BIN / "python")
@@ -128,7 +129,9 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Jobs]:
         j.sbatch("plain", ["--nodes=2", "--ntasks-per-node=1", "--wrap", f"srun {PY} {TRAIN} data-hang 1"])
         # healthy jobs to end: scancel; and a time limit, after the job's own SIGUSR1 warning
         j.start_srun("cancel", ["--nodes=1", "--ntasks=2", *run, *train, "data-hang", "9"], BB_FAIL_WHEN=NEVER)
-        j.sbatch("timeout", ["--nodes=1", "--ntasks=2", "--time=1", "--signal=USR1@40", "--wrap",
+        # (the warning a minute before the end: its ranks have a minute to install their handler on a loaded machine,
+        # where 20 s was once too short)
+        j.sbatch("timeout", ["--nodes=1", "--ntasks=2", "--time=2", "--signal=USR1@60", "--wrap",
                              f"srun {' '.join(run)} {' '.join(train)} sigusr1-user 9"], BB_FAIL_WHEN=NEVER)  # fmt: skip
         # the example job script: a stall (exit 86) requeues it; its second run is healthy
         wrapper = root / "train.sh"
@@ -260,9 +263,10 @@ def test_scancel_is_a_preemption_with_the_jobs_own_exit_code(jobs: Jobs) -> None
     assert not named(run_dir, "stall") and all(e.get("expected") for e in named(run_dir, "rank_death"))
 
 
+@pytest.mark.timeout(300)
 def test_the_time_limit_and_the_jobs_sigusr1_warning_pass_through(jobs: Jobs) -> None:
     job = jobs.batch["timeout"]
-    wait_for(lambda: jobs.show(job)["JobState"] in ENDED, 150, "the time limit")
+    wait_for(lambda: jobs.show(job)["JobState"] in ENDED, 210, "the time limit")
     assert jobs.show(job)["JobState"] == "TIMEOUT"
     run_dir = run_dir_of(jobs.base, "timeout")
     wait_for(lambda: named(run_dir, "end"), 30, "the run's end")

@@ -24,6 +24,8 @@ from tests.conftest import BLACKBOX, PROGRAMS, bundles, job_env, kill_tree, wait
 from tests.integration.services import BUCKET, KEY_ID, SECRET, S3Server, free_port, seaweed_s3
 from tests.integration.test_multinode import finish, free_ports, has_event, manifest, report, start_node, stepping
 
+pytestmark = pytest.mark.xdist_group("storage")  # one S3 server for the module
+
 
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:

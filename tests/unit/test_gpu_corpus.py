@@ -7,7 +7,6 @@ case's world size and which ranks' evidence it holds. The session prints the tab
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -17,11 +16,11 @@ import pytest
 
 from blackbox.analyze.verdict import analyze
 from blackbox.bundle.reader import read_bundle
+from tests.conftest import table_row
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 CORPUS = ROOT / "tests" / "data" / "gpu_corpus"
 CASES = sorted((CORPUS / "cases").glob("*.json"))
-ROWS: list[tuple[str, str, str, str, bool]] = []
 sys.path.insert(0, str(ROOT / "scripts"))
 from make_gpu_corpus import build_in_memory, digest  # noqa: E402
 
@@ -42,7 +41,7 @@ def check(want: dict[str, Any], category: str, suspects: list[int], actions: str
 
 
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
-def test_every_case_gets_its_threads_answer(path: Path) -> None:
+def test_every_case_gets_its_threads_answer(request: pytest.FixtureRequest, path: Path) -> None:
     case = json.loads(path.read_text())
     bundle_path = CORPUS / f"{case['id']}.tar.gz"
     assert bundle_path.exists(), f"no bundle for {case['id']}: run python scripts/make_gpu_corpus.py {case['id']}"
@@ -53,7 +52,8 @@ def test_every_case_gets_its_threads_answer(path: Path) -> None:
     v = report.verdict
     wrong = check(case["expected"], v.category, v.suspect_ranks, " ".join(report.next_actions))
     source = case["sources"][0].removeprefix("https://github.com/")
-    ROWS.append((case["id"], source, _expected(case["expected"]), f"{v.category} {v.suspect_ranks}", not wrong))
+    got = f"{v.category} {v.suspect_ranks}"
+    table_row(request, "gpu corpus", (case["id"], source, _expected(case["expected"]), got, not wrong))
     assert not wrong, f"{case['id']}: " + "; ".join(wrong) + f"\n{v.summary}\n" + "\n".join(report.next_actions)
 
 
@@ -114,17 +114,10 @@ def test_a_rank_without_evidence_is_a_suspect_only_by_elimination(
         assert any(f.text.startswith("no evidence: ") for f in report.findings)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _table(request: pytest.FixtureRequest) -> Any:
-    """The table of the corpus, written to the terminal once the module's tests ran (whatever the capture)."""
-    yield
-    if not ROWS:
-        return
-    width = max(len(r[0]) for r in ROWS)
+def corpus_table(rows: list[tuple[str, str, str, str, bool]]) -> str:
+    """The table of the corpus, printed at the end of the session (conftest.pytest_terminal_summary)."""
+    width = max(len(r[0]) for r in rows)
     lines = [f"{'case':<{width}}  {'source':<36}  {'expected':<40}  got"]
-    for c, s, e, g, ok in ROWS:
+    for c, s, e, g, ok in rows:
         lines.append(f"{c:<{width}}  {s[:36]:<36}  {e:<40}  {g[:60]}{'' if ok else '   <-- DIFFERS'}")
-    text = "\nGPU corpus: the thread's answer and blackbox's\n" + "\n".join(lines)
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
-        print(text, flush=True)
+    return "\n".join(lines)
