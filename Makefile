@@ -42,7 +42,8 @@ slurm:
 
 # The suite in two runs: every test but those that need the machine to itself, TEST_WORKERS at a time (pytest-xdist;
 # most tests wait on their jobs, the tests of one module fixture or gallery row stay together: conftest.py), then
-# those (`-m alone`: the quiet gallery's 26 jobs take about 17 GB and both cores). Prints the 15 slowest and the time.
+# those one after another (`-m alone`: the quiet gallery's 26 jobs take about 17 GB and both cores; the throttled
+# disk's limits are the host's). Prints the 15 slowest and the time.
 TEST_WORKERS ?= 3
 test: $(STAMP) browser services slurm
 	@start=$$(date +%s); \

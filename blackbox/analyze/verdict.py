@@ -459,13 +459,12 @@ def _evidence(bundle: Bundle, rows: list[RankRow], rank_stacks: dict[int, RankSt
     for exc in raised[:3]:
         findings.append(Finding("observed", f"rank {exc['rank']} raised {exception_line(exc)}",
                                 L.rank_member(exc["rank"], P.RANK_EXCEPTIONS)))  # fmt: skip
-    kernel = bundle.text(L.KERNEL_MESSAGES)
-    facts.kernel_oom = bool(re.search(r"oom-kill|Out of memory|Killed process", kernel))
-    if facts.kernel_oom:
-        findings.append(Finding("observed", "the kernel log mentions the OOM killer: "
-                                + next(line for line in kernel.splitlines() if re.search(
-                                    r"oom-kill|Out of memory|Killed process", line))[:300],
-                                L.KERNEL_MESSAGES))  # fmt: skip
+    oom, ours = _kernel_oom(bundle.text(L.KERNEL_MESSAGES), {row.pid for row in facts.by_rank.values()})
+    facts.kernel_oom = ours
+    if oom is not None:
+        findings.append(Finding("observed", ("the kernel log mentions the OOM killer: " if ours else "the kernel's "
+                                "OOM killer ended a process that is none of this job's ranks (memory was short on "
+                                "this node): ") + oom[:300], L.KERNEL_MESSAGES))  # fmt: skip
     node_facts = bundle.json(L.NODE)
     facts.hostname_note = _hostname_note(node_facts, bundle.json(L.NODE_ENV))
     disk = node_facts.get("run_dir_disk") if isinstance(node_facts, dict) else None
@@ -510,6 +509,24 @@ def _action_facts(facts: Facts, unjoined: list[fr.Unjoined], mismatched: list[fr
             facts.blocked_io.setdefault(s.rank, Blocked(io.text, io.waited))
     facts.network_lines = ev.console.network[:3] + ev.console.hostname_fallback[:1]
     facts.remote_addresses = ev.console.remote_addresses[:4]
+
+
+_OOM = re.compile(r"oom-kill|Out of memory|Killed process")
+_OOM_PID = re.compile(r"Killed process (\d+)|[,:]pid=(\d+)")
+
+
+def _kernel_oom(kernel: str, pids: set[int]) -> tuple[Optional[str], bool]:
+    """The kernel log's OOM-killer line to show, and whether it is this job's: a line that names a killed pid names
+    one of its ranks (an OOM kill of another process, an hour before, is no rank's death); a log whose lines name no
+    pid at all (another format) is taken as before, as the job's."""
+    lines = [line for line in kernel.splitlines() if _OOM.search(line)]
+    if not lines:
+        return None, False
+    named = [(line, int(next(g for g in m.groups() if g))) for line in lines for m in _OOM_PID.finditer(line)]
+    if not named:
+        return lines[0], True
+    mine = [line for line, pid in named if pid in pids]
+    return (mine[0], True) if mine else (named[-1][0], False)
 
 
 def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None) -> Report:

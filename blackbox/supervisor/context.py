@@ -41,6 +41,10 @@ class RunContext:
         """Queue a line for stderr: returns at once, whether or not anything reads it."""
         self._speaker.say(message)
 
+    def start_speech(self) -> None:
+        """Lines said so far go out, and each from now on as it is said (after console.log's process is forked)."""
+        self._speaker.start()
+
     def close_speech(self) -> None:
         """The run ends: the queued lines out (bounded when stderr takes nothing; those are kept in events.jsonl)."""
         self._speaker.close()

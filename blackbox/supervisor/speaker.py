@@ -26,6 +26,13 @@ class Speaker:
         self._closed = False
         self._writing: Optional[tuple[float, str]] = None  # (since when, which line) is being written now
         self._thread: Optional[threading.Thread] = None
+        self._started = False  # lines are written from `start` on (before it they wait: a fork must come first)
+
+    def start(self) -> None:
+        """Write from now on (the supervisor forks console.log's process first, before any thread of its own)."""
+        with self._ready:
+            self._started = True
+            self._wake()
 
     def say(self, line: str) -> None:
         """Queue one line; never blocks on stderr."""
@@ -37,20 +44,24 @@ class Speaker:
                 if len(self._lines) >= QUEUE_LINES:
                     dropped = self._lines.popleft()
                 self._lines.append(line)
-                self._ready.notify()
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="blackbox-say", daemon=True)
-                    self._thread.start()
+                self._wake()
         if dropped is not None:
             self._hand_back(dropped)
+
+    def _wake(self) -> None:
+        """With `_ready` held: the writer told of a line, started at the first one once writing may begin."""
+        self._ready.notify()
+        if self._thread is None and self._started and self._lines:
+            self._thread = threading.Thread(target=self._run, name="blackbox-say", daemon=True)
+            self._thread.start()
 
     def close(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Let the waiting lines out, for as long as stderr takes them, but never longer than `wait_s` without a
         write returning; what is still waiting then is handed back (with the line stuck in its write: it may have
         gone out in part)."""
         with self._ready:
-            self._closed = True
-            self._ready.notify()
+            self._closed, self._started = True, True
+            self._wake()
             while self._lines or self._writing is not None:
                 if self._writing is not None and time.monotonic() - self._writing[0] > wait_s:
                     break

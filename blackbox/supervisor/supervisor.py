@@ -148,6 +148,7 @@ class Supervisor:
         # console.log's own process is forked here, before any thread of ours exists, with every secret known
         ctx.console = ConsoleLogProcess(os.path.join(ctx.run_dir, P.CONSOLE_LOG), lambda m: ctx.say_once("console", m),
                                         max(1, ctx.cfg.console_log_max) * 1024 * 1024, ctx.say)  # fmt: skip
+        ctx.start_speech()  # its thread after the fork
         self.watch.open()
         facts = self._header()
         if self.task is not None:
@@ -202,6 +203,7 @@ class Supervisor:
         ctx.console = ConsoleLogProcess(os.path.join(ctx.run_dir, TASK_CONSOLE % task.local_rank),
                                         lambda m: ctx.say_once("console", m),
                                         max(1, ctx.cfg.console_log_max) * 1024 * 1024, ctx.say)  # fmt: skip
+        ctx.start_speech()
         if self.node.leading:
             self._take_over()
 

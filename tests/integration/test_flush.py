@@ -27,7 +27,9 @@ from tests.conftest import BLACKBOX, PROGRAMS, ROOT, TORCHRUN, job_env
 sys.path.insert(0, str(ROOT / "scripts" / "scenarios"))
 import runner
 
-pytestmark = pytest.mark.xdist_group("flush")  # one loop device, its limits set and put back, a test at a time
+# one loop device, its limits set and put back, a test at a time; and alone: those limits are the host's (the blkio
+# root group, the dirty limits), and beside other tests' jobs and I/O the dead disk's writer once outlived its SIGKILL
+pytestmark = [pytest.mark.alone, pytest.mark.xdist_group("flush")]
 BLKIO = Path("/sys/fs/cgroup/blkio")
 RATE = 4 << 20  # bytes a second the throttled disk takes
 FLUSH_MB = 300  # 75 s of it: past the auto timeout (60 s)

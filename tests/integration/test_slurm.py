@@ -8,6 +8,7 @@ handed over when its holder is killed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Optional, cast
 
+import psutil
 import pytest
 
 from tests import conftest
@@ -201,6 +203,24 @@ def test_two_nodes_sign_with_the_secret_the_first_task_made_and_collect_together
     assert merged["verdict"]["category"] == "hang.data_loading" and merged["verdict"]["suspect_ranks"] == [1]
 
 
+def still(job: str) -> bool:
+    """Whether the ranks of a Slurm job use (next to) no CPU over half a second, each parked in its wait: on a loaded
+    machine rank 0 may take a while to reach the collective its peer never joins."""
+    ranks = []
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if str(TRAIN) in (p.info["cmdline"] or []) and p.environ().get("SLURM_JOB_ID") == job:
+                ranks.append(p)
+    if len(ranks) < 2:
+        return False
+    try:
+        before = [sum(p.cpu_times()[:2]) for p in ranks]
+        time.sleep(0.5)
+        return all(sum(p.cpu_times()[:2]) - b < 0.02 for p, b in zip(ranks, before))
+    except psutil.Error:
+        return False
+
+
 def test_collect_slurm_job_finds_a_hung_job_started_without_blackbox(jobs: Jobs, tmp_path: Path) -> None:
     job = jobs.batch["plain"]
 
@@ -209,7 +229,7 @@ def test_collect_slurm_job_finds_a_hung_job_started_without_blackbox(jobs: Jobs,
         return out is not None and "rank 1: failing now" in out.read_text()
 
     wait_for(hung, 120, "rank 1 to hang")
-    time.sleep(1.0)  # rank 0 reaches the all_reduce rank 1 never joins
+    wait_for(lambda: still(job), 60, "the job's ranks to be still")  # rank 0 in the all_reduce rank 1 never joins
     res = subprocess.run([*BLACKBOX, "collect", "--slurm-job", job, "--out", str(tmp_path / "hung"), "--format",
                           "json", "--budget", "60"], capture_output=True, text=True, timeout=180,
                          env={**jobs.env(), "BLACKBOX_HOME": os.environ["BLACKBOX_HOME"]})  # fmt: skip

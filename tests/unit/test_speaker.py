@@ -38,6 +38,7 @@ def test_words_to_a_stderr_nobody_reads_never_block_and_are_handed_back() -> Non
         os.write(w, f"blackbox: {line}\n".encode())
 
     speaker = Speaker(write, unsaid.append)
+    speaker.start()
     try:
         # WHEN the watch says a thousand and five lines (the first one's write under way)
         start = time.monotonic()
@@ -65,7 +66,10 @@ def test_words_to_a_stderr_nobody_reads_never_block_and_are_handed_back() -> Non
 def test_words_to_a_stderr_that_reads_all_go_out_in_order() -> None:
     r, w = os.pipe()
     speaker = Speaker(lambda line: os.write(w, f"{line}\n".encode()) and None, lambda line: None)
-    for i in range(50):
+    speaker.say("line 0")  # before the start (the supervisor forks console.log's process first): it waits, no thread
+    assert not any(t.name == "blackbox-say" for t in threading.enumerate())
+    speaker.start()
+    for i in range(1, 50):
         speaker.say(f"line {i}")
     speaker.close()
     os.close(w)

@@ -185,6 +185,24 @@ def test_kernel_oom_killer_makes_a_host_oom(tmp_path: Path) -> None:
     assert "OOM killer" in report.next_actions[0]
 
 
+def test_an_oom_kill_of_another_process_is_not_this_jobs_death(tmp_path: Path) -> None:
+    # GIVEN a rank killed by SIGKILL, and a kernel log whose OOM killer ended another process earlier (pid 2366)
+    w = BundleWriter("run-1", "node7", Trigger.parse("rank-death"))
+    w.add_json("ranks/1/heartbeat.json", {"rank": 1, "pid": 77, "alive": False, "state": "running", "step": 3})
+    w.add_json("ranks/0/heartbeat.json", {"rank": 0, "pid": 76, "alive": True, "state": "running", "step": 3})
+    w.add_bytes("node/kernel-messages.txt", b"[Sun Dec  6 05:21:22 2026] oom-kill:constraint=CONSTRAINT_NONE,nodemask="
+                b"(null),cpuset=/,mems_allowed=0,global_oom,task=python,pid=2366,uid=0\n[Sun Dec  6 05:21:22 2026] "
+                b"Out of memory: Killed process 2366 (python) total-vm:1001388kB, anon-rss:221828kB\n")  # fmt: skip
+    w.add_json("detection.json", {"rule": "rank_death", "ranks": [1], "suspects": [1], "reason": "rank 1 was killed"})
+    w.add_json("ranks/1/rank.json", {"exit_code": -9})
+    report = analyze(read_bundle(w.write(str(tmp_path), {}).path))
+    # THEN the rank died by its signal, not of the node's memory; the OOM kill is said as what it was
+    assert report.verdict.category != "crash.host_oom" and "OOM killer was active" not in report.verdict.summary
+    assert any(f.text.startswith("the kernel's OOM killer ended a process that is none of this job's ranks")
+               and "Killed process 2366" in f.text for f in report.findings), report.findings  # fmt: skip
+    assert not report.next_actions[0].startswith("The kernel killed")
+
+
 def node_bundle(out: Path, run_id: str, node: str, stacks: dict[int, list[dict[str, Any]]], world: int) -> str:
     w = BundleWriter(run_id, node, Trigger.parse("manual"))
     for rank, threads in stacks.items():

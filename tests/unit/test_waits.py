@@ -210,3 +210,23 @@ def test_the_report_names_the_leaf_of_the_wait_from_untrusted_proc_json() -> Non
         assert describe_waited(bad) == ""
     odd = [{"pid": 5, "argv": 3, "main_thread": []}]
     assert describe_waited(odd) == "its child process (pid 5)"
+
+
+def test_the_advice_for_a_rank_that_waits_for_a_child_is_chosen_by_the_fact_not_its_words() -> None:
+    from blackbox.analyze.actions import Blocked, Facts, next_actions
+    from blackbox.analyze.model import RankRow, Verdict
+
+    rows = {0: RankRow(0, "gpu-a", 4000, "running", 9, "compute", None, 70.0, True)}
+    v = Verdict("hang.io", "compute", [0], "high", "rank 0 waits")
+    # GIVEN a rank whose main thread waits for its child, which waits for input that never comes
+    child = "its child `sudo -S true` (pid 12), which is blocked in read() of fd 0, /dev/pts/3 (a tty)"
+    said = next_actions(v, Facts("gpu-a", rows, blocked_io={0: Blocked(f"main thread waits for {child}", child)}))
+    # THEN the advice is about that process and the prompt it waits at
+    assert said[0] == (f"Rank 0 on gpu-a waits for {child}. Look at that process (`py-spy dump --pid`, `cat "
+                       "/proc/PID/wchan`): a tool that reads its standard input or a terminal waits for an answer no "
+                       "one gives (a password or confirmation prompt)."), said  # fmt: skip
+    assert said[1].startswith("Run tools without a terminal and with a deadline")
+    # AND a rank blocked in a read of its own gets the I/O advice, however its words begin
+    read = "main thread waits for its child… no: blocked in read() of fd 5, /data/x (a file on nfs4)"
+    said = next_actions(v, Facts("gpu-a", rows, blocked_io={0: Blocked(read)}))
+    assert said[0].startswith(f"Rank 0 on gpu-a waits for I/O: {read}. Check that file's filesystem"), said
