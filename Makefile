@@ -43,7 +43,7 @@ slurm:
 # The suite in two runs: every test but those that need the machine to itself, TEST_WORKERS at a time (pytest-xdist;
 # most tests wait on their jobs, the tests of one module fixture or gallery row stay together: conftest.py), then
 # those one after another (`-m alone`: the quiet gallery's 26 jobs take about 17 GB and both cores; the throttled
-# disk's limits are the host's). Prints the 15 slowest and the time.
+# disk's limits are the host's; the Slurm cluster's daemons run late beside others). Prints the 15 slowest, the time.
 TEST_WORKERS ?= 3
 test: $(STAMP) browser services slurm
 	@start=$$(date +%s); \
