@@ -163,11 +163,13 @@ class Motion:
             asleep = self._asleep() if before is None or sig != self._signature else before
             self._was_asleep = asleep
             if asleep:
+                # it ran since the sample before, and an earlier sample found it asleep too: it woke to check, and
+                # sleeps again (a loop) — not the rest of a step before its first sleep (one long sleep is no loop)
+                if now - self._slept_at <= POLL_S and cpu > self._cpu >= 0:
+                    self._polled_at = now
                 self._slept_at = now
-                if before and cpu > self._cpu >= 0:  # asleep at both samples, and it ran between: woke to check
-                    self._polled_at = now  # (not the work before its first sleep: one long sleep is no loop)
         else:
-            self._was_asleep = None  # it worked: at the next still sample, asked again
+            self._was_asleep = None  # it worked: not known, asked again at the next still sample
         thread_wait = bool(codes) and self._thread_wait(codes[0])
         sleeps = now - self._slept_at <= POLL_S
         changed = (sig != self._signature and bool(self._signature)) or running  # the first sample: nothing to differ
