@@ -57,7 +57,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if "gallery" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group(f"gallery-{_gallery_row(item)}"))
     alone = [item for item in items if "alone" in item.keywords]
-    if in_xdist_worker() and len(alone) < len(items):  # beside other tests' jobs its own exhaust the memory
+    if in_xdist_worker() and len(alone) < len(items):  # beside other tests' jobs these fail (memory, host limits)
         skip = pytest.mark.skip(reason="needs the machine to itself: run it in a session of its own (`make test` "
                                 "does: `pytest -m alone` after the others)")  # fmt: skip
         for item in alone:
