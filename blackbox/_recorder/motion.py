@@ -94,8 +94,7 @@ class Motion:
         self._accelerated = False  # CUDA or another accelerator is in use: CPU time in one call is no work
         # the job's other threads while the main thread waits for one: thread id -> (signature, codes, bytes, CPU s)
         self._others: dict[int, tuple[tuple[int, ...], tuple[Any, ...], int, float]] = {}
-        self._running: dict[int, tuple[Any, frozenset[int]]] = {}  # id(code) -> (code, its RUNNING_OPS offsets)
-        self._waits: dict[int, tuple[Any, bool]] = {}  # id(code) -> (code, whether it is a wait for a thread)
+        self._codes_seen: dict[int, tuple[Any, frozenset[int], bool]] = {}  # id(code) -> _code_facts(code)
         self.stack_changes = 0
         self.stack_time = 0.0
         self.forwards = 0  # incremented by the hook in whichever thread runs a module, read here
@@ -170,7 +169,7 @@ class Motion:
                 self._slept_at = now
         else:
             self._was_asleep = None  # it worked: not known, asked again at the next still sample
-        thread_wait = bool(codes) and self._thread_wait(codes[0])
+        thread_wait = bool(codes) and self._code_facts(codes[0])[2]
         sleeps = now - self._slept_at <= POLL_S
         changed = (sig != self._signature and bool(self._signature)) or running  # the first sample: nothing to differ
         moved = changed and (worked or not (sleeps or thread_wait))
@@ -255,7 +254,7 @@ class Motion:
             depth += 1
         sig = tuple(signature)
         codes = before[1] if sig == before[0] else _codes(top)
-        return codes, sig, bool(codes) and sig[1] in self._running_at(codes[0])
+        return codes, sig, bool(codes) and sig[1] in self._code_facts(codes[0])[1]
 
     def _read_others(self, frames: dict[int, Any]
                      ) -> dict[int, tuple[tuple[int, ...], tuple[Any, ...], int, float, bool]]:  # fmt: skip
@@ -275,26 +274,18 @@ class Motion:
                           running)  # fmt: skip
         return out
 
-    def _thread_wait(self, code: Any) -> bool:
-        """_waits_for_thread, remembered per code object (asked at every sample of the same frame)."""
-        known = self._waits.get(id(code))
-        if known is None or known[0] is not code:
-            if len(self._waits) >= 512:
-                self._waits.clear()
-            known = self._waits[id(code)] = (code, _waits_for_thread(code))
-        return known[1]
-
-    def _running_at(self, code: Any) -> frozenset[int]:
-        """The offsets in `code` where a thread stops only while it runs bytecode: loop back-edges and the function's
-        start (the interpreter hands the GIL over there); never a call into C."""
-        offsets = self._running.get(id(code))
-        if offsets is None or offsets[0] is not code:
+    def _code_facts(self, code: Any) -> tuple[Any, frozenset[int], bool]:
+        """What a sample asks of a frame's code object, once per code object: (the code, held so that its id is never
+        reused; the offsets where a thread stops only while it runs bytecode — loop back-edges and the function's
+        start, where the interpreter hands the GIL over, never a call into C; whether it is a wait for a thread)."""
+        facts = self._codes_seen.get(id(code))
+        if facts is None or facts[0] is not code:
             raw = code.co_code  # two bytes an instruction (3.6 and later): the opcode, then its argument
-            found = frozenset(i for i in range(0, len(raw) - 1, 2) if raw[i] in _RUNNING_CODES)
-            if len(self._running) >= 512:
-                self._running.clear()
-            offsets = self._running[id(code)] = (code, found)
-        return offsets[1]
+            running = frozenset(i for i in range(0, len(raw) - 1, 2) if raw[i] in _RUNNING_CODES)
+            if len(self._codes_seen) >= 512:
+                self._codes_seen.clear()
+            facts = self._codes_seen[id(code)] = (code, running, _waits_for_thread(code))
+        return facts
 
     def _pace_forwards(self, now: float) -> None:
         """Install the forward counter in a pause, remove it at the next step or batch (or for good once

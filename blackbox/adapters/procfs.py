@@ -9,7 +9,7 @@ import platform
 import signal
 import stat
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import psutil
 
@@ -34,9 +34,10 @@ def proc_stat(pid: int) -> Optional[ProcStat]:
         return None
 
 
-def is_alive(pid: int, start_ticks: int = 0) -> bool:
-    """True while `pid` runs and is the same process (same start time) as the one recorded."""
-    st = proc_stat(pid)
+def is_alive(pid: int, start_ticks: int = 0, read_stat: Callable[[int], Optional[ProcStat]] = proc_stat) -> bool:
+    """True while `pid` runs and is the same process (same start time) as the one recorded. `read_stat`: how its
+    /proc/PID/stat is read (a caller that reads it again at the same poll keeps what it read)."""
+    st = read_stat(pid)
     if st is None or st.state in ("Z", "X"):
         return False
     return not start_ticks or st.start_ticks == start_ticks

@@ -72,10 +72,6 @@ class WaitFollower:
             self._stats[pid] = procfs.proc_stat(pid)
         return self._stats[pid]
 
-    def _alive(self, pid: int, start_ticks: int) -> bool:
-        st = self._stat(pid)
-        return st is not None and st.state not in ("Z", "X") and st.start_ticks == start_ticks
-
     def follow(self, pid: int, now: float, workers_since: Optional[float] = None) -> Optional[Waited]:
         """What the main thread of process `pid` waits for, if another process, and whether that moved since the
         last poll; None when it waits for no other process. `workers_since` (CLOCK_MONOTONIC s): the main
@@ -133,7 +129,11 @@ class WaitFollower:
         if not pipes:
             return waited
         known = self._holders.get((pid, pipes))
-        if known is None or now - known[0] > HOLDERS_TTL_S or not all(self._alive(*p) for p in known[1]):
+        if (
+            known is None
+            or now - known[0] > HOLDERS_TTL_S
+            or not all(procfs.is_alive(*p, self._stat) for p in known[1])
+        ):
             found = proctree.pipe_holders_below(pid, pipes)
             stats = [(p, self._stat(p)) for p in found]
             known = self._holders[(pid, pipes)] = (now, [(p, st.start_ticks) for p, st in stats if st is not None])
