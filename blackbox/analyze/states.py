@@ -603,6 +603,12 @@ def classify(rank: int, node: str, pid: Optional[int], facts: list[Fact], phase:
     for final in _FINAL:
         if final in firsts:
             return make("elsewhere", final, firsts[final], phase)
+    if "poll" in firsts and "gil" not in firsts and fr_wait is None and not (strong and says in ("data", "checkpoint")):
+        # its recorder saw it sleep on a timer within the last seconds and wake to check, sample after sample: a read,
+        # a store's round trip or a kernel wait that one stack or /proc snapshot caught is the loop's check, not a
+        # wait of its own (the same job was hang.io, hang.poll or hang.collective by where the snapshot landed)
+        checked = stack is not None and says in ("io", "waiting", "compute")
+        return make("elsewhere", "poll", stack if checked else firsts["poll"], "compute")
     if stack is not None and strong and says in ("data", "checkpoint", "io"):
         now = declared.says if says == "io" and declared is not None and declared.says != "eval" else str(says)
         return make("elsewhere", now, stack, now if now != "io" else phase)
@@ -616,8 +622,6 @@ def classify(rank: int, node: str, pid: Optional[int], facts: list[Fact], phase:
         return make("elsewhere", now, firsts["io"], now if now != "io" else phase)
     if fr_wait is not None and (loose or says == "compute"):
         return make("waiting", "collective", fr_wait, "collective")
-    if stack is not None and says == "compute" and "poll" in firsts and "gil" not in firsts:
-        return make("elsewhere", "poll", stack, "compute")  # its stack says where; its recorder, that it only waits
     if stack is not None and strong and says == "compute":
         return make("elsewhere", "gil" if "gil" in firsts else "compute", firsts.get("gil", stack), "compute")
     if declared is not None and loose:  # the phase the job declared wins over a fallback

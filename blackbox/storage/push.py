@@ -20,7 +20,8 @@ MAX_BACKOFF_S = 8.0
 
 def push(request: dict[str, Any]) -> dict[str, Any]:
     """Copy request["bundle"] to request["url"]/request["key"] and its record beside it. The answer: ok, url (the
-    bundle's), error (one scrubbed sentence), attempts, seconds, seen (records of the same failure)."""
+    bundle's), error (one scrubbed sentence), permanent (the error is no use retrying), attempts, seconds, seen
+    (records of the same failure)."""
     from .remote import Store, seen_before
 
     started = time.monotonic()
@@ -45,9 +46,8 @@ def push(request: dict[str, Any]) -> dict[str, Any]:
             answer.update(ok=True, url=url, error=None)
             break
         except Exception as exc:
-            answer["error"] = describe_error(exc)
-            left = deadline - time.monotonic()
-            if permanent(exc) or left < backoff:
+            answer.update(error=describe_error(exc), permanent=permanent(exc))
+            if answer["permanent"] or deadline - time.monotonic() < backoff:
                 break
             time.sleep(backoff)
             backoff = min(MAX_BACKOFF_S, backoff * 2)

@@ -117,8 +117,11 @@ class Uploads:
                            f"{proc.returncode}{': ' + scrub(tail[0]) if tail else ''})")  # fmt: skip
         seen = answer.get("seen") if isinstance(answer.get("seen"), list) else []
         error = answer.get("error")
-        if not answer.get("ok") and answer.get("attempts", 0) > 1:
-            error = f"{error} (after {answer['attempts']} attempts)"
+        attempts = answer.get("attempts")
+        if not answer.get("ok") and not answer.get("permanent") and isinstance(attempts, int) and attempts > 0:
+            # retried until --upload-timeout: how often, so that a reader knows it was no one-off (under load the
+            # helper's start-up can leave time for one attempt only)
+            error = f"{error} (gave up after {attempts} attempt{'s' if attempts > 1 else ''} in {self.timeout:g} s)"
         return Outcome(bool(answer.get("ok")), answer.get("url"), scrub(str(error)) if error else None,
                        int(answer.get("attempts") or 0), float(answer.get("seconds") or 0.0),
                        [s for s in seen if isinstance(s, dict)])  # fmt: skip

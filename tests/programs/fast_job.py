@@ -54,13 +54,19 @@ opt = torch.optim.SGD(model.parameters(), lr=0.01)
 hang_at = BATCH * (STEPS // 2) + 3 if MODE == "hang" and rank == 1 else -1
 loader = iter(DataLoader(Samples(DATA_S if rank == 1 else 0.0, hang_at), batch_size=BATCH))
 rec = sys.modules["_blackbox_recorder.recorder"].ACTIVE
+stride = sys.modules["_blackbox_recorder.stride"]
 clock = time.perf_counter
 data_s = backward_s = 0.0
+short = eligible = 0  # short steps in a row; timed steps that came after STRIDE_AFTER of them (the stride's own test)
+last = clock()
 for i in range(WARM + STEPS):
     if i == WARM:
         ledger0, batches0, t0 = rec.hb.spent(time.monotonic()), rec._batches, clock()
         data_s = backward_s = 0.0
     a = clock()
+    short = short + 1 if a - last < stride.STRIDE_STEP_S else 0
+    eligible += i > WARM and short > stride.STRIDE_AFTER
+    last = a
     x, y = next(loader)
     b = clock()
     loss = torch.nn.functional.mse_loss(model(x), y)
@@ -82,7 +88,7 @@ spent = {p: b - a for p, a, b in zip(("startup", "compute", "data", "checkpoint"
                                       "other"), ledger0, ledger1)}  # fmt: skip
 say = json.dumps({
     "rank": rank, "samples": samples, "wall_s": wall, "data_s": data_s, "backward_s": backward_s,
-    "ledger": spent, "batches": batches1 - batches0, "steps": STEPS, "eval_batches": eval_batches,
+    "ledger": spent, "batches": batches1 - batches0, "steps": STEPS, "eval_batches": eval_batches, "eligible": eligible,
     "striding_after_eval": rec._striding,
 })  # fmt: skip
 sys.stdout.write("FAST " + say + "\n")  # one write: the ranks share the terminal (unbuffered, print writes twice)

@@ -122,9 +122,21 @@ def test_a_rank_whose_recorder_saw_it_sleep_and_check_polls_and_its_stack_says_w
     assert category_of(st) == "hang.poll"
     assert describe(st, []) == ("rank 0 sleeps and checks in a loop for something that never comes (wait_for_lock "
                                 "(train.py:40))")  # fmt: skip
-    # BUT a stack that says where it waits (a read, a collective) outranks it, and so does a silent liveness thread
-    read = fact("io", "main thread in read (client.py:9)", STACK)
-    assert classify(0, "n", 7, [read, polls], "compute", 3).where == "io"
+    # AND a stack caught in the loop's check (a read, a store's round trip) is one snapshot against the recorder's
+    # samples: it still polls, and the stack says where (the quiet gallery's store-poll was hang.io or
+    # hang.collective by where the snapshot landed)
+    for says, text in (("io", "main thread in recv (client.py:9)"), ("waiting", "main thread in check (store.py:9)")):
+        st = classify(0, "n", 7, [fact(says, text, STACK), polls], "compute", 3)
+        assert (st.where, st.detail, category_of(st)) == ("poll", text, "hang.poll"), says
+    # AND so does a read the process table caught, with no stack at all
+    st = classify(0, "n", 7, [fact("io", "blocked in read() of fd 5", "ranks/0/proc.json"), polls], "compute", 3)
+    assert (st.where, st.detail) == ("poll", polls.text)
+    # BUT a stack in data or checkpoint code says what the loop is for, a collective the flight recorder saw it
+    # enter and never leave is where it waits, and a silent liveness thread holds the GIL
+    data = classify(0, "n", 7, [fact("data", "main thread in __getitem__ (data.py:31)", STACK), polls], "compute", 3)
+    assert data.where == "data"
+    entered = fact("waiting", "all_reduce #12 entered, never completed", FR)
+    assert classify(0, "n", 7, [entered, polls], "compute", 3).where == "collective"
     gil = classify(0, "n", 7, [fact("compute", "main thread in f (x.py:1)", STACK), polls, fact("gil")], "compute", 3)
     assert gil.where == "gil"
 

@@ -64,14 +64,15 @@ def watched(main: threading.Thread, tmp_path: Path, samples: int) -> int:
     return watching(main, tmp_path, samples).stack_changes
 
 
-def watching(main: threading.Thread, tmp_path: Path, samples: int) -> M.Motion:
-    """The Motion of `watched`, after its samples (what the main thread waits for: its `waiting`)."""
+def watching(main: threading.Thread, tmp_path: Path, samples: int, every: float = 0.02) -> M.Motion:
+    """The Motion of `watched`, after its samples `every` seconds apart (what the main thread waits for: its
+    `waiting`)."""
     time.sleep(0.05)
     m = M.Motion(FakeRecorder(tmp_path))
     m.watch(main)
     for _ in range(samples):
         m.tick(time.monotonic())
-        time.sleep(0.02)
+        time.sleep(every)
     return m
 
 
@@ -104,13 +105,15 @@ def waiting_on(work: Any, tmp_path: Path, how: str = "join", samples: int = 12) 
     return waiting(work, tmp_path, how, samples).stack_changes
 
 
-def polling(tmp_path: Path, beside: Any = None, samples: int = 40) -> M.Motion:
+def polling(tmp_path: Path, beside: Any = None, samples: int = 25) -> M.Motion:
     """A Motion over a "main" thread that sleeps and checks in a loop (a lock file's, a marker file's) while the
-    thread running `beside` (if any) works, as `while not future.done(): time.sleep(…)` does."""
-    return waiting(beside or _blocked_in_c, tmp_path, "poll", samples)
+    thread running `beside` (if any) works, as `while not future.done(): time.sleep(…)` does. Sampled 0.1 s apart
+    (the liveness thread's pace is 0.5 s): at 20 ms a loaded machine's few hundred µs of a wake-up crossed CPU_FLOOR
+    (2 % of the gap, 400 µs) and one loop in some runs counted two changes."""
+    return waiting(beside or _blocked_in_c, tmp_path, "poll", samples, every=0.1)
 
 
-def waiting(work: Any, tmp_path: Path, how: str, samples: int) -> M.Motion:
+def waiting(work: Any, tmp_path: Path, how: str, samples: int, every: float = 0.02) -> M.Motion:
     """The Motion of `waiting_on` and `polling`, after its samples."""
     import concurrent.futures
     import queue
@@ -140,7 +143,7 @@ def waiting(work: Any, tmp_path: Path, how: str, samples: int) -> M.Motion:
         worker.start()
     waiter.start()
     try:
-        return watching(waiter, tmp_path, samples)
+        return watching(waiter, tmp_path, samples, every)
     finally:
         stop.set()
         results.put(0)
