@@ -607,8 +607,8 @@ def classify(rank: int, node: str, pid: Optional[int], facts: list[Fact], phase:
         # its recorder saw it sleep on a timer within the last seconds and wake to check, sample after sample: a read,
         # a store's round trip or a kernel wait that one stack or /proc snapshot caught is the loop's check, not a
         # wait of its own (the same job was hang.io, hang.poll or hang.collective by where the snapshot landed)
-        checked = stack is not None and says in ("io", "waiting", "compute")
-        return make("elsewhere", "poll", stack if checked else firsts["poll"], "compute")
+        checked = stack if stack is not None and says in ("io", "waiting", "compute") else firsts["poll"]
+        return make("elsewhere", "poll", checked, "compute")
     if stack is not None and strong and says in ("data", "checkpoint", "io"):
         now = declared.says if says == "io" and declared is not None and declared.says != "eval" else str(says)
         return make("elsewhere", now, stack, now if now != "io" else phase)
