@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.ports import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CPUS_PER_NODE = 8  # declared, not real: jobs side by side on a 2-core machine (config_overrides)
 KILL_WAIT_S = 10
@@ -33,12 +35,6 @@ CRED_EXPIRE_S = 10
 
 class Unavailable(Exception):
     """Slurm cannot be started here; the message says why."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _missing() -> list[str]:

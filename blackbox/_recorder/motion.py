@@ -24,8 +24,10 @@ RUNNING_OPS = frozenset(("JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_AB
 _RUNNING_CODES = frozenset(opcode.opmap[name] for name in RUNNING_OPS if name in opcode.opmap)
 FORWARD_HOOK_AFTER_S = 5.0  # a pause (no step, no batch) this long: forward calls are counted until the next one
 # Where a main thread waits for another thread of its own: (file suffix, function) of its innermost frame — a join,
-# a future's result, a queue's get, an event or a condition. Then the other threads' stacks are its motion.
+# a future's result, a queue's get, an event or a condition, or the interpreter's exit, which joins every non-daemon
+# thread (threading._shutdown: a last checkpoint uploaded from a thread). Then the other threads' stacks are its motion.
 THREAD_WAITS = frozenset((("threading.py", "wait"), ("threading.py", "join"), ("threading.py", "_wait_for_tstate_lock"),
+                          ("threading.py", "_shutdown"),
                           ("concurrent/futures/_base.py", "result"), ("concurrent/futures/_base.py", "wait"),
                           ("queue.py", "get"), ("queue.py", "join")))  # fmt: skip
 # Where a thread sleeps on a timer (`time.sleep`; a select or poll on no descriptor), by machine: system call number

@@ -260,6 +260,7 @@ def _fields(text: Optional[str]) -> dict[str, str]:
 
 
 MAX_THREADS = 512  # per process, in a snapshot
+MAX_HELD_THREADS = 16  # ... of which this many, in a call on a descriptor, say what they are blocked on
 
 
 def zombie_exit_code(pid: int) -> Optional[int]:
@@ -296,13 +297,18 @@ def snapshot(pid: int) -> dict[str, object]:
     except OSError as exc:
         tids = []
         unreadable["task"] = exc.strerror or str(exc)
+    held = 0
     for tid in tids[:MAX_THREADS]:
         stat = read_text(f"{base}/task/{tid}/stat")
         state = stat[stat.rindex(")") + 2 :].split()[0] if stat and ")" in stat else None
-        threads.append({
+        thread: dict[str, object] = {
             "tid": int(tid), "name": (read_text(f"{base}/task/{tid}/comm") or "").strip(), "state": state,
             "wchan": read_text(f"{base}/task/{tid}/wchan"), "syscall": thread_syscall(pid, int(tid))[0],
-        })  # fmt: skip
+        }  # fmt: skip
+        if thread["syscall"] in FD_CALLS and int(tid) != pid and held < MAX_HELD_THREADS:
+            thread["blocked"] = blocked(pid, int(tid))  # what a thread the main thread may wait for waits on
+            held += 1
+        threads.append(thread)
     try:
         fd_count: Optional[int] = len(os.listdir(f"{base}/fd"))
     except OSError as exc:

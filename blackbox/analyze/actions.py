@@ -43,6 +43,7 @@ class Blocked:
 
     text: str  # "main thread blocked in read() of fd 5, /data/train.bin (a file on nfs4)"
     waited: str = ""  # another process, in the words that follow "waits for": "its child `cat` (pid 4121), …"
+    by_thread: bool = False  # what it waits for is a thread of its own (`waited` names it), not a process
 
 
 @dataclass
@@ -177,6 +178,12 @@ def _data(at: _At, facts: Facts) -> list[str]:
 def _io(at: _At, facts: Facts) -> list[str]:
     io = facts.blocked_io.get(at.first) if at.first is not None else None
     blocked = io.text if io is not None else None
+    if io is not None and io.waited and io.by_thread:
+        return [f"R{at.where[1:]} waits for {io.waited}. That thread's stack is in the bundle (py-spy, every "
+                "thread): check the service at the other end (is it up, does it read what it is sent?).",
+                "Give the client a deadline so that a peer that stops answering raises instead of hanging (the "
+                "client's `read_timeout`/`connect_timeout`, socket `settimeout`), and join such a thread with a "
+                "timeout, or make it a daemon, where the job must end without it."]  # fmt: skip
     if io is not None and io.waited:
         return [f"R{at.where[1:]} waits for {io.waited}. Look at that process (`py-spy dump --pid`, "
                 "`cat /proc/PID/wchan`): a tool that reads its standard input or a terminal waits for an answer no "

@@ -97,8 +97,8 @@ def blame(states: list[RankState], ctx: Context) -> Blame:
 
 
 def _left_early(states: list[RankState]) -> bool:
-    """A rank exited while others were still running (left the training loop)."""
-    return any(s.where == "exited" for s in states) and any(s.where != "exited" for s in states)
+    """A rank exited while others were still running (left the training loop), not only finishing."""
+    return any(s.where == "exited" for s in states) and any(s.where != "exited" and not s.exiting for s in states)
 
 
 def category_of(s: RankState) -> str:
@@ -433,7 +433,8 @@ def _hang(states: list[RankState], ctx: Context) -> Blame:
     if waiting and not elsewhere and not unknown:
         return _all_wait(waiting, ctx)
     if elsewhere:
-        chosen = _pick(elsewhere)
+        # ranks that finished and exited hold no one up where the ones still there finished too: these cannot exit
+        chosen = _pick([s for s in elsewhere if s.exiting] or elsewhere)
         ids = sorted(s.rank for s in chosen)
         everyone = len(chosen) == len(states)
         summary = describe(chosen[0], [s for s in states if s not in chosen]) if len(chosen) == 1 else (
@@ -581,7 +582,10 @@ def _first_failure(states: list[RankState], ctx: Context, exceptions: list[dict[
     first = exceptions[0] if exceptions else None
     signal_dead = [s for s in states if s.where == "dead" and s.exception is None and not (s.exit_code or 0) > 0]
     exit_dead = [s for s in states if s.where == "dead" and s.exception is None and (s.exit_code or 0) > 0]
-    early = [s for s in states if s.where == "exited" and any(o.where != "exited" for o in states)]
+    # a rank that exited while another is still in its run left the others behind; not when every rank still there
+    # has finished too, held at the interpreter's exit (a thread it cannot exit without): that is the hang
+    early = [s for s in states if s.where == "exited" and any(o.where != "exited" and not o.exiting
+                                                               for o in states)]  # fmt: skip
     # SIGTERM is how the launcher tears the other ranks down after the first failure: a rank ended by it is that
     # failure's victim (when every rank was, it is the job's own end: the scheduler's, or a user's)
     torn = [s for s in signal_dead if s.exit_code == -SIGTERM]

@@ -20,6 +20,7 @@ from ..adapters import comm_log, stacks, torchelastic
 from ..adapters import flight_recorder as fr
 from ..bundle import layout as L
 from ..bundle.reader import Bundle, integer, number
+from ..detections import human_bytes
 from ..frames import SETUP_FUNCS, Where, is_native, looks_like_data, where
 from .stackgroups import RankStack
 
@@ -45,6 +46,7 @@ class Fact:
     weak: bool = False  # a stack that says compute only because nothing in it says otherwise (frames.Where.fallback)
     stack: bool = False  # read from the main thread's stack
     waited: str = ""  # io: the other process the main thread waits for, in words ("its child `cat` (pid 4121), …")
+    by_thread: bool = False  # io: `waited` is a thread of its own (an upload), not another process
 
 
 @dataclass
@@ -66,6 +68,7 @@ class RankState:
     op: Optional[str] = None  # waiting: the collective its main thread waits in ("all_reduce", "barrier")
     group: Optional[str] = None  # waiting: the process group of that collective
     setup: bool = False  # waiting in process-group set-up (init_process_group, a store barrier)
+    exiting: bool = False  # its main thread is in the interpreter's exit (threading._shutdown): training is over
 
     def agreeing(self) -> int:
         """How many independent sources agree with the classification."""
@@ -333,11 +336,12 @@ def _end_facts(bundle: Bundle, rank: int, hb: dict[str, Any], alive: Optional[bo
     return facts, exit_code
 
 
-def _proc_facts(proc: dict[str, Any], rank: int, waiting: str) -> tuple[list[Fact], Optional[int]]:
+def _proc_facts(proc: dict[str, Any], rank: int, waiting: str, exiting: bool = False
+                ) -> tuple[list[Fact], Optional[int]]:  # fmt: skip
     """What the kernel says (ranks/R/proc.json): stopped, traced, a zombie and its end, uninterruptible sleep, or
     the main thread blocked in I/O (which syscall, on which file, socket or pipe), or waiting on other processes
-    (those the kernel shows; those it may wait for while it waits for a thread: `waiting`, its heartbeat's).
-    Returns a zombie's exit code."""
+    (those the kernel shows; those it may wait for while it waits for a thread: `waiting`, its heartbeat's; the
+    thread of its own it waits for, also at the interpreter's exit: `exiting`). Returns a zombie's exit code."""
     psrc = L.process_member(rank, L.PROC)
     letter = str(proc.get("state") or "")[:1]
     wchan = str(proc.get("wchan") or "")
@@ -364,7 +368,38 @@ def _proc_facts(proc: dict[str, Any], rank: int, waiting: str) -> tuple[list[Fac
         return [Fact(psrc, "io", f"main thread waits for {child}", waited=child)], None
     if io and blocked.get("syscall") in IO_SYSCALLS and blocked.get("fd_kind") in IO_FDS:
         return [Fact(psrc, "io", io)], None
+    held = _held_thread(proc) if waiting == "thread" else ""
+    if held and exiting:  # training is over: what holds it is a thread the interpreter joins before it can exit
+        return [Fact(psrc, "io", f"finished but cannot exit: the interpreter waits for {held}", waited=held,
+                     by_thread=True)], None  # fmt: skip
+    if held:
+        return [Fact(psrc, "io", f"main thread waits for {held}", waited=held, by_thread=True)], None
     return [], None
+
+
+def at_exit(thread: stacks.ThreadStack) -> bool:
+    """Whether a main thread is in the interpreter's exit, joining the non-daemon threads (threading._shutdown)."""
+    inner = thread.frames[-1] if thread.frames else None
+    return inner is not None and inner.function == "_shutdown" and inner.file.endswith("threading.py")
+
+
+def _held_thread(proc: dict[str, Any]) -> str:
+    """The thread of its own a rank's main thread may wait for (its heartbeat says it waits for a thread), in words
+    after "waits for": one blocked on a socket, pipe or FIFO (an upload sent with blocking calls), else the socket
+    whose bytes its peer does not take (an upload from an event loop: the thread waits in epoll, not in send)."""
+    threads = proc.get("threads")
+    for t in threads if isinstance(threads, list) else []:
+        b = t.get("blocked") if isinstance(t, dict) else None
+        if isinstance(b, dict) and b.get("syscall") in IO_SYSCALLS and b.get("fd_kind") in ("socket", "pipe", "fifo"):
+            tid = integer(t.get("tid"))
+            return f"a thread of its own{f' (tid {tid})' if tid is not None else ''}, which is " + describe_blocked(
+                b, subject="")  # fmt: skip
+    sockets = proc.get("sockets")
+    listed = [s for s in sockets[:64] if isinstance(s, dict)] if isinstance(sockets, list) else []
+    unsent, peer = max(((integer(s.get("unsent")) or 0, str(s.get("peer"))[:80]) for s in listed), default=(0, ""))
+    if unsent > 0:
+        return f"a thread of its own, whose socket to {peer} holds {human_bytes(unsent)} that the peer has not taken"
+    return ""
 
 
 def describe_waited(waits: Any) -> str:
@@ -516,7 +551,8 @@ def read_state(bundle: Bundle, rank: int, node: str, rs: Optional[RankStack], ev
     waiting = str(hb.get("waiting") or "")
     proc = bundle.json(L.process_member(rank, L.PROC))  # parsed once: the facts, the poll, what holds it
     proc = proc if isinstance(proc, dict) else {}
-    proc_facts, zombie_code = _proc_facts(proc, rank, waiting)
+    exiting = rs is not None and at_exit(rs.thread)
+    proc_facts, zombie_code = _proc_facts(proc, rank, waiting, exiting)
     facts += proc_facts
     known = bool(proc_facts or hb or proc)
     facts += _stack_facts(bundle, rank, rs, alive, known)
@@ -532,6 +568,7 @@ def read_state(bundle: Bundle, rank: int, node: str, rs: Optional[RankStack], ev
     step = integer(hb.get("step"))
     st = classify(rank, str(hb.get("node") or node), pid, facts, str(hb.get("phase") or "unknown"), step)
     st.detail += _held_at(proc, st.where)
+    st.exiting = exiting
     st.exception = exc
     st.failed_at = number(exc.get("time")) if exc else None
     code = exit_code if exit_code is not None else zombie_code

@@ -506,7 +506,7 @@ def _action_facts(facts: Facts, unjoined: list[fr.Unjoined], mismatched: list[fr
     for s in states:
         io = next((f for f in s.facts if f.says == "io"), None)
         if io is not None:
-            facts.blocked_io.setdefault(s.rank, Blocked(io.text, io.waited))
+            facts.blocked_io.setdefault(s.rank, Blocked(io.text, io.waited, io.by_thread))
     facts.network_lines = ev.console.network[:3] + ev.console.hostname_fallback[:1]
     facts.remote_addresses = ev.console.remote_addresses[:4]
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 from .._recorder import protocol as P
-from ..adapters import gpu, host, procfs, proctree, pyspy, slurm, stacks, torchelastic
+from ..adapters import gpu, host, procfs, proctree, pyspy, slurm, sockdiag, stacks, torchelastic
 from ..bundle import layout as L
 from ..bundle.writer import BundleWriter, Step, Written
 from ..detections import Detection, Trigger
@@ -352,11 +352,13 @@ class Collector:
         t = time.monotonic()
         self.progress(f"/proc state of {len(procs)} process(es)")
         gone = []
+        sockets = sockdiag.tcp_sockets() or {}  # the host's TCP sockets, read once: each process's with their queues
         for p in procs:
             snap = procfs.snapshot(p.pid)
             if snap.get("state") is None:
                 gone.append(p.pid)
                 continue
+            snap["sockets"] = sockdiag.of_process(p.pid, sockets)
             waited, key = proctree.waited_processes(p.pid), "waits_for"  # what the kernel shows it waits on
             if not waited and p.workers_since is not None:  # a thread or a timer: what it may be waiting for
                 waited, key = proctree.workers(p.pid, p.workers_since), "may_wait_for"

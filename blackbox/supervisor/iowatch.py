@@ -5,18 +5,20 @@ main thread's own read and write system calls (files, pipes, sockets); the main 
 (a thread writing a checkpoint while the main thread waits for it) once they pass a floor, so that a logger's appends
 and the writeback of the heartbeat page do not make a hung rank look busy; a flush the main thread is in (fsync,
 close on NFS, msync) while what holds its file writes (adapters.writeback); and, while the rank is otherwise still,
-the processes its main thread waits for (supervisor.waits). The rank's own CPU time is never read: a CUDA sync or an
-NCCL wait spins a core while nothing moves. Imports the stdlib, blackbox's /proc and writeback adapters, its wait
-follower and detections (for human_bytes)."""
+the processes its main thread waits for (supervisor.waits) and the bytes its TCP sockets carry (supervisor.netwatch:
+send() and recv() are not in /proc/PID/io). The rank's own CPU time is never read: a CUDA sync or an NCCL wait spins
+a core while nothing moves. Imports the stdlib, blackbox's /proc and writeback adapters, its wait and socket
+followers and detections (for human_bytes)."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Iterable, Optional
 
 from ..adapters import procfs, writeback
 from ..detections import human_bytes
+from .netwatch import SocketFollower
 from .waits import WaitFollower
 
 STORAGE_FLOOR = 1 << 20  # the whole process's storage bytes count as motion from this many ...
@@ -49,10 +51,12 @@ class RankIo:
 
 
 class IoWatch:
-    def __init__(self) -> None:
+    def __init__(self, job_pids: Callable[[], Iterable[int]] = tuple) -> None:
+        """`job_pids`: the job's processes on this host (their connections to each other are not motion)."""
         self._ranks: dict[tuple[int, int], RankIo] = {}  # (rank, pid)
         self._rebase = False
         self.waits = WaitFollower()
+        self.sockets = SocketFollower(job_pids)
 
     def get(self, rank: int, pid: int) -> Optional[RankIo]:
         return self._ranks.get((rank, pid))
@@ -65,6 +69,7 @@ class IoWatch:
     def end_poll(self) -> None:
         self._rebase = False
         self.waits.end_poll()
+        self.sockets.end_poll()
 
     def sample(self, rank: int, pid: int, now: float, follow: bool = False,
                workers_since: Optional[float] = None) -> RankIo:  # fmt: skip
@@ -106,9 +111,13 @@ class IoWatch:
         moved = moved or bool(drains)
         itself = moved
         waited = self.waits.follow(pid, now, workers_since) if follow and not moved else None
+        carried = self.sockets.follow(pid, now) if follow and not moved else ""
         if waited is not None and waited.moved and counting:
             moved = True
             io.waits_for = waited.describe()
+        elif carried and counting:
+            moved = True
+            io.waits_for = carried
         elif itself:
             io.waits_for = drains
         if base_bytes < 0 or self._rebase or moved or now - base_t > STORAGE_WINDOW_S:

@@ -44,7 +44,7 @@ class Watch:
         self._elsewhere: set[tuple[int, int]] = set()  # (rank, pid) of ranks in another PID namespace: unwatched
         self.history: dict[int, deque[dict[str, object]]] = {}  # rank -> recent changes (for the report)
         self.gpus = GpuWatch()
-        self.io = IoWatch()
+        self.io = IoWatch(self.job_pids)
         self.output = outputwait.OutputWait()
         self._sampled: dict[int, float] = {}  # rank -> when its last history sample was taken
         self._gpu_idle_said = False
@@ -61,6 +61,12 @@ class Watch:
 
     def _heartbeat_error(self, path: str, message: str) -> None:
         self.ctx.event("heartbeat_error", path=path, error=message)
+
+    def job_pids(self) -> set[int]:
+        """The job's processes on this host: the launcher and what it started, the ranks and what they started."""
+        launched = self.process.launched
+        roots = {pid for _, pid in self.known} | ({launched.pid} if launched is not None else set())
+        return roots.union(*(procfs.descendants(pid) for pid in roots))
 
     def rank_processes(self) -> list[tuple[int, int]]:
         """(pid, start ticks) of every rank whose heartbeat was ever read."""
@@ -91,6 +97,9 @@ class Watch:
                                                                                hb.workers_since)  # fmt: skip
             if alive and io is not None and not io.readable:
                 self._io_unreadable(hb.rank, hb.pid)
+            if self.io.sockets.unreadable and self.ctx.first("sockets_unreadable"):
+                self.ctx.event("sockets_unreadable", why="sock_diag (netlink) cannot be read here: the bytes a rank "
+                               "sends or receives on a socket are not seen")  # fmt: skip
             read, written = io.last_minute() if io is not None else (0, 0)
             view = RankView(hb, alive, status, io.moved_at if io is not None else 0.0, read, written,
                             io is not None and io.in_call, io.waits_for if io is not None else "")  # fmt: skip

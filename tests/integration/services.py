@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,16 +21,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import SERVICES
+from tests.ports import free_port
 
 BUCKET = "blackbox-team"
 KEY_ID = "BBTESTKEYID0"
 SECRET = "bb-test-secret-0f9e8d7c6b5a4f3e2d1c"  # the server's one identity: its secret is seeded, never written
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _weed() -> str:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import BIN, BLACKBOX, ROOT, job_env, kill_tree, send, wait_for
-from tests.integration.services import Prometheus, free_port, prometheus
+from tests.integration.services import Prometheus, prometheus
+from tests.ports import free_port
 
 TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
 RULES = ROOT / "configs" / "prometheus" / "blackbox-rules.yml"

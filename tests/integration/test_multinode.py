@@ -16,27 +16,11 @@ from typing import Any
 
 from blackbox.coord.topology import topology
 from tests.conftest import BIN, BLACKBOX, ROOT, job_env, wait_for
+from tests.ports import free_port
 
 TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
 STALL_S = 6.0
 POLL_S = 0.5
-
-
-def free_ports() -> int:
-    """A free port for torchrun's master whose coordinator port (+1000) is free too."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port + 1000 > 65535:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1000))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no free port pair")
 
 
 def start_node(tmp: Path, node: int, port: int, rank_at: int, *extra: str) -> subprocess.Popen[str]:
@@ -92,7 +76,7 @@ def manifest(bundle: Path) -> dict[str, Any]:
 
 
 def test_a_stall_on_one_node_is_collected_on_both(tmp_path: Path) -> None:
-    port = free_ports()
+    port = free_port(also=1000)
     alerts = tmp_path / "alerts.txt"
     on_incident = ["--on-incident", f"echo $BLACKBOX_NODE $BLACKBOX_TRIGGER >> {alerts}"]
     nodes = [start_node(tmp_path, i, port, 3, *on_incident) for i in (0, 1)]
@@ -137,7 +121,7 @@ def test_a_stall_on_one_node_is_collected_on_both(tmp_path: Path) -> None:
 
 
 def test_a_node_whose_supervisor_dies_is_recorded_and_the_other_still_collects(tmp_path: Path) -> None:
-    port = free_ports()
+    port = free_port(also=1000)
     nodes = [start_node(tmp_path, i, port, 0) for i in (0, 1)]
     dirs = [tmp_path / "node0", tmp_path / "node1"]
     for d in dirs:
@@ -158,7 +142,7 @@ def test_a_node_whose_supervisor_dies_is_recorded_and_the_other_still_collects(t
 
 
 def test_a_taken_coordinator_port_leaves_each_node_on_its_own(tmp_path: Path) -> None:
-    port = free_ports()
+    port = free_port(also=1000)
     squatter = socket.socket()
     squatter.bind(("0.0.0.0", port + 1000))
     squatter.listen(8)
@@ -187,7 +171,7 @@ def test_ranks_waiting_for_a_working_rank_of_another_node_are_not_stalled(tmp_pa
     # GIVEN a healthy 4-rank job on two nodes: rank 0 (node 0) computes metrics alone for 20 s, longer than the
     # 6 s stall timeout, while rank 1 (node 0) and ranks 2-3 (node 1) wait for it at a barrier: nothing moves on
     # node 1 the whole time
-    port = free_ports()
+    port = free_port(also=1000)
     nodes = []
     for node in (0, 1):
         cmd = [*BLACKBOX, "run", "--run-dir", str(tmp_path / f"node{node}"), "--stall-timeout", str(STALL_S),
@@ -219,7 +203,7 @@ def forge(port: int, job_key: str, key: str, value: dict[str, Any]) -> None:
 
 def test_a_forged_stall_from_outside_the_job_is_rejected_and_the_job_runs_on(tmp_path: Path) -> None:
     # GIVEN a two-node job whose nodes share a secret, both stepping
-    port = free_ports()
+    port = free_port(also=1000)
     secret = tmp_path / "job-secret"
     secret.write_text("a-secret-only-the-job-has\n")
     nodes = [start_node(tmp_path, i, port, 3, "--coord-secret-file", str(secret)) for i in (0, 1)]

@@ -26,7 +26,8 @@ import pytest
 from tests import conftest
 from tests.conftest import BIN, BLACKBOX, ROOT, job_env, wait_for
 from tests.integration.test_multinode import events, finish, manifest, report
-from tests.slurm_cluster import free_port, slurm_version
+from tests.ports import free_port
+from tests.slurm_cluster import slurm_version
 
 # one Slurm cluster of its own for the module; and alone: beside the other tests' jobs its daemons answered late (a
 # time limit's cause `unknown`) and a collection's py-spy ran past its 5 s (a verdict `ok`), in two of three runs

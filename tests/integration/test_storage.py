@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import BLACKBOX, PROGRAMS, bundles, job_env, kill_tree, wait_for
-from tests.integration.services import BUCKET, KEY_ID, SECRET, S3Server, free_port, seaweed_s3
-from tests.integration.test_multinode import finish, free_ports, has_event, manifest, report, start_node, stepping
+from tests.integration.services import BUCKET, KEY_ID, SECRET, S3Server, seaweed_s3
+from tests.integration.test_multinode import finish, has_event, manifest, report, start_node, stepping
+from tests.ports import free_port
 
 pytestmark = pytest.mark.xdist_group("storage")  # one S3 server for the module
 
@@ -68,7 +69,7 @@ def test_two_nodes_upload_under_one_prefix_and_report_by_url_gives_the_local_ver
     for kind, target in targets.items():
         base = tmp_path / kind
         base.mkdir()
-        port = free_ports()
+        port = free_port(also=1000)
         jobs[kind] = (base, [start_node(base, i, port, 3, "--upload", target) for i in (0, 1)])
     for base, _ in jobs.values():
         for d in (base / "node0", base / "node1"):

@@ -202,6 +202,23 @@ def test_exit_without_an_exception_and_an_early_clean_exit_are_crash_exit() -> N
     assert "Rank 1 left the training loop at step 20 and exited 0 while rank 0 waited" in b.summary
 
 
+def test_a_rank_that_cannot_exit_is_the_hang_not_the_rank_that_exited_0_before_it() -> None:
+    # GIVEN training over: rank 1 exited 0, rank 0 is held at the interpreter's exit by a thread of its own
+    done = classify(1, "n", 101, [fact("exited", "exited normally at step 40")], "compute", 40)
+    held = fact("io", "finished but cannot exit: the interpreter waits for a thread of its own, which is blocked in "
+                "read() of fd 7, /tmp/fifo (a fifo)", "ranks/0/proc.json")  # fmt: skip
+    exiting = state(0, held, fact("compute", "main thread in _shutdown (threading.py:1590)", STACK, weak=True))
+    exiting.exiting = True
+    # THEN the stall, and the exception or exit rules alike, name the rank that cannot exit and what holds it
+    for rule in ("stall", "exit"):
+        b = blame([exiting, done], Context(rule))
+        assert (b.suspects, b.category) == ([0], "hang.io"), rule
+        assert "rank 0 is waiting for I/O (finished but cannot exit: the interpreter waits for a thread" in b.summary
+    # BUT a rank still in its run when the other exited 0 was left behind: the early exit is the cause
+    running = state(0, held, fact("compute", "main thread in train (train.py:9)", STACK))
+    assert blame([running, done], Context("stall")).suspects == [1]
+
+
 def test_all_ranks_named_only_when_they_all_stand_in_the_same_place() -> None:
     spin = fact("compute", "main thread in spin (train.py:9)", STACK)
     b = blame([state(0, spin), state(1, spin)], Context("stall"))
