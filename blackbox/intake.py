@@ -18,7 +18,8 @@ from .incidents.indexing import index_bundle, record_url
 class Intake:
     """One bundle taken in. `report` is ready when the constructor returns; the index (and so `report.
     similar_incidents`, the "seen before" list) is written at once, or in a thread of its own with `background`
-    (the index is a file other nodes and jobs write too: it may wait on their lock), then `on_seen` is called."""
+    (the index is a file other nodes and jobs write too: it may wait on their lock), then `on_seen` is called.
+    `index`: the index is used at all; `record`: the bundle is added to it (else only looked up)."""
 
     def __init__(
         self,
@@ -27,12 +28,14 @@ class Intake:
         *,
         env: Optional[Mapping[str, str]] = None,
         index: bool = True,
+        record: bool = True,
         torch_fr: Optional[tuple[Optional[str], str]] = None,
         on_report: Optional[Callable[[Report], None]] = None,
         on_seen: Optional[Callable[[list[dict[str, Any]]], None]] = None,
         background: bool = False,
     ) -> None:
         self.bundle = bundle
+        self._record = record
         self.report = analyze(bundle, torch_fr)
         if on_report is not None:  # the verdict is said, and the alarms raised, before the index is touched
             on_report(self.report)
@@ -48,7 +51,7 @@ class Intake:
 
     def _index(self, warn: Callable[[str], None], env: Optional[Mapping[str, str]],
                on_seen: Optional[Callable[[list[dict[str, Any]]], None]]) -> None:  # fmt: skip
-        seen = index_bundle(self.report, self.bundle, warn, env)
+        seen = index_bundle(self.report, self.bundle, warn, env, add=self._record)
         self.report.similar_incidents = seen
         if on_seen is not None:
             on_seen(seen)

@@ -103,6 +103,10 @@ _STORE_BARRIER = re.compile(r"Waiting in store based barrier to initialize proce
 _DUPLICATE_GPU = re.compile(r"Duplicate GPU detected : rank (\d+) and rank (\d+) both on CUDA device (\w+)")
 _EXC_LINE = re.compile(r"^((?:[A-Za-z_][\w]*\.)*[A-Z][\w]*(?:Error|Exception|Interrupt|Exit|Failure|Timeout)): (.*)$")
 _TB_FILE = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
+# What the interpreter prints when it cannot start a rank's script (no traceback, no exception of the rank's own)
+_NO_START = re.compile(r"^(?!\S*(?:Error|Exception|Warning):)\S{1,300}: (?:can't open file '[^']{0,300}': "
+                       r"\[Errno \d+\] .{0,80}|No module named \S{1,200}$|Error while finding module specification "
+                       r"for .{0,200})")  # fmt: skip
 _GLOO_FALLBACK = re.compile(r"Unable to resolve hostname to a \(local\) address|Using the loopback address as "
                             r"fallback", re.IGNORECASE)  # fmt: skip
 _REMOTE = re.compile(r"remote=\[?([\w.:\-]+?)\]?:(\d+)|connect \[([\w.:\-]+?)\]:(\d+)|peer ([\d.]+)<(\d+)>|"
@@ -152,6 +156,7 @@ class ConsoleFacts:
     mismatches: list[tuple[int, dict[int, str]]] = field(default_factory=list)
     setup_waits: dict[int, str] = field(default_factory=dict)  # rank -> the set-up barrier it waits in (the line)
     duplicate_gpu: list[int] = field(default_factory=list)  # ranks NCCL found on one GPU
+    no_start: list[str] = field(default_factory=list)  # the interpreter could not start the script: its lines
 
 
 def _rank_of(line: str) -> tuple[Optional[int], str]:
@@ -250,6 +255,8 @@ def _setup_facts(out: ConsoleFacts, prefixed: Optional[int], body: str) -> None:
     fallback, ranks waiting in a set-up barrier, and ranks NCCL found on one GPU."""
     if _GLOO_FALLBACK.search(body):
         out.hostname_fallback.append(body[:300])
+    if _NO_START.search(body) and body[:300] not in out.no_start and not body.startswith(("File ", "Traceback")):
+        out.no_start.append(body[:300])
     barrier = _STORE_BARRIER.search(body)
     if barrier:
         out.setup_waits.setdefault(int(barrier.group(1)), body[:300])

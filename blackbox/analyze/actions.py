@@ -35,6 +35,7 @@ class Facts:
     hostname_note: Optional[str] = None
     queued: list[int] = field(default_factory=list)  # ranks whose pending collective waits behind their GPU's work
     job_ended: bool = False  # blackbox ended the job once this bundle was taken (`--on-stall kill`): no live pids
+    no_start: list[str] = field(default_factory=list)  # the interpreter could not start the script: what it printed
 
 
 @dataclass(frozen=True)
@@ -270,6 +271,8 @@ _BY_CATEGORY: dict[str, Callable[[_At, Facts], list[str]]] = {
                            "the wait — a hung network filesystem (nfs, lustre), a device or driver; `dmesg -T | tail "
                            "-50` and the mount's health on the node."),
     "crash.exit": lambda at, facts: [
+        f"R{at.where[1:]} could not start the script: the console says `{facts.no_start[0]}`. Check the script's path "
+        "or module name (relative to the directory the launcher runs in, on every node)."] if facts.no_start else [
         f"R{at.where[1:]} exited without raising an exception: look for `sys.exit`/`os._exit` or a library that exits "
         "(a rank-dependent `break` or `return` out of the training loop, a native library's exit()), and at its "
         "last lines in the console tail.",

@@ -508,6 +508,7 @@ def _action_facts(facts: Facts, unjoined: list[fr.Unjoined], mismatched: list[fr
         if io is not None:
             facts.blocked_io.setdefault(s.rank, Blocked(io.text, io.waited, io.by_thread))
     facts.network_lines = ev.console.network[:3] + ev.console.hostname_fallback[:1]
+    facts.no_start = ev.console.no_start[:1]
     facts.remote_addresses = ev.console.remote_addresses[:4]
 
 

@@ -23,9 +23,13 @@ from ..errors import EXIT_CANT_CREATE, BlackboxError
               help="Also run PyTorch's flight-recorder analyzer (when torch is importable here) on normalised copies "
                    "of the bundle's traces; blackbox reads `pg_status` itself either way.")  # fmt: skip
 @click.option("--index/--no-index", "use_index", default=True, show_default=True,
-              help="Record the bundle(s) in the local incident index ($BLACKBOX_HOME/incidents.sqlite) and show "
-                   "earlier incidents like this one (`seen before`).")  # fmt: skip
-def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyzer: bool, use_index: bool) -> int:
+              help="Show earlier incidents like this one from the local incident index "
+                   "($BLACKBOX_HOME/incidents.sqlite): `seen before`.")  # fmt: skip
+@click.option("--record", is_flag=True, default=False,
+              help="Also add the bundle(s) to the local incident index (`blackbox run` and `collect` add their own; "
+                   "a bundle from elsewhere is not added unless asked).")  # fmt: skip
+def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyzer: bool, use_index: bool,
+           record: bool) -> int:  # fmt: skip
     """Say what happened in a bundle: category, suspect ranks, phase, evidence, next steps.
 
     PATH is a bundle (.tar.gz), an extracted bundle directory, a run directory (its newest bundle), or a
@@ -51,12 +55,17 @@ def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyze
         dumps, _ = flight_recorder_dumps(bundle)
         if len(dumps) > 1:
             torch_fr = fr.torch_analyzer({f"{FR_PREFIX}{rank}": d for rank, d in dumps.items()})
-    model = Intake(bundle, lambda m: click.echo(f"blackbox: warning: {m}", err=True), index=use_index,
-                   torch_fr=torch_fr).report  # fmt: skip
-    render = _renderer(fmt)
+    model = Intake(bundle, lambda m: click.echo(f"blackbox: warning: {m}", err=True), index=use_index or record,
+                   record=record, torch_fr=torch_fr).report  # fmt: skip
+    _write(model, _renderer(fmt), out_path)
+    return 0
+
+
+def _write(model: Any, render: Callable[[Any, TextIO], None], out_path: Optional[str]) -> None:
+    """The rendered report to stdout, or to `out_path`."""
     if out_path is None:
         render(model, sys.stdout)
-        return 0
+        return
     try:
         with open(out_path, "w", encoding="utf-8") as out:
             render(model, out)
@@ -64,7 +73,6 @@ def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyze
         raise BlackboxError(
             f"Cannot write the report to `{out_path}`: {exc.strerror}.", exit_code=EXIT_CANT_CREATE
         ) from None
-    return 0
 
 
 def _remote(path: str) -> bool:

@@ -52,6 +52,13 @@ class Signature:
         return hashlib.sha256(data.encode()).hexdigest()[:20]
 
 
+def names_a_cause(top_frame: Optional[str], exception_type: Optional[str], message: Optional[str]) -> bool:
+    """Whether a signature says what failed: an exception, or the culprit's frame. Two reports that say neither (a
+    launcher's bad option and a stack that could not be taken) are not the same failure: nothing is known of either,
+    so neither is "seen before"."""
+    return bool(top_frame or exception_type or message)
+
+
 def top_frame(report: Report) -> Optional[str]:
     """The frame that says where: the exception's innermost user frame, else the first suspect's main-thread
     frame (a hang), else the frame most ranks share."""

@@ -14,7 +14,7 @@ from ..analyze.model import Report
 from ..bundle import layout as L
 from ..bundle.reader import Bundle
 from ..events import read_events
-from .fingerprint import Signature, signature
+from .fingerprint import Signature, names_a_cause, signature
 from .store import IncidentIndex, IndexUnavailable, default_path
 
 CONFIG_CAP = 256 * 1024
@@ -88,9 +88,10 @@ def rerun_outcome(path: str, incident: Mapping[str, Any], index: IncidentIndex) 
 
 
 def index_bundle(report: Report, bundle: Bundle, warn: Callable[[str], None],
-                 env: Optional[Mapping[str, str]] = None) -> list[dict[str, Any]]:  # fmt: skip
-    """Index the bundle file(s) behind a report; the earlier incidents like it ("seen before"), newest first.
-    An index that cannot be used costs one warning through `warn`, and nothing else."""
+                 env: Optional[Mapping[str, str]] = None, add: bool = True) -> list[dict[str, Any]]:  # fmt: skip
+    """Index the bundle file(s) behind a report (`add`; else only look), and return the earlier incidents like it
+    ("seen before"), newest first. An index that cannot be used costs one warning through `warn`, and nothing
+    else."""
     path = default_path(os.environ if env is None else env)
     try:
         index = IncidentIndex(path)
@@ -102,8 +103,9 @@ def index_bundle(report: Report, bundle: Bundle, warn: Callable[[str], None],
         files = bundle_files(bundle)
         job = bundle.section("multinode").get("job_id")
         found = index.similar(sig.fingerprint(), sig.category, sig.top_frame, {sha for _, sha in files},
-                              job=str(job) if job else None)  # fmt: skip
-        for p, sha in files:
+                              job=str(job) if job else None) if names_a_cause(sig.top_frame, sig.exception_type,
+                                                                              sig.message) else []  # fmt: skip
+        for p, sha in files if add else ():
             index.add(record(sig, report, bundle, p, sha))
     except Exception as exc:  # a full disk, a read-only file, a locked database past every retry
         warn(f"the incident index `{path}` could not be used ({exc}); going on without the incident index")

@@ -14,6 +14,7 @@ import re
 from typing import Any, Optional
 
 from ..analyze.model import Report
+from ..incidents import fingerprint
 from ..incidents.fingerprint import signature
 
 RECORD_SCHEMA_VERSION = 1
@@ -115,3 +116,9 @@ def parse_fix(data: bytes) -> Optional[dict[str, Any]]:
     if raw is None or raw.get("status") not in ("hypothesis", "fixed", "verified"):
         return None
     return {k: _text(raw.get(k)) for k in FIX_FIELDS}
+
+
+def names_a_cause(record: dict[str, Any]) -> bool:
+    """Whether an incident record says what failed (incidents.fingerprint.names_a_cause): only then are earlier
+    records searched for the same failure."""
+    return fingerprint.names_a_cause(record.get("top_frame"), record.get("exception_type"), record.get("message"))

@@ -38,6 +38,7 @@ from .process import HANDLED, JobProcess, become_subreaper, describe_status, exi
 from .rundir import new_run_id, prepare_run_dir
 from .watch import Watch
 
+LAUNCHER_TAIL_BYTES = 4096  # the end of the launcher's output read for its last line, when it fails before any rank
 RECORD_S = 5.0  # what Slurm says of a SIGTERM it sent is asked within this, again while it refuses (its KillWait,
 # 30 s by default, must leave the supervisor time to end after it: the record is joined before the run ends)
 
@@ -482,6 +483,17 @@ class Supervisor:
         self.watch.status_due(views, now)
 
     # --- the end ---------------------------------------------------------------------------------------
+    def _launcher_failed(self, code: int) -> None:
+        """The launcher exited non-zero before it started any process (a bad option, a missing script): one line
+        that quotes the last line it printed, and no bundle (there is no rank to read)."""
+        console = self.ctx.console
+        tail = console.tail(LAUNCHER_TAIL_BYTES).decode("utf-8", "replace") if console is not None else ""
+        last = next((line.strip() for line in reversed(tail.splitlines()) if line.strip()), "")
+        self.ctx.event("launcher_failed", exit_code=code, last_line=last[:500])
+        said = f", its last line: {last[:300]}" if last else ", printing nothing"
+        self.ctx.say(f"the launcher exited with code {code} before any rank started{said} (no bundle: there is no "
+                     "rank to read)")  # fmt: skip
+
     def _finish(self) -> int:
         ctx, process = self.ctx, self.process
         assert process.launched is not None and process.launcher_status is not None
@@ -501,7 +513,10 @@ class Supervisor:
             with contextlib.suppress(Exception):
                 self._poll_guarded()  # deaths at the very end still get their record
         if code != 0 and not ctx.bundles and ctx.watching and not process.interrupted and not process.preempted:
-            self.episodes.collect(Trigger("exit"), None)
+            if self.watch.known or self.watch.spawned:
+                self.episodes.collect(Trigger("exit"), None)
+            else:  # it started no process (a bad option, say): nothing to collect, its own words say why
+                self._launcher_failed(code)
         self.evidence.finish()
         if self._recording is not None:
             self._recording.join(RECORD_S + 1.0)

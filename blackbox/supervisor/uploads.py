@@ -67,7 +67,7 @@ class Uploads:
                    "record": record or {"schema_version": SL.RECORD_SCHEMA_VERSION, "id": SL.short_id(written.sha256),
                                         "run": run, "node": node, "host": self.ctx.node, "fingerprint": "",
                                         "verdict": {}, "sha256": written.sha256},
-                   "seen": record is not None}  # fmt: skip
+                   "seen": record is not None and SL.names_a_cause(record)}  # fmt: skip
         t = threading.Thread(target=self._run, args=(written.path, request, on_done), name="blackbox-upload",
                              daemon=True)  # fmt: skip
         self._threads.append(t)

@@ -42,6 +42,7 @@ class Watch:
         self.known: dict[tuple[int, int], HeartbeatState] = {}  # (rank, pid) -> last reading
         self.stepped: set[tuple[int, int]] = set()
         self._elsewhere: set[tuple[int, int]] = set()  # (rank, pid) of ranks in another PID namespace: unwatched
+        self.spawned = False  # the launcher was seen with a process of its own (a rank, a script's command)
         self.history: dict[int, deque[dict[str, object]]] = {}  # rank -> recent changes (for the report)
         self.gpus = GpuWatch()
         self.io = IoWatch(self.job_pids)
@@ -78,6 +79,8 @@ class Watch:
         now = time.monotonic() if now is None else now
         views = []
         launched = self.process.launched
+        if not self.spawned and launched is not None:
+            self.spawned = bool(procfs.children(launched.pid))
         stuck = self.output.tee_stuck(launched.helper_pids[0] if launched and launched.helper_pids else None, now)
         for hb in self.table.read():
             key = (hb.rank, hb.pid)

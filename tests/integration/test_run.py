@@ -215,6 +215,25 @@ def test_on_stall_keep_leaves_the_job_running(tmp_path: Path, run_dir: Path) -> 
     assert len(events(run_dir, "stall")) == 1
 
 
+def test_a_launcher_that_fails_before_starting_anything_is_quoted_in_one_line(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN torchrun given an option it does not know: it exits 2 before it starts any process
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--", TORCHRUN, "--nproc-per-node", "2", "--bogus-flag",
+                        "train.py"], tmp_path)  # fmt: skip
+    # THEN its exit code passes through, its own words reach the terminal, and blackbox quotes its last line once,
+    # with no bundle: there is no rank to read (a bundle of nothing said "hang.unknown" and matched other runs)
+    err = res.stderr.decode()
+    assert res.returncode == 2, err
+    assert "torchrun: error: unrecognized arguments: --bogus-flag" in err
+    said = [line for line in err.splitlines() if line.startswith("blackbox:")]
+    expected = (
+        "blackbox: the launcher exited with code 2 before any rank started, its last line: torchrun: error: "
+        "unrecognized arguments: --bogus-flag (no bundle: there is no rank to read)"
+    )
+    assert said == [expected], err
+    assert not bundles(run_dir)
+    assert [e["exit_code"] for e in events(run_dir, "launcher_failed")] == [2]
+
+
 # --- bad input ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("args", "code", "sentence"),

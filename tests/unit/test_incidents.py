@@ -202,3 +202,22 @@ def test_seen_before_leaves_out_the_same_run_and_is_said_once(tmp_path: Path, mo
     assert once.first([seen[0]["incident_id"], None, "run2/n/t"])
     assert not once.first(["inc-2", "s3://b/p/run2/n/x.tar.gz", None])
     assert once.first(["inc-3", "s3://b/p/run3/n/y.tar.gz", None])
+
+
+def test_a_verdict_naming_no_cause_matches_nothing_and_report_adds_only_when_asked(tmp_path: Path) -> None:
+    from blackbox.incidents.fingerprint import names_a_cause
+    from blackbox.intake import Intake
+
+    env = {"BLACKBOX_HOME": str(tmp_path)}
+    hang = read_bundle(str(GOLDEN / "data-hang.tar.gz"))
+    # GIVEN a report that names a cause (the culprit's frame), and signatures that name none
+    assert names_a_cause("__getitem__ (train.py)", None, None) and names_a_cause(None, "OSError", None)
+    assert not names_a_cause(None, None, None)
+    # WHEN a bundle is read with `report` (record=False): it is looked up, not added
+    assert Intake(hang, pytest.fail, env=env, record=False).report.similar_incidents == []
+    assert IncidentIndex(str(tmp_path / "incidents.sqlite")).count() == 0
+    # AND added when asked (`report --record`, as `run` and `collect` do): the same bundle again finds nothing
+    # "before" but itself, which is no incident of its own
+    Intake(hang, pytest.fail, env=env)
+    assert IncidentIndex(str(tmp_path / "incidents.sqlite")).count() == 1
+    assert Intake(hang, pytest.fail, env=env, record=False).report.similar_incidents == []

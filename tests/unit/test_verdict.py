@@ -265,3 +265,20 @@ def test_a_stall_before_the_first_step_is_unknown(tmp_path: Path) -> None:
     det = {"rule": "stall", "ranks": [0, 1], "suspects": [0, 1], "reason": "no rank stands out"}
     report = analyze(read_bundle(str(bundle(tmp_path, "stall", {}, hbs, detection=det))))
     assert report.verdict.category == "hang.unknown" and report.verdict.confidence == "low"
+
+
+def test_a_script_the_interpreter_could_not_start_is_quoted_not_a_traceback() -> None:
+    from blackbox.adapters.comm_log import parse_console
+
+    cant = "/usr/bin/python3: can't open file '/work/trian.py': [Errno 2] No such file or directory"
+    text = "\n".join(
+        [
+            cant,
+            cant,
+            "/usr/bin/python3: No module named trian",
+            "Traceback (most recent call last):",
+            "ModuleNotFoundError: No module named 'trian'",
+            "E1206 08:25:34 failed (exitcode: 2)",
+        ]
+    )
+    assert parse_console(text).no_start == [cant, "/usr/bin/python3: No module named trian"]
