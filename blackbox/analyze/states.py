@@ -578,10 +578,13 @@ def read_state(bundle: Bundle, rank: int, node: str, rs: Optional[RankStack], ev
 
 
 def _exit_code(status: str) -> Optional[int]:
-    m = re.match(r"exit code (-?\d+)", status)
+    """The code in an exit status, as blackbox's supervisor words it when it reaps a rank ("exited with code 7",
+    "died of signal 9 (SIGKILL)") or as _describe_exit does ("exit code 7", "signal 9 (SIGKILL)"); negative: a
+    signal."""
+    m = re.match(r"(?:exited with )?(?:exit )?code (-?\d+)", status)
     if m:
         return int(m.group(1))
-    m = re.match(r"signal (\d+)", status)
+    m = re.match(r"(?:died of )?signal (\d+)", status)
     return -int(m.group(1)) if m else None
 
 

@@ -282,3 +282,12 @@ def test_a_script_the_interpreter_could_not_start_is_quoted_not_a_traceback() ->
         ]
     )
     assert parse_console(text).no_start == [cant, "/usr/bin/python3: No module named trian"]
+
+
+def test_an_exit_status_is_read_as_the_supervisor_words_it() -> None:
+    # (a rank blackbox reaped with code 7 was "exited normally": its words were not read, only the analysis' own)
+    from blackbox.analyze.states import _exit_code
+
+    said = ("exited with code 7", "exited with code 0", "died of signal 9 (SIGKILL)", "exit code 3",
+            "signal 15 (SIGTERM)", "running")  # fmt: skip
+    assert [_exit_code(s) for s in said] == [7, 0, -9, 3, -15, None]
