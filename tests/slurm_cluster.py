@@ -25,8 +25,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.ports import free_port
-
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CPUS_PER_NODE = 8  # declared, not real: jobs side by side on a 2-core machine (config_overrides)
 KILL_WAIT_S = 10
@@ -182,6 +180,8 @@ def start(root: Path, nodes: int = 2, timeout: float = 60) -> Cluster:
     key = root / "munge" / "munge.key"
     key.write_bytes(os.urandom(1024))
     os.chmod(key, 0o400)
+    from tests.ports import free_port  # here: this file also runs as a script (--reap), where `tests` is no package
+
     names = [f"bbn{i}" for i in range(nodes)]
     ports = [free_port() for _ in range(nodes + 1)]
     cluster = Cluster(root, names)

@@ -91,7 +91,8 @@ class Motion:
         self._cpu = -1.0
         self._slept_at = -POLL_S  # when the main thread was last seen asleep on a timer ...
         self._polled_at = -POLL_S  # ... and having woken (used CPU) since the sample before: a loop
-        self._was_asleep: Optional[bool] = None  # the main thread was asleep on a timer at the sample before
+        self._was_asleep: Optional[bool] = None  # the main thread was asleep on a timer at the sample before (None:
+        # not known — it was running, or waiting for a CPU on a loaded machine: asked again)
         self.waiting = P.WAIT_NONE  # what the main thread waits for (P.WAIT_*), at the last sample
         self._accelerated = False  # CUDA or another accelerator is in use: CPU time in one call is no work
         # the job's other threads while the main thread waits for one: thread id -> (signature, codes, bytes, CPU s)
@@ -162,7 +163,7 @@ class Motion:
             # then — asleep on a timer or not — without asking the kernel again (a still rank's sample stays cheap)
             before = self._was_asleep
             asleep = self._asleep() if before is None or sig != self._signature else before
-            self._was_asleep = asleep
+            self._was_asleep = asleep  # a thread found running is asked again: it may be on its way into the sleep
             if asleep:
                 # it ran since the sample before, and an earlier sample found it asleep too: it woke to check, and
                 # sleeps again (a loop) — not the rest of a step before its first sleep (one long sleep is no loop)
@@ -224,8 +225,10 @@ class Motion:
                 self._accelerated = True  # not known: CPU time does not count, as before
         return self._accelerated
 
-    def _asleep(self) -> bool:
-        """Whether the main thread sleeps on a timer now (TIMER_SLEEPS); False where that cannot be read."""
+    def _asleep(self) -> Optional[bool]:
+        """Whether the main thread sleeps on a timer now (TIMER_SLEEPS): False in another system call, None where
+        that is not known (running — on a loaded machine a sample lands between the sleep's line and its system
+        call, or while the thread waits for a CPU — or unreadable)."""
         try:
             fd = os.open(self._syscall, os.O_RDONLY)  # plain system calls: a file object costs as much as the read
             try:
@@ -234,7 +237,7 @@ class Motion:
                 os.close(fd)
             nr = int(fields[0])
         except (OSError, ValueError, IndexError):
-            return False  # "running", or no such file (another kernel)
+            return None  # "running", or no such file (another kernel)
         if nr not in self._sleeps:
             return False
         count = self._sleeps[nr]

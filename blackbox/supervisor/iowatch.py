@@ -39,6 +39,7 @@ class RankIo:
     _main: Optional[int] = None  # the main thread's rchar + wchar at the last poll
     _wakeups: Optional[int] = None  # its wake-ups inside a read or write call at the last poll (None: in none)
     _flush: Optional[tuple[float, writeback.Flush]] = None  # (when, the flush its main thread was in) at the last poll
+    _flush_from: Optional[tuple[float, writeback.Flush]] = None  # ... and at the first poll that found it in that flush
     _base: tuple[float, int] = (0.0, -1)  # (when, storage bytes) the floor counts from
     _samples: deque[tuple[float, int, int]] = field(default_factory=deque)  # (time, read, written)
 
@@ -131,13 +132,18 @@ class IoWatch:
 
 
 def _drains(io: RankIo, flush: Optional[writeback.Flush], now: float) -> str:
-    """What a flush the main thread is in (`flush`: writeback.flushing, this poll) has written since the last poll,
-    in words ("in fsync(), its file's pages going out: the disk (259:1) writes 4.2 MB/s"); "" when it is in none, or
-    nothing went out (a mount that answers nothing). The first poll in a flush sets its baseline."""
+    """Whether a flush the main thread is in (`flush`: writeback.flushing, this poll) wrote since the last poll, in
+    words with its rate since the flush began ("in fsync(), its file's pages going out: the disk (259:1) writes
+    4.2 MB/s": a throttled disk writes in bursts, a poll's own rate swings); "" when it is in none, or nothing went
+    out (a mount that answers nothing). The first poll in a flush sets its baseline."""
     before, io._flush = io._flush, (now, flush) if flush is not None else None
-    if flush is None or before is None or before[1].counter != flush.counter or flush.written <= before[1].written:
+    if flush is None or before is None or before[1].counter != flush.counter:
+        io._flush_from = io._flush
         return ""
-    rate = (flush.written - before[1].written) / max(now - before[0], 1e-3)
+    if flush.written <= before[1].written:
+        return ""
+    since = io._flush_from or before
+    rate = (flush.written - since[1].written) / max(now - since[0], 1e-3)
     kind, _, name = flush.counter.partition(" ")
     where = {"block": f"the disk ({name})", "nfs": f"the NFS server of {name}"}.get(kind, "the host")
     return f"in {flush.call}(), its file's pages going out: {where} writes {human_bytes(rate)}/s"

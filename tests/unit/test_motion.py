@@ -247,6 +247,37 @@ def test_one_long_sleep_after_a_little_work_is_a_sleep_never_a_poll_loop(tmp_pat
     assert m.stack_changes == 0
 
 
+def test_a_sleep_first_sampled_on_its_way_in_is_asked_again(tmp_path: Path) -> None:
+    # GIVEN a main thread that sleeps at one line (a tool watched with `while p.poll() is None: sleep(0.2)`), whose
+    # first still sample finds it "running": on a loaded machine, between the line and the system call, or waiting
+    # for a CPU (the quiet gallery's polled-tool was ended as a stall: that answer was kept for good)
+    stop = threading.Event()
+    main = threading.Thread(target=_sleeping, args=(stop,), daemon=True)
+    main.start()
+    time.sleep(0.1)
+    m = M.Motion(FakeRecorder(tmp_path))
+    m.watch(main)
+    real = m._syscall
+    fake = tmp_path / "syscall"
+    fake.write_text("running\n")
+    m._syscall = str(fake)
+    now = time.monotonic()
+    try:
+        for _ in range(3):
+            now += 0.5
+            m.tick(now)
+        assert m.waiting == P.WAIT_NONE  # not known yet
+        # WHEN the kernel then shows it in its sleep
+        m._syscall = real
+        for _ in range(3):
+            now += 0.5
+            m.tick(now)
+        # THEN it sleeps: what it may wait for (its child) is followed
+        assert m.waiting in (P.WAIT_SLEEP, P.WAIT_POLL), m.waiting
+    finally:
+        stop.set()
+
+
 def _hashing(stop: threading.Event) -> None:
     import hashlib
 
