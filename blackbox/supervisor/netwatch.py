@@ -69,9 +69,6 @@ class SocketFollower:
             return ""
         return f"moves bytes over TCP with {busiest}: {human_bytes(total / NET_WINDOW_S)}/s"
 
-    def forget(self, pid: int) -> None:
-        self._ranks.pop(pid, None)
-
     def _read(self) -> Optional[dict[int, sockdiag.TcpSocket]]:
         if self._sockets is None and not self.unreadable:
             self._sockets = sockdiag.tcp_sockets()

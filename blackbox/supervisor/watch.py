@@ -45,7 +45,7 @@ class Watch:
         self.spawned = False  # the launcher was seen with a process of its own (a rank, a script's command)
         self.history: dict[int, deque[dict[str, object]]] = {}  # rank -> recent changes (for the report)
         self.gpus = GpuWatch()
-        self.io = IoWatch(self.job_pids)
+        self.io = IoWatch(lambda: [pid for pid, _ in process.job_processes()])
         self.output = outputwait.OutputWait()
         self._sampled: dict[int, float] = {}  # rank -> when its last history sample was taken
         self._gpu_idle_said = False
@@ -62,12 +62,6 @@ class Watch:
 
     def _heartbeat_error(self, path: str, message: str) -> None:
         self.ctx.event("heartbeat_error", path=path, error=message)
-
-    def job_pids(self) -> set[int]:
-        """The job's processes on this host: the launcher and what it started, the ranks and what they started."""
-        launched = self.process.launched
-        roots = {pid for _, pid in self.known} | ({launched.pid} if launched is not None else set())
-        return roots.union(*(procfs.descendants(pid) for pid in roots))
 
     def rank_processes(self) -> list[tuple[int, int]]:
         """(pid, start ticks) of every rank whose heartbeat was ever read."""
@@ -100,9 +94,6 @@ class Watch:
                                                                                hb.workers_since)  # fmt: skip
             if alive and io is not None and not io.readable:
                 self._io_unreadable(hb.rank, hb.pid)
-            if self.io.sockets.unreadable and self.ctx.first("sockets_unreadable"):
-                self.ctx.event("sockets_unreadable", why="sock_diag (netlink) cannot be read here: the bytes a rank "
-                               "sends or receives on a socket are not seen")  # fmt: skip
             read, written = io.last_minute() if io is not None else (0, 0)
             view = RankView(hb, alive, status, io.moved_at if io is not None else 0.0, read, written,
                             io is not None and io.in_call, io.waits_for if io is not None else "")  # fmt: skip
@@ -115,6 +106,9 @@ class Watch:
                 self._output_blocked(hb.rank, hb.pid)
             self._record_history(view, now)
             views.append(view)
+        if self.io.sockets.unreadable and self.ctx.first("sockets_unreadable"):
+            self.ctx.event("sockets_unreadable", why="sock_diag (netlink) cannot be read here: the bytes a rank "
+                           "sends or receives on a socket are not seen")  # fmt: skip
         self.io.end_poll()
         return views
 
