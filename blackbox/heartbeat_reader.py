@@ -4,6 +4,7 @@ Host side; imports the stdlib, the protocol and safeopen."""
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import time
@@ -91,6 +92,45 @@ class HeartbeatState:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class RingEntry:
+    """A phase edge from the rank's ring (layout 4): the phase it entered, at which step, when (mono s); in a
+    collective, its op and the rank's own sequence number of it in its group."""
+
+    n: int
+    phase: str
+    collective: str
+    seq: int
+    start: float
+    step: int
+
+
+def ring(buf: Any) -> list[RingEntry]:
+    """The rank's last phase edges, oldest first, read from its page without its help (an mmap or bytes).
+    Untrusted: an entry whose two numbers are not the one its slot should hold (torn by a write under way,
+    overwritten, made up) is dropped, as is one whose time is not a number; a page of layout 1-3 has none."""
+    if len(buf) < P.HEARTBEAT_SIZE:
+        return []
+    magic, version, _size = P.HEADER.unpack_from(buf, P.OFF_HEADER)
+    if magic != P.MAGIC or version < 4:
+        return []
+    view = memoryview(buf)[: P.HEARTBEAT_SIZE]
+    q, d = view.cast("Q"), view.cast("d")
+    head = q[P.W_RING_HEAD]
+    out = []
+    for n in range(max(1, head - P.RING_ENTRIES + 1), head + 1):
+        w = P.W_RING + (n - 1) % P.RING_ENTRIES * P.RING_WORDS
+        last = q[w + 5]  # loaded in the reverse of the writer's order: last number, fields, first number
+        what, seq, start, step = q[w + 1], q[w + 2], d[w + 3], q[w + 4]
+        if q[w] != n or last != n or not math.isfinite(start):
+            continue
+        code, op = what & 0xFF, what >> 8
+        phase = P.PHASE_NAMES.get(code, "custom" if code == P.PHASE_CUSTOM else "unknown")
+        collective = P.COLLECTIVE_OPS[op] if 0 <= op < len(P.COLLECTIVE_OPS) else "unknown"
+        out.append(RingEntry(n, phase, collective if code == P.PHASE_COLLECTIVE else "", seq, start, step))
+    return out
 
 
 def _group(q: memoryview[int], first: int, last: int, patience_s: float) -> _Words | None:

@@ -3,19 +3,23 @@ venv (`make bench`). An agent process starts N idle Python processes posing as r
 recorder active through its sitecustomize); `blackbox collect AGENT_PID` then finds them, takes py-spy stacks
 (with and without --native), /proc state, asks each recorder for its dump, gathers the node facts and writes the
 bundle. Reported: the collector's own duration (from its JSON outcome) and the command's wall time (with the
-CLI's start-up). Prints a Markdown table; the README quotes it."""
+CLI's start-up), and the collection again with one of the ranks stopped (SIGSTOP: it cannot answer, py-spy reads it
+without suspending it, nothing waits for it). Prints a Markdown table; docs/benchmarks.md quotes it."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -68,14 +72,15 @@ def bench(n: int, repeats: int) -> dict[str, float]:
         try:
             wait_heartbeats(run_dir, n)
             row: dict[str, float] = {}
-            for native in (False, True):
+            for key in ("plain", "native", "stopped"):
+                if key == "stopped":  # one rank that cannot answer
+                    os.kill(psutil.Process(agent.pid).children()[0].pid, signal.SIGSTOP)
                 core, wall = [], []
                 for i in range(repeats):
-                    c, w, found = one_collection(agent.pid, os.path.join(tmp, f"out-{native}-{i}"), native)
+                    c, w, found = one_collection(agent.pid, os.path.join(tmp, f"out-{key}-{i}"), key == "native")
                     assert found == n, f"found {found} of {n} ranks"
                     core.append(c)
                     wall.append(w)
-                key = "native" if native else "plain"
                 row[f"{key}_core"] = statistics.median(core)
                 row[f"{key}_wall"] = statistics.median(wall)
             return row
@@ -96,11 +101,11 @@ def main() -> int:
         rows[n] = bench(n, args.repeats)
         print(f"  {n} processes: {rows[n]}", file=sys.stderr)
     print("| target processes | collect (s) | collect --native (s) | command wall, incl. start-up (s) | "
-          "per process (ms) |")  # fmt: skip
-    print("| ---: | ---: | ---: | ---: | ---: |")
+          "per process (ms) | collect, one rank stopped (s) |")  # fmt: skip
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for n, r in rows.items():
         print(f"| {n} | {r['plain_core']:.2f} | {r['native_core']:.2f} | {r['plain_wall']:.2f} | "
-              f"{1000 * r['plain_core'] / n:.0f} |")  # fmt: skip
+              f"{1000 * r['plain_core'] / n:.0f} | {r['stopped_core']:.2f} |")  # fmt: skip
     print(f"\n{os.cpu_count()} CPUs, median of {args.repeats} runs each.")
     return 0
 

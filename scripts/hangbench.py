@@ -14,7 +14,8 @@ prints it (`rank N: failing now`, `rank 0: pausing`). As root, one row runs on t
 (scripts/netns.py), one rank each, and takes the link between them down at node 0's `rank 0: at step 8`: a network
 partition, judged on node 0, where the master lives. Measured per contender: hangs detected (recall), healthy jobs
 ended or alarmed (false-positive rate), detection latency from onset (median, p90), culprit accuracy (exact suspect
-set; category where the tool gives one), evidence completeness (ranks with a stack and a collective trace / world),
+set; category where the tool gives one), evidence completeness (ranks with a stack and their place in the
+collectives — a flight-recorder trace or the rank's own ring —, as the report's `evidence` says / world),
 and the first line a user reads. One JSON file and a Markdown table.
 
     python scripts/hangbench.py [--jobs 6] [--out docs/hangbench.json] [--rows a,b] [--contenders blackbox,...]
@@ -35,7 +36,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -128,7 +128,7 @@ class Outcome:
     category: Optional[str]
     culprit_ok: Optional[bool]
     category_ok: Optional[bool]
-    evidence: float  # ranks with a stack and a collective trace / world
+    evidence: float  # ranks with a stack and their place in the collectives / world
     first_line: str
     exit_code: Optional[int]
     wall_s: float
@@ -283,24 +283,15 @@ def _blackbox(row: Row, contender: str, work: Path, err: Lines, code: Optional[i
         path = BUNDLE.match(said[1]).group(1)  # type: ignore[union-attr]
         res = subprocess.run([sys.executable, "-m", "blackbox", "report", "--format", "json", path],
                              capture_output=True, text=True, timeout=120)  # fmt: skip
-        report = json.loads(res.stdout).get("verdict", {}) if res.returncode == 0 and res.stdout.strip() else {}
-        evidence = _bundle_evidence(Path(path), row.nproc * row.hosts)
+        whole = json.loads(res.stdout) if res.returncode == 0 and res.stdout.strip() else {}
+        report = whole.get("verdict", {})
+        complete = {e.get("rank") for e in whole.get("evidence") or [] if e.get("complete")}
+        evidence = round(len(complete) / (row.nproc * row.hosts), 2)
     detected = said is not None or (row.truth == "healthy" and code not in (0, None))
     suspects = report.get("suspect_ranks") if said else None
     category = report.get("category") if said else None
     return _outcome(row, contender, detected, _latency(said[0] if said else None, onset, end - CAP_S), suspects,
                     category, evidence, first[1] if first else "", code)  # fmt: skip
-
-
-def _bundle_evidence(bundle: Path, world: int) -> float:
-    try:
-        with tarfile.open(bundle) as tar:
-            names = tar.getnames()
-    except (OSError, tarfile.TarError):
-        return 0.0
-    stack = {int(m.group(1)) for n in names if (m := re.match(r"ranks/(\d+)/(py-spy\.json|stacks-\d+\.txt)$", n))}
-    trace = {int(m.group(1)) for n in names if (m := re.match(r"flight_recorder/fr_trace_(\d+)$", n))}
-    return round(len(stack & trace) / world, 2)
 
 
 ROOT_CAUSE = re.compile(r"Root Cause \(first observed failure\):")
@@ -368,7 +359,9 @@ def summarise(outcomes: list[Outcome]) -> dict[str, dict[str, Any]]:
             "latency_p90_s": round(lat[min(len(lat) - 1, int(0.9 * len(lat)))], 1) if lat else None,
             "culprit_accuracy": _ratio(sum(bool(o.culprit_ok) for o in faults), len(faults)),
             "category_accuracy": _ratio(sum(bool(o.category_ok) for o in cats), len(cats)) if cats else None,
-            "evidence_completeness": round(sum(o.evidence for o in faults) / len(faults), 2) if faults else None,
+            # (`evidence_completeness` in results before the rings: a stack and a flight-recorder trace, read from
+            # the bundle's member names, where a rank's own py-spy record was not counted)
+            "evidence_complete": round(sum(o.evidence for o in faults) / len(faults), 2) if faults else None,
         }  # fmt: skip
     return out
 
@@ -385,7 +378,11 @@ def markdown(result: dict[str, Any]) -> str:
                        ("latency_median_s", "latency from onset, median (s)"), ("latency_p90_s", "latency p90 (s)"),
                        ("culprit_accuracy", "exact culprit set (of all faults)"),
                        ("category_accuracy", "category right (where given)"),
-                       ("evidence_completeness", "evidence: ranks with stack + collective trace / world")):  # fmt: skip
+                       ("evidence_completeness", "evidence: ranks with stack + collective trace / world"),
+                       ("evidence_complete", "evidence: ranks with stack + place in the collectives / world"),
+                       ):  # fmt: skip
+        if not any(key in s[c] for c in cols):
+            continue
         lines.append(f"| {label} | " + " | ".join(_cell(s[c].get(key), not key.startswith("latency")) for c in cols)
                      + " |")  # fmt: skip
     lines += ["", "| row | truth | culprit | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]

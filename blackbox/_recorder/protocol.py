@@ -50,13 +50,13 @@ MODE_SINGLE = "single"  # a single process without RANK, recorded as rank 0
 MODE_SLURM = "slurm"  # a task srun started, without RANK: SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NUM_TASKS
 
 
-# --- heartbeat layout (version 3; a reader reads versions 1 and 2 too: 1 has no time ledger, 1-2 no motion) ------
+# --- heartbeat layout (version 4; a reader reads 1-3 too: 1 has no time ledger, 1-2 no motion, 1-3 no ring) -------
 # One page per rank, `ranks/<rank>/heartbeat`, little-endian. After the header every field is one aligned
 # 8-byte word, stored with a single machine store (memoryview casts; `struct.pack_into` would first zero
 # the bytes it writes). Fields that change together form a group with a version word at both ends: the
 # writer stores start version, fields, end version in that order; the reader loads end, fields, start and
 # retries while they differ (0 is never a valid version). No lock, no syscall. Word indices below.
-HEARTBEAT_VERSION = 3
+HEARTBEAT_VERSION = 4
 HEARTBEAT_SIZE = 4096
 MAGIC = b"BBHB"
 
@@ -99,6 +99,17 @@ FORWARD_MODES = ("idle", "counting", "off")
 W_WAITING = 47
 WAIT_NONE, WAIT_THREAD, WAIT_POLL, WAIT_SLEEP = 0, 1, 2, 3
 WAIT_NAMES = ("", "thread", "poll", "sleep")
+# The ring (version 4): the rank's last RING_ENTRIES phase edges, so that a rank that cannot answer (stopped, the
+# GIL held, killed) still says what it last did: each write of the phase group also writes one entry — the phase
+# entered, the collective op and its sequence (a collective entered; the next entry says it was left), when, at
+# which step. Entry n (from 1) lives in slot (n - 1) % RING_ENTRIES: its number, code | op << 8, the op's sequence,
+# start (mono s), step, its number again; W_RING_HEAD holds the last entry written. The writer stores an entry's
+# words in that order, then the head; a reader keeps an entry only when both its numbers are the one it expects
+# (a torn or overwritten entry is dropped). Written by the thread that writes the phase group, no lock, no syscall.
+W_RING_HEAD = 48
+W_RING = 64  # words 64..(64 + 6 * RING_ENTRIES - 1)
+RING_WORDS = 6
+RING_ENTRIES = 64
 
 MODE_CODES = {MODE_RANK: 0, MODE_SINGLE: 1, MODE_SLURM: 2}
 

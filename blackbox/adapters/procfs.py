@@ -43,6 +43,13 @@ def is_alive(pid: int, start_ticks: int = 0, read_stat: Callable[[int], Optional
     return not start_ticks or st.start_ticks == start_ticks
 
 
+def is_stopped(pid: int) -> bool:
+    """Stopped (SIGSTOP, job control) or stopped by a tracer: it runs no code, answers nothing, and cannot be
+    suspended again (py-spy reads it without suspending)."""
+    st = proc_stat(pid)
+    return st is not None and st.state in ("T", "t")
+
+
 def descendants(pid: int) -> list[int]:
     try:
         return [p.pid for p in psutil.Process(pid).children(recursive=True)]

@@ -48,15 +48,16 @@ def find() -> tuple[Optional[str], str]:
     return None, "py-spy is not installed: pip install py-spy (a dependency of torch-blackbox), or set " + ENV_PYSPY
 
 
-def dump(
-    pid: int, *, native: bool = False, locals: bool = False, timeout: float = 10.0, exe: Optional[str] = None
-) -> PySpyResult:
+def dump(pid: int, *, native: bool = False, locals: bool = False, timeout: float = 10.0, exe: Optional[str] = None,
+         nonblocking: bool = False) -> PySpyResult:  # fmt: skip
+    """`nonblocking`: read the process's memory without suspending it (py-spy cannot suspend a process that is
+    already stopped: "Failed to suspend process"; a stopped process's memory holds still anyway)."""
     if exe is None:
         exe, why = find()
         if exe is None:
             return PySpyResult(pid, None, why)
     cmd = [exe, "dump", "--json", "--pid", str(pid), *(["--native"] if native else []),
-           *(["--locals"] if locals else [])]  # fmt: skip
+           *(["--locals"] if locals else []), *(["--nonblocking"] if nonblocking else [])]  # fmt: skip
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:

@@ -68,6 +68,9 @@ class Report:
     # "data_share": all ranks' time in data, as a fraction (None without time ledgers), "stragglers": the episodes
     # the supervisor named: [{"rank", "phase", "factor", "started", "ended", "shares", "others_shares"}]}
     time: dict[str, Any] = field(default_factory=dict)
+    # what each rank's evidence is (analyze.evidence): [{"rank", "stack": [sources], "position": [sources], "memory",
+    # "last_words": [what], "why": why it wrote no dump of its own (None: it did, or it was not asked), "complete"}]
+    evidence: list[Any] = field(default_factory=list)
     schema_version: int = REPORT_SCHEMA_VERSION
 
     def headline(self) -> list[str]:

@@ -18,6 +18,8 @@ from ..bundle.reader import Bundle, integer, number
 from ..detections import ON_REQUEST_RULES, Trigger, plural_ranks
 from .actions import Blocked, Facts, next_actions
 from .blame import ERROR_CATEGORY, Blame, Context, blame
+from .evidence import findings as evidence_findings
+from .evidence import per_rank
 from .model import Finding, RankRow, Report, Verdict
 from .motion import findings as motion_findings
 from .nodes import node_findings, unreachable
@@ -584,6 +586,8 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     arrivals = fr.arrivals(dumps) if time["stragglers"] else []  # read only beside a straggler it would confirm
     findings.extend(Finding("observed", text, source) for text, source in time_findings(time, arrivals))
     findings.extend(Finding("observed", t, source) for t, source in motion_findings(bundle, [r.rank for r in rows]))
+    evidence = per_rank(bundle, [r.rank for r in rows])
+    findings.extend(evidence_findings(bundle, evidence, suspects))
     findings = _rank_summary(rows, rank_stacks, suspects) + findings
     # the suspects' facts first: they are the ones a reader needs
     findings.sort(key=lambda f: not any(f.text.startswith(f"rank {r} ") or f.text.startswith(f"rank {r}'")
@@ -603,6 +607,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         verdict=verdict, ranks=rows, findings=findings, next_actions=next_actions(verdict, facts), console_tail=tail,
         collectives=[u.__dict__ for u in unjoined], exception=None if first is None else _exception_record(first),
         timeline=_timeline(bundle, rows, suspects), gpus=_gpu_series(bundle), time=time,
+        evidence=[e.to_json() for e in evidence],
         stack_groups=[{"ranks": g.ranks, "waits_in": g.waits_in, "signature": g.signature, "frames": g.frames,
                        "odd": g.odd, "sources": g.sources, "describe": g.describe(),
                        "workers": _workers(g.ranks, rank_stacks)} for g in groups],

@@ -16,6 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
+from .. import heartbeat_reader
 from .._recorder import protocol as P
 from ..adapters import gpu, host, procfs, proctree, pyspy, slurm, sockdiag, stacks, torchelastic
 from ..bundle import layout as L
@@ -26,7 +27,7 @@ from ..frames import where
 from ..heartbeat_reader import HeartbeatState
 from ..redact import config_files, redact_argv, redact_config, redact_env, redact_json_text, redact_text
 from ..safeopen import RunDir, UnsafeFile, read_file
-from . import polled
+from . import polled, rank_dumps
 from .job import Job, RankTarget, _is_python
 
 CONSOLE_TAIL_BYTES = 256 * 1024
@@ -90,12 +91,6 @@ class _Console(Protocol):
     def tail(self, limit: int) -> bytes: ...
 
 
-class _Table(Protocol):
-    def request_dump(self, rank: int) -> int: ...
-
-    def read(self) -> list[HeartbeatState]: ...
-
-
 class FileTail:
     """The end of a file on disk (console.log of a run, when `blackbox collect` finds one), read safely (see
     blackbox.safeopen): `read(limit)` gives the last `limit` bytes."""
@@ -146,11 +141,14 @@ class _Proc:
             w.add_json(self.path(what), obj)
 
 
-def heartbeat_record(t: RankTarget, now: float) -> dict[str, Any]:
-    """A heartbeat as the bundle keeps it: the raw fields, wall-clock times and the ages that matter."""
+def heartbeat_record(t: RankTarget, now: float, page: Optional[bytes]) -> dict[str, Any]:
+    """A heartbeat as the bundle keeps it: the raw fields, wall-clock times and the ages that matter, and the ring
+    of its last phase edges read from its page (`page`: the file, read without the rank's help)."""
     hb = t.hb
     assert hb is not None
     record = hb.to_json()
+    ring = heartbeat_reader.ring(page) if page is not None else []
+    record["ring"] = [{**e.__dict__, "start_wall": hb.wall(e.start)} for e in ring]
     record.update(
         alive=t.alive,
         exit_status=t.exit_status,
@@ -223,7 +221,7 @@ def _redact_locals(threads: list[dict[str, Any]]) -> None:
 
 class Collector:
     def __init__(
-        self, job: Job, table: Optional[_Table], console: Optional[_Console], options: CollectOptions,
+        self, job: Job, table: Optional[rank_dumps.Table], console: Optional[_Console], options: CollectOptions,
         progress: Optional[Progress] = None,
     ) -> None:  # fmt: skip
         self.job = job
@@ -249,13 +247,17 @@ class Collector:
             return {}
         per_process = self.options.dump_timeout * (3 if self.options.native else 1)
         done = 0
+        still: list[int] = []  # stopped processes, read without suspending them
 
         def one(p: _Proc) -> pyspy.PySpyResult:
             nonlocal done
             if time.monotonic() >= deadline:
                 return pyspy.PySpyResult(p.pid, None, "not started: the collection budget was spent")
-            result = pyspy.dump(p.pid, native=self.options.native, locals=self.options.locals,
-                                timeout=self._left(deadline, per_process), exe=exe)  # fmt: skip
+            stopped = procfs.is_stopped(p.pid)  # read without suspending it: it cannot be suspended again
+            result = pyspy.dump(p.pid, native=self.options.native and not stopped, locals=self.options.locals,
+                                timeout=self._left(deadline, per_process), exe=exe, nonblocking=stopped)  # fmt: skip
+            if stopped:
+                still.append(p.pid)
             done += 1
             self.progress(f"py-spy stacks: {done}/{len(procs)} process(es)")
             return result
@@ -278,6 +280,8 @@ class Collector:
         detail = f"{len(procs) - failed}/{len(procs)} process(es) with {exe} ({why})"
         if self.options.native:
             detail += ", --native"
+        if still:
+            detail += f"; pids {sorted(still)} stopped: read without suspending them (--nonblocking, no native frames)"
         detail += "".join(f"; pids {pids}: {error}" for error, pids in errors.items())
         w.step("py-spy", status, t, detail)
         return got
@@ -295,8 +299,8 @@ class Collector:
         for p in procs:
             main = stacks.main_thread(pyspy.threads(taken.get(p.pid)))
             at = where(main) if p.own and main is not None else None
-            if at is not None and (at.kind == "ambiguous" or at.fallback):
-                ambiguous.append(p)
+            if at is not None and (at.kind == "ambiguous" or at.fallback) and not procfs.is_stopped(p.pid):
+                ambiguous.append(p)  # (a stopped process cannot be suspended for its native frames)
         if not ambiguous or time.monotonic() >= deadline:
             return
         t = time.monotonic()
@@ -335,7 +339,7 @@ class Collector:
             if self.options.locals:  # the stacks taken have them already
                 return polled.checks(p.pid, taken.get(p.pid)), None
             left = self._left(deadline, self.options.dump_timeout)
-            result = pyspy.dump(p.pid, locals=True, exe=exe, timeout=left)
+            result = pyspy.dump(p.pid, locals=True, exe=exe, timeout=left, nonblocking=procfs.is_stopped(p.pid))
             return polled.checks(p.pid, result.threads), result.error
 
         with ThreadPoolExecutor(max_workers=min(16, len(polling))) as pool:
@@ -370,65 +374,20 @@ class Collector:
         w.step("/proc", "ok" if not gone else "partial", t,
                f"{len(procs) - len(gone)}/{len(procs)} process(es)" + (f"; gone: {gone}" if gone else ""))  # fmt: skip
 
-    def request_dumps(self, ranks: list[RankTarget], w: BundleWriter, deadline: float) -> None:
-        """Ask every live recorded rank for its own dump. The recorder's dump signal (faulthandler, from C: it
-        works while a rank holds the GIL or is blocked in C; a real-time signal only the recorder registers, so a
-        job's own SIGUSR1 handler never runs) goes at once when the job is about to end anyway; otherwise only to
-        the ranks that did not answer the quiet way, and only to a process that shows a handler for it."""
+    def request_dumps(self, ranks: list[RankTarget], w: BundleWriter, deadline: float) -> dict[int, str]:
+        """Every live recorded rank's own dump, from those that can give it (collect.rank_dumps). Returns why
+        each rank that wrote none did not."""
         t = time.monotonic()
         live = [r for r in ranks if r.alive and r.hb is not None]
         if self.table is None or not live:
             if ranks:
                 w.step("rank dumps", "skipped", t, "no rank runs the recorder: stacks come from py-spy and /proc")
-            return
-        self.progress(f"asking {len(live)} rank(s) for their own dump")
-        asked: dict[int, int] = {}
-        notes: list[str] = []
-        for r in live:
-            try:
-                asked[r.rank] = self.table.request_dump(r.rank)
-            except OSError as exc:
-                notes.append(f"rank {r.rank}: dump request failed: {exc.strerror}")
-        signalled: list[int] = []
-        dump_signal = P.dump_signal()
-
-        def signal_ranks(targets: list[RankTarget]) -> None:
-            for r in targets:
-                if not procfs.has_handler(r.pid, dump_signal):
-                    notes.append(f"rank {r.rank}: the recorder's dump signal is not registered, not signalled")
-                elif procfs.signal_if_same(r.pid, r.start_ticks, dump_signal):
-                    signalled.append(r.rank)
-
-        if self.options.job_ends:
-            signal_ranks(live)
+            return {}
         wait = self._left(deadline, self.options.dump_timeout)
-        end = time.monotonic() + wait
-        quiet_end = time.monotonic() + min(2.0, wait / 2)
-        pending = dict(asked)
-        gone: list[int] = []
-        while pending and time.monotonic() < end:
-            for hb in self.table.read():
-                if hb.rank in pending and hb.dump_ack >= pending[hb.rank]:
-                    del pending[hb.rank]
-            for r in live:  # a rank that died meanwhile (the job is being ended) will not answer: stop waiting
-                if r.rank in pending and not procfs.is_alive(r.pid, r.start_ticks):
-                    del pending[r.rank]
-                    gone.append(r.rank)
-            if not self.options.job_ends and not signalled and time.monotonic() > quiet_end and pending:
-                signal_ranks([r for r in live if r.rank in pending])
-                if not signalled:
-                    break  # nobody left to reach: do not wait out the rest
-            time.sleep(0.05)
-        if signalled:
-            time.sleep(0.2)  # faulthandler writes from the signal handler: a fraction of a millisecond
-        answered = sorted(set(asked) - set(pending) - set(gone))
-        detail = (f"{len(answered)}/{len(live)} rank(s) wrote their dump; the dump signal to rank(s) "
-                  f"{signalled or 'none'}" + ("; " + "; ".join(notes) if notes else ""))  # fmt: skip
-        if pending:
-            detail += f"; no answer within {wait:g} s from rank(s) {sorted(pending)}"
-        if gone:
-            detail += f"; rank(s) {sorted(gone)} ended before answering"
-        w.step("rank dumps", "ok" if not pending else "partial", t, detail)
+        asking = rank_dumps.Asking(self.table, live, self.job.env, self.options.job_ends, self.progress)
+        status, detail = asking.run(wait)
+        w.step("rank dumps", status, t, detail)
+        return asking.unanswered()
 
     def rank_files(self, ranks: list[RankTarget], w: BundleWriter, error_files: dict[int, str]) -> None:
         t = time.monotonic()
@@ -529,6 +488,16 @@ class Collector:
         detail = f"GPUs: {gpu_how}; {len(configs)} config file(s); packages {packages_how}"
         w.step("node", "partial" if late or unreadable else "ok", t, detail + "".join("; " + n for n in notes))
 
+    def _page(self, rank: int) -> Optional[bytes]:
+        """A rank's heartbeat page, read from the run directory (never with the rank's help): None without one."""
+        if not self.job.run_dir:
+            return None
+        try:
+            return RunDir(self.job.run_dir, self.job.owner).read(f"{P.RANKS_DIR}/{rank}/{P.RANK_HEARTBEAT}",
+                                                                 P.HEARTBEAT_SIZE)  # fmt: skip
+        except OSError:
+            return None
+
     def _console_source(self) -> tuple[Optional[_Console], str]:
         """The job's output: blackbox's console.log, else the file the launcher's (or a rank's) stdout or
         stderr is redirected to (a Slurm output file, `> job.log`), when it is a regular file."""
@@ -586,18 +555,19 @@ class Collector:
         if job.agent_pid is not None and job.mode == "collect" and _is_python(job.agent_pid):
             procs.append(_Proc(None, job.agent_pid, False))
         node_pool = ThreadPoolExecutor(max_workers=7, thread_name_prefix="blackbox-node")
+        unanswered: dict[int, str] = {}  # why a rank wrote no dump of its own
         try:
             node = self.node_facts(node_pool)
             taken = self.pyspy_stacks(procs, w, deadline)  # first: from outside, before any signal changes a rank
             self.native_where_ambiguous(procs, taken, w, deadline)
             polls = self.poll_checks(procs, taken, w, deadline)
             self.proc_state(procs, w, polls)
-            self.request_dumps(ranks, w, deadline)
+            unanswered = self.request_dumps(ranks, w, deadline)
             now = time.monotonic()
             t = now
             recorded = [r for r in ranks if r.hb is not None]
             for r in recorded:
-                w.add_record(r.rank, L.HEARTBEAT, heartbeat_record(r, now))
+                w.add_record(r.rank, L.HEARTBEAT, heartbeat_record(r, now, self._page(r.rank)))
             for rank, samples in job.history.items():
                 w.add_record(rank, L.HISTORY, samples)
             if job.gpu_history:
@@ -639,7 +609,7 @@ class Collector:
             },
             "collection": {
                 "duration_s": round(elapsed, 3), "budget_s": opts.budget, "over_budget": elapsed > opts.budget,
-                "options": opts.__dict__,
+                "options": opts.__dict__, "unanswered": {str(rank): why for rank, why in sorted(unanswered.items())},
             },
         }  # fmt: skip
         self.progress("writing the bundle")

@@ -19,7 +19,7 @@ import pytest
 from blackbox.adapters import flight_recorder as fr
 from blackbox.bundle.reader import read_bundle
 from blackbox.heartbeat_reader import HeartbeatState, decode
-from tests.conftest import ROOT, TORCHRUN, bundles, kill_tree, run_blackbox
+from tests.conftest import BLACKBOX, ROOT, TORCHRUN, bundles, job_env, kill_tree, run_blackbox, start_blackbox, wait_for
 
 JOB = str(ROOT / "scripts" / "scenarios" / "train.py")
 Gallery = Callable[[str], tuple[Path, Any]]  # the session's gallery runs (conftest.gallery)
@@ -130,6 +130,28 @@ def test_gil_held_in_c_still_dumps_on_sigusr1(gallery: Gallery) -> None:
     files = read_bundle(str(bundle)).files
     hb = {r: json.loads(files[f"ranks/{r}/heartbeat.json"]) for r in (0, 1)}
     assert hb[1]["alive"] and hb[1]["liveness_age_s"] > 2.5 > hb[0]["liveness_age_s"]
+
+
+def test_a_stopped_rank_is_read_from_outside_and_not_waited_for(tmp_path: Path) -> None:
+    # GIVEN a job whose rank 1 stops itself (SIGSTOP, as a job-control stop leaves it) while rank 0 waits for it
+    run_dir, res = run_scenario(tmp_path, "stopped", 1, "--dump-timeout", "30")
+    # WHEN blackbox collects the stall
+    assert res.returncode == 86, res.stderr
+    (bundle,) = bundles(run_dir)
+    files = read_bundle(str(bundle)).files
+    manifest = json.loads(files["manifest.json"])
+    steps = {s["name"]: s for s in manifest["steps"]}
+    # THEN py-spy read the stopped rank without suspending it (it cannot be suspended again): its stack is there
+    assert "stopped: read without suspending them (--nonblocking" in steps["py-spy"]["detail"], steps["py-spy"]
+    threads = json.loads(files["ranks/1/py-spy.json"])
+    frames = [(f["name"], f["filename"].rsplit("/", 1)[-1]) for t in threads for f in t["frames"]]
+    assert ("main", "train.py") in frames, threads
+    # AND it was neither asked nor signalled, nor waited for: rank 0 answered, the dump timeout was not spent
+    detail = steps["rank dumps"]["detail"]
+    assert detail.startswith("1/2 rank(s) wrote their dump; the dump signal to rank(s) [0]"), detail
+    assert "rank(s) [1] stopped: not asked" in detail and "no answer within" not in detail, detail
+    assert steps["rank dumps"]["duration_s"] < 10 and manifest["collection"]["duration_s"] < 25, steps
+    assert "verdict: hang.stopped, suspect rank(s) 1" in res.stderr.decode(), res.stderr[-2000:]
 
 
 @pytest.mark.gallery("raise")
@@ -250,3 +272,35 @@ def test_flight_recorder_names_the_rank_that_skipped(tmp_path: Path, gallery: Ga
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     # THEN PyTorch's own analyzer names the rank that never joined
     assert "missing ranks: {1}" in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_a_rank_killed_inside_a_collective_leaves_its_place_in_its_ring(tmp_path: Path) -> None:
+    # GIVEN a job whose rank 0 never enters an all_reduce that rank 1 waits in
+    run_dir = tmp_path / "run"
+    proc = start_blackbox(["run", "--run-dir", str(run_dir), "--stall-timeout", "120", "--kill-grace", "5", "--",
+                           TORCHRUN, "--standalone", "--nproc-per-node", "2", JOB, "skip-allreduce", "0"],
+                          tmp_path)  # fmt: skip
+    try:
+        wait_for(lambda: (run_dir / "ranks" / "1" / "heartbeat").exists() and read_heartbeat(run_dir, 1).step >= 2
+                 and read_heartbeat(run_dir, 1).phase == "collective", 120, "rank 1 to wait in all_reduce")  # fmt: skip
+        seq = read_heartbeat(run_dir, 1).collective_seq
+        # WHEN rank 1 is killed there (SIGKILL, as the OOM killer does): it can write nothing more
+        os.kill(read_heartbeat(run_dir, 1).pid, signal.SIGKILL)
+        proc.communicate(timeout=120)
+    finally:
+        kill_tree(proc)
+    (bundle,) = bundles(run_dir)
+    # THEN its ring, read from its page without it, holds the collective it entered and never left
+    ring = json.loads(read_bundle(str(bundle)).files["ranks/1/heartbeat.json"])["ring"]
+    assert (ring[-1]["phase"], ring[-1]["collective"], ring[-1]["seq"]) == ("collective", "all_reduce", seq), ring
+    assert [e["n"] for e in ring] == sorted(e["n"] for e in ring) and len(ring) > 4
+    # AND the report names it: the dead rank's place comes from its ring
+    res = subprocess.run([*BLACKBOX, "report", str(bundle), "--format", "json", "--no-index"], capture_output=True,
+                         env=job_env(), timeout=60)  # fmt: skip
+    report = json.loads(res.stdout)
+    assert report["verdict"]["suspect_ranks"] == [1], report["verdict"]
+    (one,) = [e for e in report["evidence"] if e["rank"] == 1]
+    assert one["position"] == ["its ring"] and one["why"].startswith("it had ended"), one
+    said = [f["text"] for f in report["findings"] if f["text"].startswith("rank 1's own record (its ring): ")]
+    assert said and said[0].startswith(f"rank 1's own record (its ring): last entered all_reduce #{seq} at "), said
+    assert ", never left; in phase collective since " in said[0], said

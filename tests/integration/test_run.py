@@ -416,15 +416,19 @@ def test_ctrl_c_at_the_terminal_is_the_users_decision_not_a_crash(tmp_path: Path
 
 
 def test_repeated_sigints_act_at_once_even_during_a_collection(tmp_path: Path, run_dir: Path) -> None:
-    # GIVEN a collection in progress that waits up to 60 s for a rank that cannot answer (it is stopped)
+    # GIVEN a collection in progress that waits up to 60 s for py-spy, which does not return (as it may not on a
+    # process in uninterruptible sleep), of a job whose rank 1 is stopped
     train = Path(__file__).resolve().parents[2] / "scripts" / "scenarios" / "train.py"
+    stuck = tmp_path / "py-spy"
+    stuck.write_text("#!/bin/sh\nsleep 300\n")
+    stuck.chmod(0o755)
     proc = start_blackbox(["run", "--run-dir", str(run_dir), "--dump-timeout", "60", "--kill-grace", "3", "--",
                            TORCHRUN, "--standalone", "--nproc-per-node", "2", str(train), "stopped", "1", "ddp"],
-                          tmp_path)  # fmt: skip
+                          tmp_path, BLACKBOX_PYSPY=str(stuck))  # fmt: skip
     wait_for(lambda: len(events(run_dir, "first_step")) == 2, 90, "both ranks to step")
     pid = heartbeat_pids(run_dir)[1]
     wait_for(lambda: psutil.Process(pid).status() == psutil.STATUS_STOPPED, 60, "rank 1 to stop")
-    send(proc, signal.SIGUSR1)  # "collect now": py-spy and /proc take a second, then the 60 s wait for rank 1
+    send(proc, signal.SIGUSR1)  # "collect now": py-spy's 60 s wait begins
     wait_for(lambda: events(run_dir, "signal"), 10, "the collection to begin")
     time.sleep(2.0)
     # WHEN the user interrupts, again, and again

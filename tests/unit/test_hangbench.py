@@ -43,7 +43,7 @@ def test_the_measures_count_detections_false_alarms_latency_and_culprits() -> No
             outcome("e", "blackbox", "healthy", False)]  # fmt: skip
     s = hangbench.summarise(outs)["blackbox"]
     assert (s["faults"], s["healthy"], s["recall"], s["false_positive_rate"]) == (3, 2, 0.67, 0.5)
-    assert (s["latency_median_s"], s["culprit_accuracy"], s["evidence_completeness"]) == (31.0, 0.33, 0.5)
+    assert (s["latency_median_s"], s["culprit_accuracy"], s["evidence_complete"]) == (31.0, 0.33, 0.5)
 
 
 def result_of(outs: list[hangbench.Outcome]) -> dict[str, Any]:
@@ -85,8 +85,9 @@ def test_the_tables_show_each_contender_and_each_row() -> None:
 
 def test_a_latency_under_a_second_is_seconds_not_a_percentage() -> None:
     text = hangbench.markdown(result_of([outcome("ddp-raise", "blackbox", "crash", True, 0.7, True, 1.0)]))
-    assert "| latency from onset, median (s) | 0.7 |" in text and "| evidence: ranks with stack + collective trace " \
-        "/ world | 100% |" in text, text  # fmt: skip
+    assert "| latency from onset, median (s) | 0.7 |" in text and "| evidence: ranks with stack + place in the " \
+        "collectives / world | 100% |" in text, text  # fmt: skip
+    assert "collective trace" not in text  # the measure before the rings is not printed for a result without it
 
 
 def test_the_partition_row_cuts_two_hosts_and_blames_the_far_side_as_node_0_sees_it() -> None:

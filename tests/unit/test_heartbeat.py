@@ -12,7 +12,7 @@ import pytest
 
 from blackbox._recorder import protocol as P
 from blackbox._recorder.heartbeat_writer import HeartbeatWriter
-from blackbox.heartbeat_reader import HeartbeatBusy, HeartbeatFormatError, decode
+from blackbox.heartbeat_reader import HeartbeatBusy, HeartbeatFormatError, RingEntry, decode, ring
 
 
 def make_writer(tmp_path: Path) -> HeartbeatWriter:
@@ -115,13 +115,13 @@ def test_the_ledger_spent_so_far_and_a_sampled_estimate_moved(tmp_path: Path) ->
 
 
 def test_motion_round_trip_and_older_layouts(tmp_path: Path) -> None:
-    # GIVEN a version-3 page whose liveness thread wrote its motion group (forward calls, stack changes)
+    # GIVEN a version-4 page whose liveness thread wrote its motion group (forward calls, stack changes)
     hb = make_writer(tmp_path)
     hb.progress(7, 100.0, 0.25, 0.75)
     hb.motion(42, 103.0, 9, 104.5, P.FORWARDS_COUNTING)
     # THEN it reads back, and the rank's last motion is the newest of its step, forward call and stack change
     state = decode(hb.mm)
-    assert state.version == 3
+    assert state.version == 4
     assert (state.forwards, state.forwards_time, state.stack_changes, state.stack_time, state.forward_mode) == (
         42, 103.0, 9, 104.5, "counting")  # fmt: skip
     assert state.last_motion == 104.5
@@ -240,3 +240,54 @@ def test_a_writer_killed_mid_update_never_yields_a_mixed_reading(tmp_path: Path)
         decode(hb.mm, patience_s=0.0)
     busy = decode(hb.mm, patience_s=0.0, last=clean)
     assert busy.busy and busy.step == clean.step != 999
+
+
+def test_the_ring_keeps_the_last_phase_edges_readable_without_the_rank(tmp_path: Path) -> None:
+    # GIVEN a rank that stepped, entered all_reduce #812 (and left it), waited for data, then entered broadcast #3
+    hb = make_writer(tmp_path)
+    t0 = hb.mono0
+    hb.progress(40, t0, 0.1, 0.2)
+    hb.phase(P.PHASE_COLLECTIVE, t0 + 1, P.COLLECTIVE_OPS.index("all_reduce"), 812)
+    hb.phase(P.PHASE_COMPUTE, t0 + 2, P.COLLECTIVE_OPS.index("all_reduce"), 812)
+    hb.progress(41, t0 + 3, 0.1, 0.2)
+    hb.phase(P.PHASE_DATA, t0 + 3, P.COLLECTIVE_OPS.index("all_reduce"), 812)
+    hb.phase(P.PHASE_COLLECTIVE, t0 + 4, P.COLLECTIVE_OPS.index("broadcast"), 3)
+    # WHEN its page is read from the file, as a collector reads a stopped or killed rank's (the writer is gone)
+    page = (tmp_path / "heartbeat").read_bytes()
+    # THEN every edge is there, oldest first: the collective entered last was never left
+    assert ring(page) == [
+        RingEntry(1, "startup", "", 0, t0, 0),
+        RingEntry(2, "collective", "all_reduce", 812, t0 + 1, 40),
+        RingEntry(3, "compute", "", 812, t0 + 2, 40),
+        RingEntry(4, "data", "", 812, t0 + 3, 41),
+        RingEntry(5, "collective", "broadcast", 3, t0 + 4, 41),
+    ]
+
+
+def test_the_ring_holds_its_newest_entries_and_drops_torn_or_made_up_ones(tmp_path: Path) -> None:
+    # GIVEN a rank that wrote more edges than the ring holds
+    hb = make_writer(tmp_path)
+    for i in range(1, 200):
+        hb.phase(P.PHASE_COMPUTE if i % 2 else P.PHASE_DATA, hb.mono0 + i, 0, i)
+    entries = ring(hb.mm)
+    # THEN the ring holds the newest RING_ENTRIES, in order
+    assert [e.n for e in entries] == list(range(200 - P.RING_ENTRIES + 1, 201))
+    assert entries[-1].seq == 199 and entries[-1].phase == "compute"
+    # WHEN an entry is torn (its writer died between its first and last word), one is overwritten half-way, and a
+    # hostile page claims a head far ahead, an unknown phase code and op, and a time that is not a number
+    q = memoryview(hb.mm).cast("Q")
+    d = memoryview(hb.mm).cast("d")
+    slot = lambda n: P.W_RING + (n - 1) % P.RING_ENTRIES * P.RING_WORDS  # noqa: E731
+    q[slot(180)] = 180 + P.RING_ENTRIES  # the next lap began writing over 180
+    q[slot(190) + 5] = 7  # torn
+    q[slot(195) + 1] = 99 | 250 << 8  # an unknown code and op
+    d[slot(196) + 3] = float("nan")
+    kept = {e.n: e for e in ring(hb.mm)}
+    # THEN those entries are dropped or named unknown, the others kept
+    assert 180 not in kept and 190 not in kept and 196 not in kept and 181 in kept
+    assert kept[195].phase == "unknown"
+    q[P.W_RING_HEAD] = 2**63
+    assert ring(hb.mm) == []  # no entry holds the numbers of a head that far ahead
+    # AND a page of an older layout, or one too short, has no ring at all
+    P.HEADER.pack_into(hb.mm, 0, P.MAGIC, 3, P.HEARTBEAT_SIZE)
+    assert ring(hb.mm) == [] and ring(b"BBHB") == []

@@ -174,6 +174,19 @@ def _case_files() -> dict[str, Callable[[Path], Path]]:
                 f[name] = b'"a string where a table belongs"'
         return f
 
+    def ring_and_unanswered(f: Members) -> Members:  # a rank's ring and why it did not answer, made up
+        ring = [7, None, {"n": "x"}, {"n": 1, "phase": MARKUP, "collective": MARKUP, "seq": [1], "start_wall": 1e300,
+                                      "step": "x"},
+                {"n": 2, "phase": "collective", "collective": {"a": 1}, "seq": 10**30, "start_wall": 1e19},
+                {"n": 3, "phase": "collective", "collective": MARKUP * 50, "seq": 3,
+                 "start_wall": 5e9}, {"n": 4, "phase": MARKUP, "start_wall": float("inf")}]  # fmt: skip
+        for name in [n for n in f if n.startswith("flight_recorder/") or n.endswith("/fr_trace.json")]:  # ring read
+            del f[name]
+        edit_json(f, "ranks/1/heartbeat.json", lambda hb: hb.__setitem__("ring", ring))
+        edit_json(f, "ranks/0/heartbeat.json", lambda hb: hb.__setitem__("ring", "not a list"))
+        return edit_json(f, "manifest.json", lambda m: m.__setitem__("collection", {"unanswered": {
+            "0": ["x"], "x": "stopped", "1": MARKUP, "3": "stopped"}}))  # fmt: skip
+
     def nulls(f: Members) -> Members:
         for name in list(f):
             if name.endswith(".json") and name != "manifest.json":
@@ -213,6 +226,7 @@ def _case_files() -> dict[str, Callable[[Path], Path]]:
         "detection: markup and wrong types": mutate(detection_markup),
         "every member a string": mutate(wrong_types),
         "every member null": mutate(nulls),
+        "ring and unanswered: junk, markup, absurd numbers": mutate(ring_and_unanswered),
     }
 
 

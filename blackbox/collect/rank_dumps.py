@@ -1,0 +1,143 @@
+"""Asking the ranks for their own dump during a collection: the quiet request through the heartbeat page, then the
+recorder's dump signal — never waiting for a rank that cannot answer (stopped, or its liveness thread frozen).
+Imports the stdlib and blackbox's host side; never prints (it reports progress)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Callable, Protocol
+
+from .._recorder import protocol as P
+from ..adapters import procfs
+from ..heartbeat_reader import HeartbeatState
+from .job import RankTarget
+
+QUIET_WAIT_S = 2.0  # the quiet request's own time, before the ranks that did not answer are signalled
+FROZEN_MIN_S = 3.0  # a liveness thread this still (and four of its intervals) cannot serve a request
+
+
+class Table(Protocol):
+    def request_dump(self, rank: int) -> int: ...
+
+    def read(self) -> list[HeartbeatState]: ...
+
+
+def frozen_after(env: dict[str, str]) -> float:
+    """Seconds without a beat of its liveness thread after which a rank cannot serve a dump request (it holds the
+    GIL in C, or the process is stuck): four of the job's liveness intervals, never under FROZEN_MIN_S."""
+    try:
+        interval = float(env.get(P.ENV_LIVENESS_INTERVAL, "") or 0.5)
+    except ValueError:
+        interval = 0.5
+    return max(FROZEN_MIN_S, 4 * interval)
+
+
+class Asking:
+    """One round of dump requests to `live` (ranks alive with a heartbeat). The recorder's dump signal
+    (faulthandler, from C: it works while a rank holds the GIL or is blocked in C; a real-time signal only the
+    recorder registers, so a job's own SIGUSR1 handler never runs) goes at once when the job is about to end
+    anyway, and to a rank whose liveness thread is frozen (it cannot serve the request: not waited for); otherwise
+    only to the ranks that did not answer the quiet way, and only to a process that shows a handler for it. A
+    stopped rank is neither asked nor signalled: it runs nothing (py-spy read it from outside)."""
+
+    def __init__(self, table: Table, live: list[RankTarget], env: dict[str, str], job_ends: bool,
+                 progress: Callable[[str], None]) -> None:  # fmt: skip
+        self.table = table
+        self.live = live
+        self.job_ends = job_ends
+        self.progress = progress
+        self.frozen_after = frozen_after(env)
+        self.stopped = sorted(r.rank for r in live if procfs.is_stopped(r.pid))
+        self.able = {r.rank: r for r in live if r.rank not in self.stopped}
+        self.asked: dict[int, int] = {}  # rank -> the request it was given
+        self.pending: dict[int, int] = {}  # asked, not answered yet
+        self.gone: list[int] = []  # ended before answering
+        self.frozen: dict[int, float] = {}  # rank -> seconds its liveness thread had not run
+        self.signalled: list[int] = []
+        self.notes: list[str] = []
+
+    def run(self, wait: float) -> tuple[str, str]:
+        """Ask, signal and wait at most `wait` s; (status, detail) of the step."""
+        self.progress(f"asking {len(self.able)} rank(s) for their own dump")
+        for r in self.able.values():
+            try:
+                self.asked[r.rank] = self.table.request_dump(r.rank)
+            except OSError as exc:
+                self.notes.append(f"rank {r.rank}: dump request failed: {exc.strerror}")
+        self.pending = dict(self.asked)
+        if self.job_ends:
+            self.signal(self.able.values())
+        self.wait(wait)
+        if self.signalled:
+            time.sleep(0.2)  # faulthandler writes from the signal handler: a fraction of a millisecond
+        return ("ok" if not self.pending else "partial"), self.detail(wait)
+
+    def signal(self, targets: Iterable[RankTarget]) -> None:
+        dump_signal = P.dump_signal()
+        for r in targets:
+            if r.rank in self.signalled:
+                continue
+            if not procfs.has_handler(r.pid, dump_signal):
+                self.notes.append(f"rank {r.rank}: the recorder's dump signal is not registered, not signalled")
+            elif procfs.signal_if_same(r.pid, r.start_ticks, dump_signal):
+                self.signalled.append(r.rank)
+
+    def wait(self, wait: float) -> None:
+        end = time.monotonic() + wait
+        quiet_end = time.monotonic() + min(QUIET_WAIT_S, wait / 2)
+        late = False  # the ranks still pending at the end of the quiet wait were signalled
+        while time.monotonic() < end:
+            self.read_answers()
+            if not set(self.pending) - set(self.frozen):
+                return  # every rank left cannot answer: do not wait out the rest
+            if not self.job_ends and not late and time.monotonic() > quiet_end:
+                late = True
+                self.signal(self.able[rank] for rank in self.pending)
+                if not self.signalled:
+                    return  # nobody left to reach: do not wait out the rest
+            time.sleep(0.05)
+
+    def read_answers(self) -> None:
+        """Who answered, who froze (signalled at once), who died meanwhile (the job is being ended)."""
+        now = time.monotonic()
+        for hb in self.table.read():
+            if hb.rank not in self.pending:
+                continue
+            if hb.dump_ack >= self.pending[hb.rank]:
+                del self.pending[hb.rank]
+                self.frozen.pop(hb.rank, None)
+            elif now - hb.liveness_time > self.frozen_after and hb.rank not in self.frozen:
+                self.frozen[hb.rank] = now - hb.liveness_time
+                self.signal([self.able[hb.rank]])
+        for r in self.able.values():
+            if r.rank in self.pending and not procfs.is_alive(r.pid, r.start_ticks):
+                del self.pending[r.rank]
+                self.gone.append(r.rank)
+
+    def unanswered(self) -> dict[int, str]:
+        """Why each rank that wrote no dump of its own did not (the manifest's collection.unanswered): stopped,
+        frozen (its liveness thread does not run), no answer (within the wait), ended, or not asked."""
+        out = {rank: "stopped" for rank in self.stopped}
+        out.update({r.rank: "not asked" for r in self.able.values() if r.rank not in self.asked})
+        out.update({rank: "frozen" if rank in self.frozen else "no answer" for rank in self.pending})
+        out.update({rank: "ended" for rank in self.gone})
+        return out
+
+    def detail(self, wait: float) -> str:
+        """The step's words: who wrote its dump, who was signalled, and why any rank was not waited for."""
+        answered = sorted(set(self.asked) - set(self.pending) - set(self.gone))
+        out = (f"{len(answered)}/{len(self.live)} rank(s) wrote their dump; the dump signal to rank(s) "
+               f"{sorted(self.signalled) or 'none'}" + "".join("; " + n for n in self.notes))  # fmt: skip
+        if self.stopped:
+            out += f"; rank(s) {self.stopped} stopped: not asked (a stopped process runs nothing; read from outside)"
+        if self.frozen:
+            ages = ", ".join(f"rank {rank}: {age:.0f} s" for rank, age in sorted(self.frozen.items()))
+            out += (f"; not waited for: the liveness thread of rank(s) {sorted(self.frozen)} does not run ({ages}: "
+                    "the GIL is held or the process is stuck), its stacks come from the dump signal")  # fmt: skip
+        waited = sorted(set(self.pending) - set(self.frozen))
+        if waited:
+            out += f"; no answer within {wait:g} s from rank(s) {waited}"
+        if self.gone:
+            out += f"; rank(s) {sorted(self.gone)} ended before answering"
+        return out
