@@ -10,6 +10,8 @@ EXIT_INTERNAL = 70  # a bug in blackbox (run with BLACKBOX_DEBUG=1 for the trace
 EXIT_CANT_CREATE = 73  # the run directory (or another output) cannot be created or written
 EXIT_NO_PERMISSION = 77  # another user's process: blackbox may not read or trace it
 EXIT_STALL_ENDED = 86  # `blackbox run` ended the job itself after a hang (stall, frozen; busy with `--on-busy kill`)
+# ... after a hang of ranks that had all finished training and could not exit: its work is done, not to be rerun
+EXIT_ENDED_AFTER_TRAINING = 87
 EXIT_NOT_EXECUTABLE = 126  # the job's command exists but cannot be executed
 EXIT_NOT_FOUND = 127  # the job's command does not exist
 

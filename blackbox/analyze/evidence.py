@@ -137,7 +137,8 @@ def last_edges(ring: list[dict[str, Any]]) -> str:
         out.append(f"last entered {str(c.get('collective'))[:40]} #{integer(c.get('seq'))} at {_clock(c)}, {left}")
     now = entries[-1]
     step = integer(now.get("step"))
-    out.append(f"in phase {str(now.get('phase'))[:40]} since {_clock(now)}" + (f", at step {step}" if step is not None else ""))
+    at_step = f", at step {step}" if step is not None else ""
+    out.append(f"in phase {str(now.get('phase'))[:40]} since {_clock(now)}{at_step}")
     return "; ".join(out)
 
 

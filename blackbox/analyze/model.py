@@ -31,6 +31,23 @@ class RankRow:
     alive: Optional[bool] = None
     collective: Optional[str] = None
     last_step_s: Optional[float] = None  # how long its last step took (recorder only)
+    stage: str = ""  # where in its life: rendezvous, startup, training, exiting, exited (life_stage); "" unknown
+
+
+def life_stage(step: Optional[int], state: str, alive: Optional[bool], setup: bool, exiting: bool) -> str:
+    """Where in its life a rank is: `exiting` (its interpreter is exiting: it ran its exit handlers, or joins its
+    threads at exit — training is over), `exited` (it has, cleanly), `rendezvous` (waiting in process-group set-up),
+    `startup` (no step yet), `training`; "" without the recorder's step count and no other sign. A rank that died
+    keeps the stage it died in."""
+    if state == "exited" and alive is False:
+        return "exited"
+    if exiting or state == "exited":
+        return "exiting"
+    if setup:
+        return "rendezvous"
+    if step is None:
+        return ""
+    return "startup" if step == 0 else "training"
 
 
 @dataclass
@@ -82,6 +99,14 @@ class Report:
         if self.next_actions:
             lines.append(f"next: {self.next_actions[0]}")
         return lines
+
+    def after_training(self) -> bool:
+        """A hang whose every suspect has finished training and cannot exit (life stage `exiting`): a job ended for
+        it has done its work, and is not to be run again."""
+        stages = {r.rank: r.stage for r in self.ranks}
+        suspects = self.verdict.suspect_ranks
+        return self.verdict.category.startswith("hang.") and bool(suspects) and all(
+            stages.get(rank) == "exiting" for rank in suspects)  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         data = _plain(self)

@@ -20,7 +20,7 @@ from .actions import Blocked, Facts, next_actions
 from .blame import ERROR_CATEGORY, Blame, Context, blame
 from .evidence import findings as evidence_findings
 from .evidence import per_rank
-from .model import Finding, RankRow, Report, Verdict
+from .model import Finding, RankRow, Report, Verdict, life_stage
 from .motion import findings as motion_findings
 from .nodes import node_findings, unreachable
 from .sources import flight_recorder_dumps, hosts, rank_hosts
@@ -554,8 +554,9 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     states = _rank_states(bundle, rank_stacks, rows, ev)
     state_of = {s.rank: s for s in states}
     for row in rows:  # without the recorder a rank's phase is what its state says (stack, native frames, /proc)
-        st = state_of.get(row.rank) if row.step is None else None
-        if st is not None:
+        st = state_of.get(row.rank)
+        row.stage = life_stage(row.step, row.state, row.alive, bool(st and st.setup), bool(st and st.exiting))
+        if st is not None and row.step is None:
             row.phase = st.phase if st.phase not in ("unknown", "ambiguous") else st.where
     calls, at = _mismatch(mismatched, ev)
     unseen = _unseen(bundle, state_of)

@@ -15,7 +15,7 @@ from ..analyze.model import Report
 from ..coord.client import Coordination
 from ..coord.topology import Topology
 from ..detections import CRASH_RULES, HANG_RULES, NOTE_RULES, Detection, Trigger, incident_kind
-from ..errors import EXIT_STALL_ENDED
+from ..errors import EXIT_ENDED_AFTER_TRAINING, EXIT_STALL_ENDED
 from ..redact import redact_text
 from .context import RunContext
 from .evidence import Evidence
@@ -42,6 +42,7 @@ class Episodes:
         self.coord: Optional[Coordination] = None
         self.rules = Rules(ctx.cfg)
         self.ended_after_stall = False
+        self.after_training = False  # the hang it ended the job for came after training (Report.after_training)
         self._fatal = FatalLines()
         self._console_hits: list[tuple[str, str]] = []  # appended by the output threads, taken by the loop
         self._console_kinds: set[str] = set()  # fatal-line kinds already acted on
@@ -103,6 +104,7 @@ class Episodes:
             return
         flag = "--" + option.replace("_", "-")
         if ending:
+            self.after_training = report is not None and report.after_training()
             self.end_after_stall(_WHAT.get(d.rule, d.rule), flag)
             return
         suspects = report.verdict.suspect_ranks if report is not None else list(d.ranks)
@@ -141,7 +143,11 @@ class Episodes:
         self.ended_after_stall = True
         if self.on_stall_end is not None:
             self.on_stall_end()
-        self.process.end_job(f"{what}, {flag} kill; exit code will be {EXIT_STALL_ENDED}")
+        code = EXIT_ENDED_AFTER_TRAINING if self.after_training else EXIT_STALL_ENDED
+        self.process.end_job(
+            f"{what}, {flag} kill; exit code will be {code}"
+            + (" (training had finished: not to be run again)" if self.after_training else "")
+        )
 
     def _interrupt_in(self, d: Detection) -> bool:
         """Whether the ranks of a detection ended by an interrupt (Ctrl-C at the terminal reaches every process

@@ -120,8 +120,9 @@ class Evidence:
 
         def said(report: Report) -> None:
             v = report.verdict
+            stages = {str(r.rank): r.stage for r in report.ranks if r.rank in v.suspect_ranks}
             ctx.event("verdict", bundle=path, category=v.category, suspect_ranks=v.suspect_ranks, phase=v.phase,
-                      confidence=v.confidence, summary=v.summary)  # fmt: skip
+                      confidence=v.confidence, summary=v.summary, stages=stages)  # fmt: skip
             for line in report.headline():
                 ctx.say(f"  {printable(line)}")  # it quotes the job's exception: shown, never acted on
             if alert and self.uploads is None:

@@ -23,7 +23,14 @@ from ..adapters import gpu, host, procfs
 from ..config import RUNS_DIR, RunConfig, working_directory
 from ..coord.topology import Topology, topology
 from ..detections import Trigger
-from ..errors import EXIT_CANT_CREATE, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, EXIT_STALL_ENDED, BlackboxError
+from ..errors import (
+    EXIT_CANT_CREATE,
+    EXIT_ENDED_AFTER_TRAINING,
+    EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND,
+    EXIT_STALL_ENDED,
+    BlackboxError,
+)
 from ..events import EventLog
 from ..redact import add_known_secret, add_known_secrets, redact_argv, redact_url
 from ..storage.urls import add_url_secrets
@@ -521,7 +528,8 @@ class Supervisor:
         if self._recording is not None:
             self._recording.join(RECORD_S + 1.0)
         stall_ended = self.node is not None and code != 0 and self.node.stall_ended()  # by the node's supervisor
-        final = EXIT_STALL_ENDED if self.episodes.ended_after_stall or stall_ended else code
+        ended = EXIT_ENDED_AFTER_TRAINING if self.episodes.after_training else EXIT_STALL_ENDED
+        final = ended if self.episodes.ended_after_stall or stall_ended else code
         event = "end"
         if self.node is not None:  # the watch passes to another task of the node; the last one out ends the run
             self.episodes.close()

@@ -291,3 +291,28 @@ def test_an_exit_status_is_read_as_the_supervisor_words_it() -> None:
     said = ("exited with code 7", "exited with code 0", "died of signal 9 (SIGKILL)", "exit code 3",
             "signal 15 (SIGTERM)", "running")  # fmt: skip
     assert [_exit_code(s) for s in said] == [7, 0, -9, 3, -15, None]
+
+
+def test_the_life_stage_of_a_rank_and_a_hang_after_training() -> None:
+    from blackbox.analyze.model import RankRow, Report, Verdict, life_stage
+
+    # a rank's place in its life, from its step, its recorder's state, and what its stack says
+    assert life_stage(None, "unknown", True, False, False) == ""  # no recorder, nothing else known
+    assert life_stage(0, "starting", True, True, False) == "rendezvous"
+    assert life_stage(0, "starting", True, False, False) == "startup"
+    assert life_stage(12, "running", True, False, False) == "training"
+    assert life_stage(12, "running", True, False, True) == "exiting"  # joining its threads at exit
+    assert life_stage(12, "exited", True, False, False) == "exiting"  # its exit handlers ran, it is still there
+    assert life_stage(12, "exited", False, False, False) == "exited"
+    assert life_stage(12, "running", False, False, False) == "training"  # it died where it was
+
+    def report(category: str, stages: dict[int, str], suspects: list[int]) -> Report:
+        rows = [RankRow(r, "n", 1, "running", 3, "compute", None, stage=s) for r, s in stages.items()]
+        return Report("run", "n", "stall", "b", Verdict(category, None, suspects, "high", ""), rows, [], [])
+
+    # a job ended for a hang is "after training" only when every rank it blamed was exiting
+    assert report("hang.io", {0: "exiting", 1: "exited"}, [0]).after_training()
+    assert not report("hang.io", {0: "exiting", 1: "training"}, [0, 1]).after_training()
+    assert not report("hang.io", {0: "training", 1: "exited"}, [0]).after_training()
+    assert not report("crash.exit", {0: "exiting"}, [0]).after_training()
+    assert not report("hang.io", {0: "exiting"}, []).after_training()
