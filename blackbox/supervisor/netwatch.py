@@ -47,7 +47,10 @@ class SocketFollower:
         carried = {inode: sockets[inode].carried for inode in sockdiag.socket_inodes(pid) if inode in sockets}
         rank = self._ranks.get(pid)
         if rank is None or now - rank.at > STALE_S:
-            port = procfs.environ(pid).get("MASTER_PORT", "")
+            try:
+                port = procfs.environ(pid).get("MASTER_PORT", "")
+            except (OSError, procfs.ProcAccessError):  # gone, or going (ESRCH while it exits): nothing to follow
+                return ""
             self._ranks[pid] = _Rank(carried, now, master_port=int(port) if port.isdigit() else None)
             return ""
         moved, busiest, most = 0, "", 0

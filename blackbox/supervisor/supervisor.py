@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Callable, Optional
@@ -45,6 +46,7 @@ from .process import HANDLED, JobProcess, become_subreaper, describe_status, exi
 from .rundir import new_run_id, prepare_run_dir
 from .watch import Watch
 
+RACES_TOLERATED = 3  # polls in a row cut short by a process of the job ending under it, before it counts as a bug
 LAUNCHER_TAIL_BYTES = 4096  # the end of the launcher's output read for its last line, when it fails before any rank
 RECORD_S = 5.0  # what Slurm says of a SIGTERM it sent is asked within this, again while it refuses (its KillWait,
 # 30 s by default, must leave the supervisor time to end after it: the record is joined before the run ends)
@@ -73,6 +75,7 @@ class Supervisor:
         self.metrics: Optional[Metrics] = None
         self._wake_fd: Optional[int] = None
         self._output_ended = False  # the tee read the job's output to its end: console.log is finished, not left
+        self._raced = 0  # polls in a row cut short by a process or file of the job that went away meanwhile
         self._recording: Optional[threading.Thread] = None  # a preemption's record, Slurm asked for its cause
 
     @property
@@ -467,10 +470,21 @@ class Supervisor:
                 os.kill(pid, sig)
 
     def _poll_guarded(self) -> None:
+        """One poll; a bug stops the watch (a broken watch must never end a job), said once. A process or file of
+        the job that went away while the poll read it (ESRCH, ENOENT: a rank exiting) skips this poll only, with
+        an event: the next reads again; RACES_TOLERATED in a row are a bug like any other."""
         if not self.ctx.watching:
             return
         try:
             self._poll()
+            self._raced = 0
+        except (ProcessLookupError, FileNotFoundError) as exc:
+            self._raced += 1
+            if self._raced < RACES_TOLERATED:
+                self.ctx.event("poll_skipped", error=repr(exc), traceback=traceback.format_exc())
+                return
+            self.ctx.watching = False
+            self.ctx.internal_error("watch", exc)
         except Exception as exc:
             self.ctx.watching = False
             self.ctx.internal_error("watch", exc)

@@ -131,3 +131,12 @@ def test_sockets_are_read_with_their_endpoints_and_counts() -> None:
     finally:
         for s in (client, conn, listener):
             s.close()
+
+
+def test_a_rank_that_is_gone_or_exiting_is_nothing_to_follow() -> None:
+    # GIVEN a process that has ended (a rank exits between the poll's reading of the ranks and this follow)
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    pid = proc.pid
+    proc.wait()
+    # THEN following it says nothing moved, and never raises (that ended the watch: "the job goes on unwatched")
+    assert SocketFollower(lambda: []).follow(pid, time.monotonic()) == ""
