@@ -79,7 +79,7 @@ class RankFinding:
     collective: str
     idle_s: float  # seconds since last progress (stall) or since the last liveness bump (frozen)
     timeout_s: float
-    timeout_rule: str  # which timeout applied: startup, first_batch, stall, auto, checkpoint, eval, busy, frozen
+    timeout_rule: str  # the timeout: startup, first_batch, stall, auto, leaf <name>, checkpoint, eval, busy, frozen
     state: str
     exit_status: Optional[str] = None
     doing: str = ""  # how it moves (or that it waits), for the lines of busy and slow_phase

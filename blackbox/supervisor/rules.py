@@ -3,7 +3,8 @@ slow-phase note, and which console lines mean the job is dying. Progress is anyt
 forward call, the main thread's Python stack changing, I/O — never CPU time. A stall is a job in which nothing
 moves; a rank that moves but never steps is the busy rule's; a long pause while something moves is a note. Which
 ranks cause an incident is not decided here: the analysis blames, on the bundle's evidence (blackbox.analyze.blame).
-Pure: no I/O, no clock of its own. Imports the stdlib, blackbox.config, the shared words and the heartbeat model."""
+Pure: no I/O, no clock of its own. Imports the stdlib, blackbox.config, the shared words, the heartbeat model and the
+table of leaves (supervisor.leaf)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Optional
 from ..config import AUTO, RunConfig
 from ..detections import Detection, RankFinding, human_bytes, plural_ranks
 from ..heartbeat_reader import HeartbeatState
+from .leaf import BY_NAME, DEFINITE_FLOOR_S
 
 AUTO_FLOOR_S = 60.0  # `auto` never goes below this
 AUTO_FACTOR = 5.0  # ... and is this many times the slowest step seen
@@ -38,6 +40,7 @@ class RankView:
     io_in_call: bool = False  # its main thread is inside a read or write system call
     waits_for: str = ""  # what its main thread waits for that moved at this poll: "waits for its child `gzip` …"
     thread_words: str = ""  # the thread of its own its waiting main thread is as alive as (supervisor.movers)
+    leaf: str = ""  # the definite leaf a still rank waits at (supervisor.leaf: stopped, fifo, poll); "" for another
 
     @property
     def rank(self) -> int:
@@ -87,12 +90,25 @@ def _recent(timeout: float) -> float:
 FIRST_BATCH_PHASES = ("data", "checkpoint")
 
 
-def stall_timeout(hb: HeartbeatState, cfg: RunConfig, begun: bool = False) -> tuple[float, str]:
-    """How long nothing may move while this rank is where it is, and the name of the rule that chose it. `begun`:
-    training has begun on some rank (a batch taken): a rank still before its first step, parked in data or
-    checkpoint, is holding up peers that already wait for it — the first-batch timeout, not the start-up one. The
-    checkpoint and eval timeouts do not stretch it: a checkpoint that writes or an evaluation that runs moves; one in
-    which nothing moves is a hang like any other (the busy rule takes the phase timeouts)."""
+def stall_timeout(hb: HeartbeatState, cfg: RunConfig, begun: bool = False, leaf: str = "",
+                  whole_world: bool = False) -> tuple[float, str]:  # fmt: skip
+    """How long nothing may move while this rank is where it is, and the name of the rule that chose it. `leaf`: the
+    definite leaf it waits at (supervisor.leaf), judged on the short floor whatever its step (`whole_world`: every
+    rank of the job is here, which a poll loop needs: a rendezvous polls its store too). `begun`: training has begun
+    on some rank (a batch taken): a rank still before its first step, parked in data or checkpoint, is holding up
+    peers that already wait for it — the first-batch timeout, not the start-up one. The checkpoint and eval timeouts
+    do not stretch it: a checkpoint that writes or an evaluation that runs moves; one in which nothing moves is a
+    hang like any other (the busy rule takes the phase timeouts)."""
+    definite = BY_NAME.get(leaf) if leaf else None
+    if definite is not None and definite.definite and (whole_world or not definite.needs_whole_world):
+        floor = DEFINITE_FLOOR_S if cfg.stall_timeout == AUTO else float(cfg.stall_timeout)
+        base, rule = _step_timeout(hb, cfg, begun)
+        return (floor, f"leaf {leaf}") if floor < base else (base, rule)
+    return _step_timeout(hb, cfg, begun)
+
+
+def _step_timeout(hb: HeartbeatState, cfg: RunConfig, begun: bool) -> tuple[float, str]:
+    """The timeout its step count and phase give (start-up, first batch, auto or the one given)."""
     if hb.step == 0 and begun and hb.phase in FIRST_BATCH_PHASES:
         return cfg.first_batch_timeout, "first_batch"
     if hb.step == 0 or (cfg.stall_timeout == AUTO and hb.step < AUTO_MIN_STEPS):
@@ -136,6 +152,11 @@ class Rules:
         self._begun_at: Optional[float] = None  # when training was first seen begun (a batch or a step)
         self._pause_reported: Optional[float] = None  # the job's last step when its slow phase was noted
         self._elsewhere: Optional[tuple[float, str]] = None  # another node moved after every rank here: when, which
+        self._whole_world = False  # every rank of the job is among the views (a single-node job, all started)
+
+    def _timeout(self, v: RankView, begun: bool) -> tuple[float, str]:
+        """stall_timeout for this rank where it is now, its leaf included."""
+        return stall_timeout(v.hb, self.cfg, begun, v.leaf, self._whole_world)
 
     def forget_hang(self) -> None:
         """The hang just reported was not one (its ranks moved meanwhile): the next is an incident of its own."""
@@ -157,10 +178,11 @@ class Rules:
         if self._elsewhere is not None:
             moved = self._elsewhere[0]
         begun = any(v.hb.batches > 0 or v.hb.step > 0 for v in views)
+        self._whole_world = len({v.rank for v in views}) >= max(v.hb.world_size for v in views)
         out.extend(self._frozen(live, now, moved, newest))
         out.extend(self._stall(live, now, moved, newest, begun))
         out.extend(self._busy(live, now))
-        still = any(now - moved > stall_timeout(v.hb, self.cfg, begun)[0] for v in live)
+        still = any(now - moved > self._timeout(v, begun)[0] for v in live)
         out.extend(self._slow_phase(live, now, moved, begun, still))
         return out
 
@@ -218,7 +240,7 @@ class Rules:
         moves is waiting, not stalled)."""
         stalled = []
         for v in live:
-            timeout, _ = stall_timeout(v.hb, self.cfg, begun)
+            timeout, _ = self._timeout(v, begun)
             if now - moved > timeout:
                 stalled.append(v)
             else:
@@ -231,7 +253,7 @@ class Rules:
         # the ranks under a longer timeout (start-up) have not moved either: they belong to the facts, the
         # stalled ones may be waiting for them
         quiet = [v for v in live if v not in stalled]
-        findings = tuple(self._finding(v, now, now - v.moved_at, *stall_timeout(v.hb, self.cfg, begun)[::-1])
+        findings = tuple(self._finding(v, now, now - v.moved_at, *self._timeout(v, begun)[::-1])
                          for v in stalled + quiet)  # fmt: skip
         same = self._hang_mark is not None
         if not same:

@@ -20,7 +20,7 @@ from ..adapters import gpu, procfs
 from ..detections import Detection
 from ..heartbeat_reader import HeartbeatState, HeartbeatTable
 from ..safeopen import RunDir
-from . import outputwait
+from . import leaf, outputwait
 from .context import RunContext
 from .gpuwatch import GpuWatch
 from .iowatch import IoWatch
@@ -30,6 +30,7 @@ from .stragglers import Stragglers, describe
 
 HISTORY_SAMPLES = 2000  # per rank: the last changes of step, phase or state kept for the report's timeline
 MOTION_SAMPLE_S = 10.0  # while a rank moves without a step, a history sample this often (its bytes, its calls)
+LEAF_AFTER_S = 5.0  # a rank still for this long has its leaf read (supervisor.leaf): a definite one is judged sooner
 FOLLOW_AFTER_S = 2.0  # a rank still for this long has what its main thread waits for followed (supervisor.waits)
 STRAGGLER_FR_MIN = 10  # collectives every rank recorded, at least, before their arrival order is read
 
@@ -97,6 +98,10 @@ class Watch:
             read, written = io.last_minute() if io is not None else (0, 0)
             view = RankView(hb, alive, status, io.moved_at if io is not None else 0.0, read, written,
                             io is not None and io.in_call, io.waits_for if io is not None else "")  # fmt: skip
+            if alive and now - view.moved_at > LEAF_AFTER_S:  # still: the definite leaf it waits at, if any
+                found = leaf.of_rank(hb.pid, hb.waiting)
+                if found is not None:
+                    view = replace(view, leaf=found.name)
             if alive and hb.waiting in ("thread", "poll") and now - hb.last_progress > movers.PAUSE_S:
                 view = replace(
                     view, thread_words=movers.describe(self.ctx.run_dir, hb.rank, hb.pid, now, hb.last_progress)

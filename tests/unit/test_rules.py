@@ -328,3 +328,34 @@ def test_exception_then_gone_is_a_death() -> None:
     rules = Rules(cfg())
     (d,) = rules.evaluate([RankView(replace(hb(0), state="exception"), False)], now=100.0)
     assert d.rule == "rank_death" and "raised an exception" in d.reason
+
+
+# --- leaves: a definite one is judged on its floor whatever the step -----------------------------------------
+
+
+def test_a_definite_leaf_is_judged_on_its_floor_at_any_step() -> None:
+    c = cfg()  # auto: 30 min before the fifth step, 60 s after
+    # a rank blocked opening a FIFO, stopped, or in a poll loop: 30 s at step 0 and step 2 as at step 50
+    for step in (0, 2, 50):
+        for leaf in ("fifo", "stopped"):
+            assert stall_timeout(hb(0, step=step), c, leaf=leaf) == (30.0, f"leaf {leaf}")
+    assert stall_timeout(hb(0, step=2), c, leaf="poll", whole_world=True) == (30.0, "leaf poll")
+    # a poll loop while some rank of the world is not here yet may be a rendezvous: the start-up budget holds
+    assert stall_timeout(hb(0, step=0), c, leaf="poll", whole_world=False) == (1800.0, "startup")
+    # any other leaf keeps the step's timeouts
+    assert stall_timeout(hb(0, step=2), c, leaf="") == (1800.0, "startup")
+    assert stall_timeout(hb(0, step=2), c, leaf="other") == (1800.0, "startup")
+    # a timeout given is kept (never longer than the step's own): 10 s at step 0 for the FIFO, not 30 min
+    assert stall_timeout(hb(0, step=0), cfg(stall_timeout="10"), leaf="fifo") == (10.0, "leaf fifo")
+    assert stall_timeout(hb(0, step=50), cfg(stall_timeout="10"), leaf="fifo") == (10.0, "stall")
+
+
+def test_a_rank_blocked_on_a_fifo_in_its_first_batch_is_a_stall_at_30_s() -> None:
+    # GIVEN rank 1 blocked opening its shard (a FIFO: a dead mount) at step 0 while rank 0 waits in all_reduce #1
+    rules = Rules(cfg())
+    frames = [(t, [waiting(0, t, step=0), live(hb(1, step=0, phase="data"), t, leaf="fifo")])
+              for t in range(101, 140)]  # fmt: skip
+    # THEN the stall comes 30 s after the job last moved, not after the start-up timeout; rank 1 by its leaf
+    ((t, d),) = run(rules, frames)
+    assert t == 131 and d.rule == "stall" and d.ranks == (1,)
+    assert {f.rank: f.timeout_rule for f in d.findings} == {1: "leaf fifo", 0: "startup"}
