@@ -567,6 +567,8 @@ def read_state(bundle: Bundle, rank: int, node: str, rs: Optional[RankStack], ev
     facts += _heartbeat_facts(rank, hb, alive, peer_liveness, polled)
     step = integer(hb.get("step"))
     st = classify(rank, str(hb.get("node") or node), pid, facts, str(hb.get("phase") or "unknown"), step)
+    if st.where == "poll" and rs is not None and st.detail.endswith("(native frames)"):
+        st.detail = f"main thread in {(rs.where or where(rs.thread)).what}"  # the loop is Python's: name its frame
     st.detail += _held_at(proc, st.where)
     st.exiting = exiting
     st.exception = exc
