@@ -3,30 +3,22 @@ which sources it has, why one is missing, and what its own ring says it last did
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 from pathlib import Path
 from typing import Any
 
 from blackbox.analyze.verdict import analyze
 from blackbox.bundle.reader import read_bundle
+from tests.unit.test_hostile_bundles import members, write
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data" / "golden" / "collective-hang.tar.gz"
 T0 = 1795939500.0  # a wall-clock time: 08:05:00 UTC
 
 
 def bundle_with(tmp_path: Path, change: Any) -> Path:
-    with tarfile.open(GOLDEN) as tar:
-        files = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    files = members(GOLDEN)
     change(files)
-    out = tmp_path / "b.tar.gz"
-    with tarfile.open(out, "w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return out
+    return write(tmp_path / "b.tar.gz", files)
 
 
 def edge(n: int, phase: str, at: float, collective: str = "", seq: int = 0, step: int = 40) -> dict[str, Any]:
