@@ -1,7 +1,7 @@
 """The words both sides of blackbox use about an incident: a detection and its per-rank findings, why a bundle was
-taken (its trigger), the rule kinds (hang or crash), and rank ranges ("0-2, 5"). Neither the supervisor's nor the
-report's: the supervisor writes a detection, the collector records it, the analysis reads it. Imports the stdlib
-only."""
+taken (its trigger), the rule kinds (hang or crash), rank ranges ("0-2, 5") and a rank's life stage. Neither the
+supervisor's nor the report's: the supervisor writes a detection, the collector records it, the analysis reads it.
+Imports the stdlib only."""
 
 from __future__ import annotations
 
@@ -177,3 +177,19 @@ def straggler_episodes(events: Iterable[object]) -> list[dict[str, Any]]:
             out.append(episode)
             open_[r] = episode
     return out
+
+
+def life_stage(step: Optional[int], state: str, alive: Optional[bool], setup: bool, exiting: bool) -> str:
+    """Where in its life a rank is: `exiting` (its interpreter is exiting: it ran its exit handlers, or joins its
+    threads at exit — training is over), `exited` (it has, cleanly), `rendezvous` (waiting in process-group set-up),
+    `startup` (no step yet), `training`; "" without the recorder's step count and no other sign. A rank that died
+    keeps the stage it died in."""
+    if state == "exited" and alive is False:
+        return "exited"
+    if exiting or state == "exited":
+        return "exiting"
+    if setup:
+        return "rendezvous"
+    if step is None:
+        return ""
+    return "startup" if step == 0 else "training"

@@ -15,7 +15,7 @@ from ._recorder import protocol as P
 from ._recorder.redact import redact_argv
 from .adapters import gpu, procfs, proctree
 from .config import RUNS_DIR
-from .detections import straggler_episodes
+from .detections import life_stage, straggler_episodes
 from .errors import BlackboxError
 from .events import read_events
 from .heartbeat_reader import HeartbeatState, HeartbeatTable
@@ -30,6 +30,7 @@ class RankStatus:
     pid: int
     alive: bool
     state: str  # the heartbeat's: starting, running, exited, exception
+    stage: str  # where in its life (detections.life_stage): startup, training, exiting, exited
     step: int
     steps_per_s: Optional[float]  # between the last two readings (top), else from the last step's duration
     phase: str
@@ -182,7 +183,8 @@ def read_status(run_dir: str, table: HeartbeatTable, previous: Optional[RunStatu
         alive = procfs.is_alive(hb.pid, hb.start_ticks)
         at = now if alive else max(hb.liveness_time, hb.last_progress)  # an ended rank's last state is at its end
         rank = RankStatus(
-            rank=hb.rank, pid=hb.pid, alive=alive, state=hb.state, step=hb.step,
+            rank=hb.rank, pid=hb.pid, alive=alive, state=hb.state, stage=life_stage(hb.step, hb.state, alive, False,
+                                                                                     False), step=hb.step,
             steps_per_s=rate, phase=hb.phase, phase_s=round(max(0.0, at - hb.phase_start), 3),
             idle_s=round(max(0.0, at - hb.last_progress), 3),
             liveness_age_s=round(max(0.0, at - hb.liveness_time), 3), straggler=hb.rank in straggling,

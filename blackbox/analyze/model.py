@@ -34,22 +34,6 @@ class RankRow:
     stage: str = ""  # where in its life: rendezvous, startup, training, exiting, exited (life_stage); "" unknown
 
 
-def life_stage(step: Optional[int], state: str, alive: Optional[bool], setup: bool, exiting: bool) -> str:
-    """Where in its life a rank is: `exiting` (its interpreter is exiting: it ran its exit handlers, or joins its
-    threads at exit — training is over), `exited` (it has, cleanly), `rendezvous` (waiting in process-group set-up),
-    `startup` (no step yet), `training`; "" without the recorder's step count and no other sign. A rank that died
-    keeps the stage it died in."""
-    if state == "exited" and alive is False:
-        return "exited"
-    if exiting or state == "exited":
-        return "exiting"
-    if setup:
-        return "rendezvous"
-    if step is None:
-        return ""
-    return "startup" if step == 0 else "training"
-
-
 @dataclass
 class Finding:
     kind: str  # observed | inferred

@@ -50,15 +50,16 @@ def renderable(s: RunStatus, title: str = "blackbox status") -> RenderableType:
     if s.command:
         head.append(f"\n{printable(' '.join(s.command))[:300]}")
     table = Table(title_justify="left", expand=False)
-    left = ("phase", "moving", "where its time goes")
-    for col in ("rank", "pid", "step", "steps/s", "phase", "phase s", "idle s", "live s", "moved s", "moving",
-                "where its time goes"):  # fmt: skip
+    left = ("stage", "phase", "moving", "where its time goes")
+    for col in ("rank", "pid", "stage", "step", "steps/s", "phase", "phase s", "idle s", "live s", "moved s",
+                "moving", "where its time goes"):  # fmt: skip
         table.add_column(col, justify="left" if col in left else "right",
                          no_wrap=col not in ("moving", "where its time goes"))  # fmt: skip
     for r in s.ranks:
         style = "bold red" if r.straggler else ("dim" if not r.alive else "")
         phase = printable(r.phase) + (" (straggler)" if r.straggler else "") + ("" if r.alive else f" ({r.state})")
-        table.add_row(Text(str(r.rank)), Text(str(r.pid)), Text(str(r.step)), Text(_num(r.steps_per_s, "{:.2f}")),
+        table.add_row(Text(str(r.rank)), Text(str(r.pid)), Text(r.stage), Text(str(r.step)),
+                      Text(_num(r.steps_per_s, "{:.2f}")),
                       Text(phase), Text(_num(r.phase_s)), Text(_num(r.idle_s)), Text(_num(r.liveness_age_s)),
                       Text(_num(r.moved_s)), Text(_moving(r)), Text(_shares(r.time_share)), style=style)  # fmt: skip
     parts: list[RenderableType] = [head, table if s.ranks else Text("no rank has a heartbeat yet")]

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any, Callable
 
 from ..adapters.gpu import GpuReading
+from ..detections import life_stage
 from .context import RunContext
 from .rules import RankView
 
@@ -130,6 +131,10 @@ class Metrics:
         phase = gauge("rank_phase", "1 for the rank's current phase (data, compute, collective, checkpoint, eval…).",
                       ("phase",))  # fmt: skip
         in_phase = gauge("rank_current_phase_seconds", "Seconds the rank has been in its current phase.")
+        stage = gauge("rank_stage", "1 for where in its life the rank is (startup, training, exiting, exited).",
+                      ("stage",))  # fmt: skip
+        leaf = gauge("rank_definite_leaf", "1 while the still rank waits at a definite leaf (stopped, fifo, poll: "
+                     "judged on the short floor), by name.", ("leaf",))  # fmt: skip
         share = gauge("rank_time_share", "Share of the rank's time spent in each phase since it started (its "
                       "heartbeat's time ledger).", ("phase",))  # fmt: skip
         spent = CounterMetricFamily(PREFIX + "rank_phase_seconds", "Seconds the rank spent in each phase so far.",
@@ -141,6 +146,7 @@ class Metrics:
         for v in views:
             hb, labels = v.hb, [run, node, str(v.rank)]
             up.add_metric(labels, 1.0 if v.alive else 0.0)
+            stage.add_metric([*labels, life_stage(hb.step, hb.state, v.alive, False, False)], 1.0)
             step.add_metric(labels, float(hb.step))
             if v.rank in rates:
                 rate.add_metric(labels, rates[v.rank])
@@ -148,6 +154,8 @@ class Metrics:
                 continue
             idle.add_metric(labels, max(0.0, now - hb.last_progress))
             phase.add_metric([*labels, hb.phase], 1.0)
+            if v.leaf:
+                leaf.add_metric([*labels, v.leaf], 1.0)
             in_phase.add_metric(labels, max(0.0, now - hb.phase_start))
             times = hb.time_spent(now)
             total = sum(times.values())
@@ -159,7 +167,7 @@ class Metrics:
             behind = [r for r, s in seqs.items() if r != v.rank and s < hb.collective_seq]
             waits = hb.phase == "collective" and behind
             waiting.add_metric([*labels, hb.collective if waits else ""], float(min(behind)) if waits else -1.0)
-        yield from (up, step, rate, idle, phase, in_phase, share, straggler, waiting)
+        yield from (up, step, rate, idle, phase, in_phase, stage, leaf, share, straggler, waiting)
         yield spent
 
         node_labels = ["run", "node", "gpu", "name"]

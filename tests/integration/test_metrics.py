@@ -65,6 +65,10 @@ def test_prometheus_scrapes_a_healthy_and_a_stalled_run(tmp_path: Path) -> None:
             # AND its peer, waiting in the all_reduce for it, says whom it waits for
             waiting = values(prom, f'blackbox_rank_waiting_for{{{stalled_at}, rank="0"}}')
             assert waiting == {"0": 1.0}, waiting
+            # AND the stalled rank's definite leaf is named: it reads a FIFO nobody writes (the gallery's dead mount)
+            leaf = f'blackbox_rank_definite_leaf{{{stalled_at}, leaf="fifo"}}'
+            wait_for(lambda: values(prom, leaf) == {"1": 1.0}, 60, "the stalled rank's leaf")
+            assert values(prom, f'blackbox_rank_stage{{{healthy_at}, stage="training"}}') == {"0": 1.0, "1": 1.0}
             # AND the healthy run steps, with a rate, a phase and a time share per phase for each rank
             assert all(v > 0 for v in values(prom, f"blackbox_rank_steps_per_second{{{healthy_at}}}").values())
             assert len(values(prom, f"blackbox_rank_phase{{{healthy_at}}} == 1")) == 2

@@ -59,6 +59,7 @@ def test_a_run_as_it_stands(tmp_path: Path) -> None:
     assert not s.live and "supervisor" in (s.why_not_live or "") and s.run_id == "20261201-000000-abcdef"
     r0, r1 = s.ranks
     assert (r1.phase, r1.step, r1.straggler, r0.straggler) == ("data", 40, True, False)
+    assert (r0.stage, r1.stage) == ("training", "training")  # where in its life: step 40, alive
     assert r1.time_share["data"] > 0.5 and r0.time_share["backward"] > 0.5 and r1.steps_per_s == 4.0
     assert s.stragglers == [{"rank": 1, "phase": "data", "factor": 2.5, "started": "2026-12-01T00:01:00+00:00",
                              "ended": None}]  # fmt: skip
@@ -70,6 +71,7 @@ def test_a_run_as_it_stands(tmp_path: Path) -> None:
     render_status_json(s, out)
     data = json.loads(out.getvalue())
     assert data["schema_version"] == 1 and data["ranks"][1]["time_share"]["data"] > 0.5
+    assert data["ranks"][1]["stage"] == "training"
 
 
 def test_the_gpus_with_their_memory(tmp_path: Path) -> None:

@@ -294,7 +294,8 @@ def test_an_exit_status_is_read_as_the_supervisor_words_it() -> None:
 
 
 def test_the_life_stage_of_a_rank_and_a_hang_after_training() -> None:
-    from blackbox.analyze.model import RankRow, Report, Verdict, life_stage
+    from blackbox.analyze.model import RankRow, Report, Verdict
+    from blackbox.detections import life_stage
 
     # a rank's place in its life, from its step, its recorder's state, and what its stack says
     assert life_stage(None, "unknown", True, False, False) == ""  # no recorder, nothing else known
