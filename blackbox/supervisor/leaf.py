@@ -47,7 +47,9 @@ def of_rank(pid: int, waiting: str) -> Optional[Leaf]:
         return BY_NAME["stopped"]
     if waiting == "poll":
         return BY_NAME["poll"]
-    blocked = procfs.blocked(pid)
-    if blocked.get("syscall") in READ_CALLS and blocked.get("fd_kind") == "fifo":
+    call, _ = procfs.thread_syscall(pid, pid)
+    if call not in READ_CALLS:  # (a collective's recv, a sleep: nothing more to read, every poll of a long wait)
+        return None
+    if procfs.blocked(pid).get("fd_kind") == "fifo":
         return BY_NAME["fifo"]
     return None
