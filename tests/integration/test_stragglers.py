@@ -101,7 +101,8 @@ def test_stragglers_are_named_and_steady_jobs_are_not(tmp_path: Path) -> None:
         # AND blackbox top draws it live: two frames, the steps advancing, rank 1 marked
         frames = top_frames(run)
         assert len(frames) >= 2 and "(straggler)" in frames[-1], frames[-1:]
-        steps = [int(line.split("│")[3]) for f in (frames[0], frames[-1]) for line in f.splitlines()
+        # the step column of rank 0's row (rank, pid, stage, step, …)
+        steps = [int(line.split("│")[4]) for f in (frames[0], frames[-1]) for line in f.splitlines()
                  if line.startswith("│") and line.split("│")[1].strip() == "0"]  # fmt: skip
         assert len(steps) == 2 and steps[1] > steps[0], steps
         # AND a bundle taken now (SIGUSR1 to blackbox) reports where the time went, and the episode
