@@ -118,19 +118,19 @@ def ring(buf: Any) -> list[RingEntry]:
         return []
     view = memoryview(buf)[: P.HEARTBEAT_SIZE]
     q, d = view.cast("Q"), view.cast("d")
-    head = q[P.W_RING_HEAD]
     out = []
-    for n in range(max(1, head - P.RING_ENTRIES + 1), head + 1):
-        w = P.W_RING + (n - 1) % P.RING_ENTRIES * P.RING_WORDS
-        last = q[w + 5]  # loaded in the reverse of the writer's order: last number, fields, first number
-        what, seq, start, step = q[w + 1], q[w + 2], d[w + 3], q[w + 4]
-        if q[w] != n or last != n or not math.isfinite(start):
+    for slot in range(P.RING_ENTRIES):
+        w = P.W_RING + slot * P.RING_WORDS
+        last = q[w + 4]  # loaded in the reverse of the writer's order: last number, fields, first number
+        what, seq, start = q[w + 1], q[w + 2], d[w + 3]
+        n = q[w]
+        if n == 0 or n != last or (n - 1) % P.RING_ENTRIES != slot or not math.isfinite(start):
             continue
-        code, op = what & 0xFF, what >> 8
+        code, op, step = what & 0xFF, (what >> 8) & 0xFF, what >> 16
         phase = P.PHASE_NAMES.get(code, "custom" if code == P.PHASE_CUSTOM else "unknown")
-        collective = P.COLLECTIVE_OPS[op] if 0 <= op < len(P.COLLECTIVE_OPS) else "unknown"
+        collective = P.COLLECTIVE_OPS[op] if op < len(P.COLLECTIVE_OPS) else "unknown"
         out.append(RingEntry(n, phase, collective if code == P.PHASE_COLLECTIVE else "", seq, start, step))
-    return out
+    return sorted(out, key=lambda e: e.n)
 
 
 def _group(q: memoryview[int], first: int, last: int, patience_s: float) -> _Words | None:

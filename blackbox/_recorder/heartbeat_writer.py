@@ -18,8 +18,8 @@ class HeartbeatWriter:
 
     # slots: phase() runs twice a collective call, with its code and data cold (see Recorder; the step hook writes
     # the progress group itself)
-    __slots__ = ("_d", "_ledger_word", "_ledger_words", "_mv", "_phase_start", "_phv", "_q", "_ring_n", "mm",
-                 "mono0", "wall0")  # fmt: skip
+    __slots__ = ("_d", "_ledger_word", "_ledger_words", "_mv", "_phase_start", "_phv", "_q", "_ring", "_ring_n",
+                 "mm", "mono0", "wall0")  # fmt: skip
 
     def __init__(
         self, path: str, *, pid: int, start_ticks: int, rank: int, local_rank: int, world_size: int, mode: str
@@ -51,6 +51,7 @@ class HeartbeatWriter:
         self._phv = 0  # group versions; 0 is never written as a version (the progress group's is its own first word)
         self._mv = 0
         self._ring_n = 0  # the ring's last entry written
+        self._ring = P.RING_ENTRY.pack_into
         # the time ledger, kept by the phase writes themselves: the word of the phase now written, since when
         self._ledger_words = [P.W_LEDGER + P.ledger_slot(code) for code in range(P.PHASE_CUSTOM + 1)]
         self._ledger_word = self._ledger_words[P.PHASE_STARTUP]
@@ -96,17 +97,10 @@ class HeartbeatWriter:
             off = P.W_PHASE_NAME * 8
             self.mm[off : off + P.PHASE_NAME_BYTES] = name[: P.PHASE_NAME_BYTES].ljust(P.PHASE_NAME_BYTES, b"\0")
         q[23] = v
-        # the ring's entry for this edge (P.W_RING, RING_WORDS, RING_ENTRIES = 64: literal, as above)
+        # the ring's entry for this edge: one pack (P.RING_ENTRY at P.W_RING, RING_ENTRIES = 64 of 40 bytes: literal)
         n = self._ring_n + 1
         self._ring_n = n
-        w = 64 + ((n - 1) & 63) * 6
-        q[w] = n
-        q[w + 1] = code | op << 8
-        q[w + 2] = op_seq
-        self._d[w + 3] = start
-        q[w + 4] = q[9]
-        q[w + 5] = n
-        q[48] = n  # P.W_RING_HEAD
+        self._ring(self.mm, 512 + ((n - 1) & 63) * 40, n, code | op << 8 | q[9] << 16, op_seq, start, n)
 
     def spent(self, now: float) -> list[float]:
         """Seconds in each ledger slot up to `now`: the ledger's words and the current phase's time since it began."""

@@ -102,14 +102,15 @@ WAIT_NAMES = ("", "thread", "poll", "sleep")
 # The ring (version 4): the rank's last RING_ENTRIES phase edges, so that a rank that cannot answer (stopped, the
 # GIL held, killed) still says what it last did: each write of the phase group also writes one entry — the phase
 # entered, the collective op and its sequence (a collective entered; the next entry says it was left), when, at
-# which step. Entry n (from 1) lives in slot (n - 1) % RING_ENTRIES: its number, code | op << 8, the op's sequence,
-# start (mono s), step, its number again; W_RING_HEAD holds the last entry written. The writer stores an entry's
-# words in that order, then the head; a reader keeps an entry only when both its numbers are the one it expects
-# (a torn or overwritten entry is dropped). Written by the thread that writes the phase group, no lock, no syscall.
-W_RING_HEAD = 48
-W_RING = 64  # words 64..(64 + 6 * RING_ENTRIES - 1)
-RING_WORDS = 6
+# which step. Entry n (from 1) lives in slot (n - 1) % RING_ENTRIES, RING_WORDS words: n, code | op << 8 | step << 16,
+# the op's sequence, start (mono s, a double), n again — written by one struct pack in that order (RING_ENTRY); a
+# reader loads the last word first, then the fields, then the first, and keeps an entry only when both numbers are
+# the one its slot can hold (a torn, overwritten or empty slot is dropped), then orders them by n. Written by the
+# thread that writes the phase group, no lock, no syscall.
+W_RING = 64  # words 64..(64 + RING_WORDS * RING_ENTRIES - 1)
+RING_WORDS = 5
 RING_ENTRIES = 64
+RING_ENTRY = struct.Struct("<QQQdQ")
 
 MODE_CODES = {MODE_RANK: 0, MODE_SINGLE: 1, MODE_SLURM: 2}
 
