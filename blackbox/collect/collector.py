@@ -113,6 +113,7 @@ class _Proc:
     pid: int
     helper: bool
     hb: Optional[HeartbeatState] = None  # a rank's own process: its heartbeat as the collection began
+    stopped: bool = False  # stopped (T/t) as the collection began: py-spy reads it without suspending it
 
     @property
     def workers_since(self) -> Optional[float]:
@@ -253,7 +254,7 @@ class Collector:
             nonlocal done
             if time.monotonic() >= deadline:
                 return pyspy.PySpyResult(p.pid, None, "not started: the collection budget was spent")
-            stopped = procfs.is_stopped(p.pid)  # read without suspending it: it cannot be suspended again
+            stopped = p.stopped  # read without suspending it: it cannot be suspended again
             result = pyspy.dump(p.pid, native=self.options.native and not stopped, locals=self.options.locals,
                                 timeout=self._left(deadline, per_process), exe=exe, nonblocking=stopped)  # fmt: skip
             if stopped:
@@ -299,7 +300,7 @@ class Collector:
         for p in procs:
             main = stacks.main_thread(pyspy.threads(taken.get(p.pid)))
             at = where(main) if p.own and main is not None else None
-            if at is not None and (at.kind == "ambiguous" or at.fallback) and not procfs.is_stopped(p.pid):
+            if at is not None and (at.kind == "ambiguous" or at.fallback) and not p.stopped:
                 ambiguous.append(p)  # (a stopped process cannot be suspended for its native frames)
         if not ambiguous or time.monotonic() >= deadline:
             return
@@ -339,7 +340,7 @@ class Collector:
             if self.options.locals:  # the stacks taken have them already
                 return polled.checks(p.pid, taken.get(p.pid)), None
             left = self._left(deadline, self.options.dump_timeout)
-            result = pyspy.dump(p.pid, locals=True, exe=exe, timeout=left, nonblocking=procfs.is_stopped(p.pid))
+            result = pyspy.dump(p.pid, locals=True, exe=exe, timeout=left, nonblocking=p.stopped)
             return polled.checks(p.pid, result.threads), result.error
 
         with ThreadPoolExecutor(max_workers=min(16, len(polling))) as pool:
@@ -550,8 +551,8 @@ class Collector:
         ranks = job.ranks
         # read while the ranks live: a rank that raised may be gone by the time its files are copied
         error_files = {r.rank: p for r in ranks if (p := _torchelastic_error_file(job.run_dir, r, job.owner))}
-        procs = [_Proc(r.rank, r.pid, False, r.hb) for r in ranks if r.alive]
-        procs += [_Proc(r.rank, pid, True) for r in ranks for pid in _helpers(r)]
+        procs = [_Proc(r.rank, r.pid, False, r.hb, procfs.is_stopped(r.pid)) for r in ranks if r.alive]
+        procs += [_Proc(r.rank, pid, True, None, procfs.is_stopped(pid)) for r in ranks for pid in _helpers(r)]
         if job.agent_pid is not None and job.mode == "collect" and _is_python(job.agent_pid):
             procs.append(_Proc(None, job.agent_pid, False))
         node_pool = ThreadPoolExecutor(max_workers=7, thread_name_prefix="blackbox-node")
