@@ -14,8 +14,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,17 +49,56 @@ def _missing() -> str:
     return ""
 
 
-def _job(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """Run the job to its end, within 280 s; whatever it left running (its ranks, held in the kernel by a disk that
-    takes nothing, outlive a killed blackbox) is killed before the disk is let go and unmounted."""
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _job(argv: list[str], env: dict[str, str], tmp_path: Path, disk: Path) -> subprocess.CompletedProcess[str]:
+    """Run the job to its end, within 280 s. Its output goes to files, not pipes: a rank the dead disk holds in the
+    kernel (uninterruptibly, its SIGKILL pending until the disk takes its pages) outlives blackbox and would hold a
+    pipe open; what is left running — blackbox's tree, anything with a file open on the disk — is killed here and
+    dies once the fixture lets the disk's writes go."""
+    with open(tmp_path / "out", "w+") as out, open(tmp_path / "err", "w+") as err:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, text=True)
+        try:
+            proc.wait(timeout=280)
+        finally:
+            runner.kill_tree(proc.pid)
+            proc.wait()
+            for pid in _holders(disk):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, proc.returncode, out.read(), err.read())
+
+
+def _holders(mnt: Path) -> list[int]:
+    """The processes with a file open, or their working directory, on the mount at `mnt`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid() and any(_on(link, mnt) for link in _links(proc)):
+            found.append(int(proc.name))
+    return found
+
+
+def _links(proc: Path) -> list[Path]:
     try:
-        out, err = proc.communicate(timeout=280)
-    finally:
-        runner.kill_tree(proc.pid)
-        if proc.poll() is None:
-            proc.communicate()
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+        return [proc / "cwd", *(proc / "fd").iterdir()]
+    except OSError:  # gone, or not ours to read
+        return []
+
+
+def _on(link: Path, mnt: Path) -> bool:
+    try:
+        return Path(os.readlink(link)).is_relative_to(mnt)
+    except OSError:
+        return False
+
+
+def _unmount(mnt: Path) -> None:
+    """Unmount, waiting (up to 60 s) for the killed processes that held it to die once their writes are let go."""
+    for _ in range(120):
+        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.5)
+    subprocess.run(["umount", "--lazy", str(mnt)], check=False)
 
 
 @contextlib.contextmanager
@@ -77,7 +118,7 @@ def _disk(tmp_path: Path, name: str, options: str = "defaults") -> Iterator[tupl
             yield mnt, numbers
         finally:
             (BLKIO / "blkio.throttle.write_bps_device").write_text(f"{numbers} 0\n")  # let what is left go
-            subprocess.run(["umount", str(mnt)], check=False)
+            _unmount(mnt)
     finally:
         subprocess.run(["losetup", "-d", dev], check=False)
 
@@ -135,7 +176,9 @@ def test_a_long_fsync_to_a_slow_disk_is_a_write_not_a_stall(slow_disk: tuple[Pat
     argv = [*BLACKBOX, "run", "--run-dir", str(run_dir), "--", TORCHRUN, "--standalone", "--nproc-per-node", "2",
             str(PROGRAMS / "quiet_job.py"), "flush"]  # fmt: skip
     enter = f'echo $$ > {group / "cgroup.procs"} && exec "$@"'
-    done = _job(["sh", "-c", enter, "sh", *argv], job_env(BB_FLUSH_DIR=str(mnt), BB_FLUSH_MB=str(FLUSH_MB)))
+    done = _job(
+        ["sh", "-c", enter, "sh", *argv], job_env(BB_FLUSH_DIR=str(mnt), BB_FLUSH_MB=str(FLUSH_MB)), tmp_path, mnt
+    )
     # THEN the job ends by itself, exit 0, rank 0's flush really longer than the auto timeout
     assert done.returncode == 0, done.stderr[-3000:]
     paused = [float(line.split()[3]) for line in done.stdout.splitlines() if line.startswith("rank 0: paused")]
@@ -155,7 +198,7 @@ def test_a_write_held_at_the_dirty_limit_of_a_dead_disk_is_a_stall(dead_disk: Pa
     run_dir = tmp_path / "run"
     argv = [*BLACKBOX, "run", "--run-dir", str(run_dir), "--kill-grace", "3", "--", TORCHRUN, "--standalone",
             "--nproc-per-node", "2", str(PROGRAMS / "quiet_job.py"), "dirty"]  # fmt: skip
-    done = _job(argv, job_env(BB_FLUSH_DIR=str(dead_disk), BB_FLUSH_MB=str(DIRTY_MB)))
+    done = _job(argv, job_env(BB_FLUSH_DIR=str(dead_disk), BB_FLUSH_MB=str(DIRTY_MB)), tmp_path, dead_disk)
     # THEN the wake-ups are not motion: one stall under `auto`, about 60 s after the last motion, and the job ended
     assert done.returncode == 86, done.stderr[-3000:]
     events = read_events(str(run_dir / "events.jsonl"))
