@@ -5,6 +5,7 @@ Imports the stdlib and blackbox's /proc adapter."""
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import time
 from typing import Callable, Optional
@@ -69,30 +70,60 @@ def waited_children(pid: int, call: str, args: list[int]) -> list[int]:
 
 
 def waited_processes(pid: int, workers_since: Optional[float] = None) -> list[int]:
-    """The processes the main thread of `pid` waits for: the children of its wait4 or waitid, or those below it that
-    hold the other end of a pipe it reads or polls (a tool's captured output, a worker pool's result queue); else,
-    given `workers_since` (it waits for a thread of its own or polls: its heartbeat says), its `workers`."""
-    waited, pipes = wait_target(pid)
-    waited = waited if not pipes else pipe_holders_below(pid, pipes)
+    """The processes the main thread of `pid` waits for: the children of its wait4 or waitid, or those that hold the
+    other end of a pipe it reads or polls (below it: a tool's captured output, a worker pool's result queue) or of a
+    FIFO it reads (anywhere: its writer); else, given `workers_since` (it waits for a thread of its own or polls:
+    its heartbeat says), its `workers`."""
+    waited, ends = wait_target(pid)
+    waited = waited if not ends else other_ends(pid, ends)
     return waited if waited or workers_since is None else workers(pid, workers_since)
 
 
 def wait_target(pid: int) -> tuple[list[int], frozenset[str]]:
     """What the main thread of `pid` waits on that another process may answer: the children of its wait4 or waitid,
-    or the pipes it reads or polls (`pipe:[inode]`); nothing of the kind: ([], empty)."""
+    or the pipes it reads or polls (`pipe:[inode]`) and the FIFOs it reads (`fifo:DEV:INO:path`: a blocked read of
+    a FIFO has a writer); nothing of the kind: ([], empty)."""
     call, args = thread_syscall(pid, pid)
     if call in WAIT_CHILD_CALLS:
         return waited_children(pid, call, args), frozenset()
     if call in WAIT_FD_CALLS:
-        return [], frozenset(pipe_inodes(pid, waited_fds(pid, call, args)))
+        fds = waited_fds(pid, call, args)
+        return [], frozenset(pipe_inodes(pid, fds) | fifo_ends(pid, fds))
     return [], frozenset()
 
 
-def pipe_holders_below(pid: int, pipes: frozenset[str]) -> list[int]:
-    """The topmost processes below `pid` that hold one of these pipes open: those at the other end (a shell's
-    pipeline inherits its pipes: the shell stands for it)."""
-    found = holding(process_tree(children(pid)), set(pipes))
-    return [p for p in found if not set(_ancestors(p, pid)) & set(found)]
+def fifo_ends(pid: int, fds: list[int]) -> set[str]:
+    """The FIFOs (named pipes) among a process's file descriptors, as `fifo:DEV:INO:path`."""
+    out = set()
+    for fd in fds:
+        target = fd_target(pid, fd)
+        if target is None or not target.startswith("/"):
+            continue
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if stat.S_ISFIFO(st.st_mode):
+            out.add(f"fifo:{st.st_dev}:{st.st_ino}:{target}")
+    return out
+
+
+def other_ends(pid: int, ends: frozenset[str]) -> list[int]:
+    """The processes at the other end of these pipes and FIFOs (wait_target): for a pipe, the topmost processes below
+    `pid` that hold it (a shell's pipeline inherits its pipes: the shell stands for it); for a FIFO, every other
+    process that holds it open, wherever it runs (`holders`: a scan of /proc)."""
+    pipes = {e for e in ends if e.startswith("pipe:[")}
+    found = holding(process_tree(children(pid)), pipes) if pipes else []
+    out = [p for p in found if not set(_ancestors(p, pid)) & set(found)]
+    for end in sorted(ends - pipes):
+        _, dev, ino, path = end.split(":", 3)
+        out += [p for p in holders(int(dev), int(ino), os.path.basename(path)) if p != pid and p not in out]
+    return out
+
+
+def is_fifo(ends: frozenset[str]) -> bool:
+    """Whether these ends (wait_target) are FIFOs only: what waits at their other end is their writer, not a child."""
+    return bool(ends) and all(e.startswith("fifo:") for e in ends)
 
 
 def _ancestors(pid: int, root: int) -> list[int]:
@@ -108,18 +139,20 @@ def _ancestors(pid: int, root: int) -> list[int]:
 SHOWN_CHARS = 60  # of a waited child's command line
 
 
-def waited_name(pids: list[int], redact: Callable[[list[str]], list[str]]) -> str:
-    """How a user knows what a rank waits for: one child by its command line (through `redact`, shortened: a secret
-    on it never shown), several by their pids."""
+def waited_name(pids: list[int], redact: Callable[[list[str]], list[str]], fifo: bool = False) -> str:
+    """How a user knows what a rank waits for: one child (`fifo`: one writer of the FIFO it reads) by its command
+    line (through `redact`, shortened: a secret on it never shown), several by their pids."""
     if len(pids) > 1:
         shown = ", ".join(map(str, pids[:8])) + (", …" if len(pids) > 8 else "")
-        return f"its {len(pids)} child processes (pids {shown})"
+        return f"its FIFO's {len(pids)} writers (pids {shown})" if fifo else f"its {len(pids)} child processes " \
+            f"(pids {shown})"  # fmt: skip
+    who = "its FIFO's writer" if fifo else "its child"
     argv = cmdline(pids[0])
     if not argv:
-        return f"its child process (pid {pids[0]})"
+        return f"{who} (pid {pids[0]})" if fifo else f"its child process (pid {pids[0]})"
     line = " ".join([os.path.basename(argv[0]), *redact(argv)[1:]])
     line = line if len(line) <= SHOWN_CHARS else line[: SHOWN_CHARS - 1] + "…"
-    return f"its child `{line}` (pid {pids[0]})"
+    return f"{who} `{line}` (pid {pids[0]})"
 
 
 def _boot_ticks(mono: float) -> int:

@@ -36,6 +36,7 @@ class RankIo:
     readable: bool = True  # /proc let us read its counters
     in_call: bool = False  # its main thread is inside a read or write system call now
     waits_for: str = ""  # what its main thread waits for, where that made its last motion ("waits for its child …")
+    waited: tuple[int, ...] = ()  # the processes its main thread waited for at the last poll that followed it
     _main: Optional[int] = None  # the main thread's rchar + wchar at the last poll
     _wakeups: Optional[int] = None  # its wake-ups inside a read or write call at the last poll (None: in none)
     _flush: Optional[tuple[float, writeback.Flush]] = None  # (when, the flush its main thread was in) at the last poll
@@ -113,6 +114,7 @@ class IoWatch:
         itself = moved
         waited = self.waits.follow(pid, now, workers_since) if follow and not moved else None
         carried = self.sockets.follow(pid, now) if follow and not moved else ""
+        io.waited = waited.pids if waited is not None else ()
         if waited is not None and waited.moved and counting:
             moved = True
             io.waits_for = waited.describe()

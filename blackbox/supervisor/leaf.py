@@ -2,18 +2,19 @@
 words and docs/run.md's table are made from. A definite leaf — a read or open of a FIFO nobody moves at, a stopped
 process, a poll loop — is a wait nothing will end, judged on a short floor at any step, from the first instruction to
 the last; every other leaf (a pipe from a child that may be downloading, a socket, a long native call, a sleep, a
-collective) is ambiguous and keeps the step-based timeouts (supervisor.rules). Imports the
-stdlib and blackbox's /proc adapter."""
+collective) is ambiguous and keeps the step-based timeouts (supervisor.rules). A rank that waits for processes of its
+own (a DataLoader's workers) is at the leaf they are at. Imports the stdlib and blackbox's /proc adapters."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
-from ..adapters import procfs
+from ..adapters import procfs, proctree
 
 DEFINITE_FLOOR_S = 30.0  # a definite leaf's stall timeout under `--stall-timeout auto` (a number given is kept)
-READ_CALLS = frozenset({"read", "readv", "pread64", "preadv", "preadv2", "open", "openat", "openat2"})
+OPEN_CALLS = frozenset({"open", "openat", "openat2"})
+READ_CALLS = frozenset({"read", "readv", "pread64", "preadv", "preadv2"}) | OPEN_CALLS
 
 
 @dataclass(frozen=True)
@@ -26,10 +27,13 @@ class Leaf:
 
 LEAVES = (
     Leaf("stopped", True, "the process is stopped (SIGSTOP, job control; `/proc` state T)"),
-    Leaf("fifo", True, "its main thread reads or opens a FIFO (a named pipe; also how a dead mount looks in the "
-         "gallery) whose writer, if any, shows no motion"),
+    Leaf("fifo", True, "its main thread opens a FIFO (a named pipe; also how a dead mount looks in the gallery) no "
+         "writer has opened, or reads one whose writers (followed as what it waits for) show no motion"),
     Leaf("poll", True, "its main thread sleeps and checks in a loop (its recorder saw it) while nothing it could wait "
          "for moves: a marker, a lock file, a store key", needs_whole_world=True),
+    Leaf("workers", True, "its main thread waits for processes of its own (a DataLoader's workers, a child it reads "
+         "from), none of which moves: one or more stopped or opening a FIFO no writer has opened, the others waiting "
+         "for the rank itself (an idle worker polls the queue the rank feeds)"),
     Leaf("other", False, "anything else: a pipe (a child at its other end may be downloading: bytes received with "
          "recv() are not in /proc), a socket (its peer may be computing an answer), a collective, a long native or "
          "GPU call, a sleep, a thread of its own, the kernel (D), a debugger (t)"),
@@ -37,9 +41,10 @@ LEAVES = (
 BY_NAME = {leaf.name: leaf for leaf in LEAVES}
 
 
-def of_rank(pid: int, waiting: str) -> Optional[Leaf]:
+def of_rank(pid: int, waiting: str, waited: tuple[int, ...] = ()) -> Optional[Leaf]:
     """The definite leaf a still rank's main thread is at now, from /proc and its recorder's `waiting`; None for
-    any other (ambiguous) leaf. A traced process (`t`: a debugger is the user) is never definite."""
+    any other (ambiguous) leaf. `waited`: the processes its main thread waits for (supervisor.waits), whose stillness
+    the caller has seen. A traced process (`t`: a debugger is the user) is never definite."""
     st = procfs.proc_stat(pid)
     if st is None:
         return None
@@ -47,9 +52,36 @@ def of_rank(pid: int, waiting: str) -> Optional[Leaf]:
         return BY_NAME["stopped"]
     if waiting == "poll":
         return BY_NAME["poll"]
-    call, _ = procfs.thread_syscall(pid, pid)
-    if call not in READ_CALLS:  # (a collective's recv, a sleep: nothing more to read, every poll of a long wait)
-        return None
-    if procfs.blocked(pid).get("fd_kind") == "fifo":
+    if _at_fifo(pid):
         return BY_NAME["fifo"]
+    if waited and _workers_stuck(pid, waited):
+        return BY_NAME["workers"]
     return None
+
+
+def _at_fifo(pid: int, calls: frozenset[str] = READ_CALLS) -> bool:
+    """Whether the main thread of `pid` is in one of `calls` on a FIFO. (A blocked read of a FIFO has a writer: the
+    watch follows it as what the rank waits for, so a rank still this long has a writer that shows no motion.)"""
+    call, _ = procfs.thread_syscall(pid, pid)
+    if call not in calls:  # (a collective's recv, a sleep: nothing more to read, every poll of a long wait)
+        return False
+    return procfs.blocked(pid).get("fd_kind") == "fifo"
+
+
+def _workers_stuck(rank: int, waited: tuple[int, ...]) -> bool:
+    """Whether the processes a rank waits for wait on nothing that can end: each stopped, opening a FIFO no writer
+    has opened, or waiting on a pipe the rank itself holds (an idle DataLoader worker polls its index queue, which
+    the waiting rank feeds) — and at least one stopped or at a FIFO (workers that all wait for the rank are no leaf
+    of their own). A worker reading a FIFO is not: its writer, which may be working, is not followed from here."""
+    stuck = False
+    for pid in waited:
+        st = procfs.proc_stat(pid)
+        if st is None:
+            return False
+        if st.state == "T" or _at_fifo(pid, OPEN_CALLS):
+            stuck = True
+            continue
+        _, pipes = proctree.wait_target(pid)
+        if not pipes or not proctree.holding([rank], set(pipes)):
+            return False
+    return stuck

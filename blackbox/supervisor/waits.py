@@ -1,11 +1,12 @@
 """Following a rank's wait: when its main thread waits on another process — a child it waits for (wait4, waitid), or
 the processes at the other end of a pipe it reads or polls (a tool's captured output, a DataLoader's or a process
-pool's result queue), or, while it waits for a thread of its own or polls, the rank's workers (a process pool's
-workers behind its result thread) — whether those processes, or any below them, move. Motion there is bytes through
-their system calls (their /proc/PID/io, which also holds what their reaped children moved) or CPU time from a floor:
-a compressor or a conversion script works for a while without a byte, a poll loop's wake-ups use far less. No CUDA
-or NCCL spin lives in a process the rank waits for, so its CPU time is work. Imports the stdlib, blackbox's /proc
-adapter and blackbox.redact (a command line is shown redacted)."""
+pool's result queue) or of a FIFO it reads (its writer, wherever it runs), or, while it waits for a thread of its
+own or polls, the rank's workers (a process pool's workers behind its result thread) — whether those processes, or
+any below them, move. Motion there is bytes through their system calls (their /proc/PID/io, which also holds what
+their reaped children moved) or CPU time from a floor: a compressor or a conversion script works for a while
+without a byte, a poll loop's wake-ups use far less. No CUDA or NCCL spin lives in a process the rank waits for, so
+its CPU time is work. Imports the stdlib, blackbox's /proc adapter and blackbox.redact (a command line is shown
+redacted)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class Waited:
     moved: bool
     read_1m: int = 0  # bytes the followed processes read and wrote over about the last minute
     written_1m: int = 0
+    pids: tuple[int, ...] = ()  # the processes waited for (not those below them)
 
     def describe(self) -> str:
         """The words for the slow-phase line and `top`: "waits for its child `gzip -1` (pid 4121), which works:
@@ -47,7 +49,7 @@ class Waited:
         amounts = [f"{verb} {human_bytes(n)}" for verb, n in (("writing", self.written_1m), ("reading", self.read_1m))
                    if n >= 1_000_000]  # fmt: skip
         how = " and ".join(amounts) + " in the last minute" if amounts else "using CPU or moving bytes"
-        return f"waits for {self.name}, which {'work' if ' child processes ' in self.name else 'works'}: {how}"
+        return f"waits for {self.name}, which {'work' if len(self.pids) > 1 else 'works'}: {how}"
 
 
 @dataclass
@@ -77,7 +79,7 @@ class WaitFollower:
         last poll; None when it waits for no other process. `workers_since` (CLOCK_MONOTONIC s): the main
         thread waits for a thread of its own or polls (its heartbeat says), so where the kernel shows no wait on a
         process, the rank's workers and what it started since then are what it may wait for (proctree.workers)."""
-        waited = self._waited(pid, now)
+        waited, fifo = self._waited(pid, now)
         if not waited and workers_since is not None:
             waited = proctree.workers(pid, workers_since, self._stat)
         if not waited:
@@ -90,9 +92,9 @@ class WaitFollower:
             rank.samples.popleft()
         _, r0, w0 = rank.samples[0]
         who = tuple(waited)
-        name = self._names[who] = self._names.get(who) or proctree.waited_name(waited, redact_argv)
+        name = self._names[who] = self._names.get(who) or proctree.waited_name(waited, redact_argv, fifo)
         self._named.add(who)
-        return Waited(name, moved, rank.totals[0] - r0, rank.totals[1] - w0)
+        return Waited(name, moved, rank.totals[0] - r0, rank.totals[1] - w0, who)
 
     def _moved(self, waited: list[int], now: float) -> tuple[bool, int, int]:
         """Whether these processes or any below them moved since the last poll (bytes, or CPU time over the floor),
@@ -121,23 +123,24 @@ class WaitFollower:
             seen.read, seen.written = r, w
         return moved, read, written
 
-    def _waited(self, pid: int, now: float) -> list[int]:
-        """proctree.waited_processes, with who holds a polled pipe remembered for HOLDERS_TTL_S (a DataLoader's workers
-        stay the same for an epoch; finding them reads every descriptor below the rank)."""
+    def _waited(self, pid: int, now: float) -> tuple[list[int], bool]:
+        """proctree.waited_processes, with who holds a polled pipe or a read FIFO remembered for HOLDERS_TTL_S (a
+        DataLoader's workers stay the same for an epoch; finding them reads every descriptor below the rank, a FIFO's
+        writer every process's); and whether they are a FIFO's writers."""
         self._following.add(pid)
         waited, pipes = proctree.wait_target(pid)
         if not pipes:
-            return waited
+            return waited, False
         known = self._holders.get((pid, pipes))
         if (
             known is None
             or now - known[0] > HOLDERS_TTL_S
             or not all(procfs.is_alive(*p, self._stat) for p in known[1])
         ):
-            found = proctree.pipe_holders_below(pid, pipes)
+            found = proctree.other_ends(pid, pipes)
             stats = [(p, self._stat(p)) for p in found]
             known = self._holders[(pid, pipes)] = (now, [(p, st.start_ticks) for p, st in stats if st is not None])
-        return [p for p, _ in known[1]]
+        return [p for p, _ in known[1]], proctree.is_fifo(pipes)
 
     def end_poll(self) -> None:
         """Forget the processes no rank waited for at this poll, and the ranks not followed."""

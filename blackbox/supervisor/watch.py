@@ -99,7 +99,7 @@ class Watch:
             view = RankView(hb, alive, status, io.moved_at if io is not None else 0.0, read, written,
                             io is not None and io.in_call, io.waits_for if io is not None else "")  # fmt: skip
             if alive and now - view.moved_at > LEAF_AFTER_S:  # still: the definite leaf it waits at, if any
-                found = leaf.of_rank(hb.pid, hb.waiting)
+                found = leaf.of_rank(hb.pid, hb.waiting, io.waited if io is not None else ())
                 if found is not None:
                     view = replace(view, leaf=found.name)
             if alive and hb.waiting in ("thread", "poll") and now - hb.last_progress > movers.PAUSE_S:

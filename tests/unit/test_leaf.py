@@ -1,6 +1,7 @@
 """The leaf a still rank waits at (supervisor.leaf), read from /proc on real processes: a FIFO's open or read and a
-stopped process are definite, as is a poll loop its recorder saw; a sleep, a pipe from a child, a socket and a
-spinning native call are not (they keep the step-based timeouts)."""
+stopped process are definite, as is a poll loop its recorder saw, and a wait for workers of its own that are stuck so
+(a DataLoader whose worker reads a dead mount); a sleep, a pipe from a child, a socket, a spinning native call and
+workers that sleep or wait for the rank are not (they keep the step-based timeouts)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import psutil
 
 from blackbox.supervisor.leaf import LEAVES, of_rank
+from blackbox.supervisor.waits import WaitFollower
 from tests.conftest import wait_for
 
 
@@ -93,7 +96,81 @@ def test_a_sleep_a_pipe_a_socket_and_a_spin_are_not_definite() -> None:
         assert name(spinner.pid) == ""
 
 
+# A DataLoader's shape without torch: two forked workers, each polling its own index queue (with DataLoader's 5 s
+# timeout) and putting into one result queue; the rank feeds worker 0 one index and waits for its result. What
+# worker 0 does with it is the case: reads a FIFO no one writes (a dead mount), sleeps, or (idle) nothing is fed.
+LOADER = """
+import multiprocessing as mp, queue, sys, time
+
+def worker(index_q, result_q, how):
+    while True:
+        try:
+            i = index_q.get(timeout=5.0)
+        except queue.Empty:
+            continue
+        if how == "fifo":
+            open(sys.argv[1], "rb").read()
+        elif how == "sleep":
+            time.sleep(3600)
+        result_q.put(i)
+
+if __name__ == "__main__":
+    ctx, how = mp.get_context("fork"), sys.argv[2]
+    results = ctx.Queue()
+    feeds = [ctx.Queue(), ctx.Queue()]
+    for q in feeds:
+        ctx.Process(target=worker, args=(q, results, how), daemon=True).start()
+    if how != "idle":
+        feeds[0].put(0)
+    results.get()
+"""
+
+
+def loader_leaf(rank: int) -> str:
+    """The rank's leaf as the watch reads it: what its main thread waits for (supervisor.waits), then the leaf."""
+    waited = WaitFollower().follow(rank, time.monotonic())
+    assert waited is not None and len(waited.pids) == 2, waited  # its two workers, at the result queue's other end
+    return name(rank) or (leaf.name if (leaf := of_rank(rank, "", waited.pids)) else "")
+
+
+def test_a_rank_waiting_for_workers_stuck_at_a_definite_leaf_is_at_one(tmp_path: Path) -> None:
+    fifo = tmp_path / "shard"
+    os.mkfifo(fifo)
+    # a worker blocked opening a FIFO (the gallery's dead mount), the other idle, polling the queue the rank feeds
+    with process(LOADER, str(fifo), "fifo") as rank:
+        wait_for(lambda: len(psutil.Process(rank.pid).children()) == 2, 30, "the workers to start")
+        stuck = min(c.pid for c in psutil.Process(rank.pid).children())
+        wait_for(lambda: in_call(stuck, "openat", "open") and in_call(rank.pid, "read", "poll"), 30, "the waits")
+        assert loader_leaf(rank.pid) == "workers"
+    # a worker stopped (SIGSTOP), the other idle
+    with process(LOADER, str(fifo), "idle") as rank:
+        wait_for(lambda: len(psutil.Process(rank.pid).children()) == 2, 30, "the workers to start")
+        stopped = min(c.pid for c in psutil.Process(rank.pid).children())
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            wait_for(lambda: psutil.Process(stopped).status() == psutil.STATUS_STOPPED, 30, "it to stop")
+            wait_for(lambda: in_call(rank.pid, "read", "poll"), 30, "the rank to wait")
+            assert loader_leaf(rank.pid) == "workers"
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+
+
+def test_a_rank_waiting_for_workers_that_sleep_or_wait_for_it_is_not_at_a_definite_leaf(tmp_path: Path) -> None:
+    # a worker asleep on its batch (a rate limit, a retry's backoff: it will go on), the other idle
+    with process(LOADER, str(tmp_path / "unused"), "sleep") as rank:
+        wait_for(lambda: len(psutil.Process(rank.pid).children()) == 2, 30, "the workers to start")
+        sleeper = min(c.pid for c in psutil.Process(rank.pid).children())
+        wait_for(lambda: in_call(sleeper, "clock_nanosleep", "nanosleep") and in_call(rank.pid, "read", "poll"), 30,
+                 "the waits")  # fmt: skip
+        assert loader_leaf(rank.pid) == ""
+    # both workers idle, waiting for the rank to feed them (no leaf of their own: the rank is where the wait is)
+    with process(LOADER, str(tmp_path / "unused"), "idle") as rank:
+        wait_for(lambda: len(psutil.Process(rank.pid).children()) == 2, 30, "the workers to start")
+        wait_for(lambda: in_call(rank.pid, "read", "poll"), 30, "the rank to wait")
+        assert loader_leaf(rank.pid) == ""
+
+
 def test_every_leaf_has_its_class_and_words() -> None:
     assert [(leaf.name, leaf.definite) for leaf in LEAVES] == [("stopped", True), ("fifo", True), ("poll", True),
-                                                               ("other", False)]  # fmt: skip
+                                                               ("workers", True), ("other", False)]  # fmt: skip
     assert all(leaf.what for leaf in LEAVES)

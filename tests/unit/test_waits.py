@@ -6,11 +6,14 @@ is never shown; a parent that waits on nothing of the kind is not followed."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -130,6 +133,29 @@ def test_result_queue_workers_are_followed_only_while_they_work(procs: list[subp
     time.sleep(2.0)  # the spinning worker's 4 s are over: both sleep
     quiet = follow(p.pid, 3.0)
     assert quiet and not any(w.moved for w in quiet if w), quiet
+
+
+def test_a_fifos_writer_is_followed_wherever_it_runs(procs: list[subprocess.Popen[bytes]], tmp_path: Path) -> None:
+    # a FIFO fed by a process that is not the reader's child (a producer started beside the job): the reader's
+    # blocked read is as alive as the writer — which computes the next chunk without a byte for a while, then sleeps
+    fifo = tmp_path / "stream"
+    os.mkfifo(fifo)
+    writer = subprocess.Popen(["sh", "-c", f"exec 3> {fifo}; {SPIN}; sleep 3600"])
+    procs.append(writer)
+    p = parent(f"open({str(fifo)!r}, 'rb').read(1)")
+    procs.append(p)
+    seen = follow(p.pid, 3.0)
+    named = [w.name for w in seen if w is not None]
+    assert len(named) == len(seen) and all(n.startswith("its FIFO's writer `sh -c exec 3> ") and n.endswith(
+        f"(pid {writer.pid})") for n in named), seen  # fmt: skip
+    assert steady(seen), seen
+    # once the writer does nothing (stopped here), the read is still: nothing it waits for moves
+    os.kill(writer.pid, signal.SIGSTOP)
+    try:
+        quiet = follow(p.pid, 2.0)
+        assert quiet and not any(w.moved for w in quiet if w), quiet
+    finally:
+        os.kill(writer.pid, signal.SIGCONT)
 
 
 def test_a_secret_on_the_childs_command_line_is_never_shown(procs: list[subprocess.Popen[bytes]]) -> None:
