@@ -14,12 +14,12 @@ from ..adapters import comm_log, cuda_memory, stacks
 from ..adapters import flight_recorder as fr
 from ..adapters.cuda_memory import human
 from ..bundle import layout as L
+from ..bundle.evidence import per_rank
 from ..bundle.reader import Bundle, integer, number
 from ..detections import ON_REQUEST_RULES, Trigger, life_stage, plural_ranks
 from .actions import Blocked, Facts, next_actions
 from .blame import ERROR_CATEGORY, Blame, Context, blame
 from .evidence import findings as evidence_findings
-from .evidence import per_rank
 from .model import Finding, RankRow, Report, Verdict
 from .motion import findings as motion_findings
 from .nodes import node_findings, unreachable

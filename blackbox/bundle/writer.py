@@ -107,7 +107,8 @@ class BundleWriter:
         self._total += len(data)
         self.records[(rank, name)] = data
 
-    def _rank_table(self) -> Optional[bytes]:
+    def rank_table(self) -> Optional[bytes]:
+        """The ranks' records as the one member that holds them (None: no record)."""
         if not self.records:
             return None
         return b"".join(b'[%d,"%s",%s]\n' % (rank, name.encode(), data) for (rank, name), data in
@@ -160,7 +161,7 @@ class BundleWriter:
             stem, dot, ext = name.partition(".tar")
             final = os.path.join(out_dir, f"{stem}-{n}{dot}{ext}")
         tmp = os.path.join(out_dir, f".{name}.{os.getpid()}.tmp")
-        table = self._rank_table()
+        table = self.rank_table()
         if table is not None:  # the ranks' records, one member (counted against the caps as each was added)
             self.entries[RANK_TABLE] = table
         manifest = json.dumps(self.manifest(extra), indent=2).encode()

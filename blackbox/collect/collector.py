@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional, Protocol
 from .. import heartbeat_reader
 from .._recorder import protocol as P
 from ..adapters import gpu, host, procfs, proctree, pyspy, slurm, sockdiag, stacks, torchelastic
+from ..bundle import evidence
 from ..bundle import layout as L
 from ..bundle.writer import BundleWriter, Step, Written
 from ..detections import Detection, Trigger
@@ -599,6 +600,7 @@ class Collector:
             node_pool.shutdown(wait=False, cancel_futures=True)  # a probe past the budget is left behind
         if detection is not None:
             w.add_json(L.DETECTION, L.detection_record(detection))
+        why = {str(rank): why for rank, why in sorted(unanswered.items())}
         elapsed = time.monotonic() - start
         extra = {
             "job": {**job.identity(), "command": redact_argv(job.argv), "notes": job.notes},
@@ -610,7 +612,8 @@ class Collector:
             },
             "collection": {
                 "duration_s": round(elapsed, 3), "budget_s": opts.budget, "over_budget": elapsed > opts.budget,
-                "options": opts.__dict__, "unanswered": {str(rank): why for rank, why in sorted(unanswered.items())},
+                "options": opts.__dict__, "unanswered": why,
+                "evidence": evidence.of_writer(w, [r.rank for r in ranks], why),
             },
         }  # fmt: skip
         self.progress("writing the bundle")

@@ -17,6 +17,7 @@ from typing import Any, Callable
 import pytest
 
 from blackbox.adapters import flight_recorder as fr
+from blackbox.analyze.verdict import analyze
 from blackbox.bundle.reader import read_bundle
 from blackbox.heartbeat_reader import HeartbeatState, decode
 from tests.conftest import BLACKBOX, ROOT, TORCHRUN, bundles, job_env, kill_tree, run_blackbox, start_blackbox, wait_for
@@ -152,6 +153,12 @@ def test_a_stopped_rank_is_read_from_outside_and_not_waited_for(tmp_path: Path) 
     assert "rank(s) [1] stopped: not asked" in detail and "no answer within" not in detail, detail
     assert steps["rank dumps"]["duration_s"] < 10 and manifest["collection"]["duration_s"] < 25, steps
     assert "verdict: hang.stopped, suspect rank(s) 1" in res.stderr.decode(), res.stderr[-2000:]
+    # AND the manifest says what the bundle holds of each rank, and why the stopped one wrote nothing of its own —
+    # as the report reads it again from the members
+    held = manifest["collection"]["evidence"]
+    assert (held["1"]["stack"], held["1"]["why"]) == (["py-spy"], "stopped: it could not answer"), held
+    assert held["0"]["stack"] == ["py-spy", "faulthandler", "its own dump"] and held["0"]["why"] is None, held
+    assert {str(e["rank"]): e for e in analyze(read_bundle(str(bundle))).to_json()["evidence"]} == held
 
 
 @pytest.mark.gallery("raise")

@@ -23,7 +23,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "redact": {"_recorder"},
     "events": {"redact"},
     "heartbeat_reader": {"_recorder", "safeopen"},
-    "bundle": {"__version__", "_recorder", "detections", "errors"},
+    "bundle": {"__version__", "_recorder", "adapters", "detections", "errors"},
     "analyze": {"_recorder", "adapters", "bundle", "detections", "frames"},
     "render": {"analyze", "detections", "status"},
     "movers": {"_recorder", "adapters", "detections", "safeopen"},
