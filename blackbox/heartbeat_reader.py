@@ -69,6 +69,9 @@ class HeartbeatState:
     stack_time: float = 0.0  # when it last did
     forward_mode: str = "idle"  # the forward counter: idle (no pause), counting, off (torch.compile in use)
     waiting: str = ""  # what its main thread waits for: "thread" (of its own), "poll" (sleeps and checks), "sleep"
+    join: str = (
+        ""  # its default process group: "" (not joined yet, or unknown), "joining" (in init_process_group), "joined"
+    )
 
     @property
     def workers_since(self) -> Optional[float]:
@@ -197,6 +200,10 @@ def _wait_name(code: int) -> str:
     return P.WAIT_NAMES[code] if 0 <= code < len(P.WAIT_NAMES) else "unknown"
 
 
+def _join_name(code: int) -> str:
+    return P.JOIN_NAMES[code] if 0 <= code < len(P.JOIN_NAMES) else "unknown"
+
+
 def _state(q: Any, d: Any, ident: tuple[Any, ...], progress: Optional[_Words], phase_words: Optional[_Words],
            motion: Optional[_Words]) -> HeartbeatState:  # fmt: skip
     """The reading from the groups' clean copies (a missing group's fields zero, for the caller to replace).
@@ -233,6 +240,7 @@ def _state(q: Any, d: Any, ident: tuple[Any, ...], progress: Optional[_Words], p
         state=P.STATE_NAMES[state_code] if 0 <= state_code < len(P.STATE_NAMES) else "unknown",
         liveness=q[P.W_LIVENESS], liveness_time=d[P.W_LIVENESS_TIME], dump_request=q[P.W_DUMP_REQUEST],
         dump_ack=q[P.W_DUMP_ACK], data_wait_total=d[P.W_DATA_WAIT], batches=q[P.W_BATCHES],
+        join=_join_name(q[P.W_JOIN]),
         ledger=tuple(d[P.W_LEDGER : P.W_LEDGER + len(P.LEDGER_PHASES)]) if version >= 2 else (), **moving,
     )  # fmt: skip
 

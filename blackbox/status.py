@@ -30,7 +30,7 @@ class RankStatus:
     pid: int
     alive: bool
     state: str  # the heartbeat's: starting, running, exited, exception
-    stage: str  # where in its life (detections.life_stage): startup, training, exiting, exited
+    stage: str  # where in its life (detections.life_stage): rendezvous, startup, training, exiting, exited
     step: int
     steps_per_s: Optional[float]  # between the last two readings (top), else from the last step's duration
     phase: str
@@ -53,6 +53,18 @@ class RankStatus:
     io_unreadable: bool = False  # alive, but /proc refused its I/O counters: its I/O is not seen
     waits_for: Optional[str] = None  # still for a while, its main thread waits for other processes: which ones
     kept_by: Optional[str] = None  # in a pause, its main thread waits for a thread of its own that works (movers)
+    join: str = ""  # its default process group: "" (not joined yet, or unknown), "joining", "joined" (its heartbeat)
+
+
+@dataclass
+class Rendezvous:
+    """Ranks that wait in init_process_group for ranks that have not arrived: who waits, and who is missing."""
+
+    world_size: int
+    waiting: list[int]  # in init_process_group, waiting for the others
+    not_arrived: list[int]  # alive here, with a heartbeat, and not yet in it
+    elsewhere: int  # ranks of the world with no heartbeat here: another node's, or not started
+    still_s: float  # how long the waiting ranks have been still (the least of them)
 
 
 @dataclass
@@ -69,6 +81,7 @@ class RunStatus:
     gpus: list[dict[str, Any]]  # index, name, utilization_pct, temperature_c, memory_used_mib, memory_total_mib (now)
     stragglers: list[dict[str, Any]]  # episodes: ranks, phase, factor, started, ended (None while it lasts)
     incidents: list[dict[str, Any]]  # each bundle with its verdict: bundle, trigger, category, suspect_ranks, time
+    rendezvous: Optional[Rendezvous] = None  # some ranks wait in init_process_group for others not there yet
     read_at: float = field(default_factory=time.time)
     schema_version: int = STATUS_SCHEMA_VERSION
 
@@ -174,7 +187,8 @@ def read_status(run_dir: str, table: HeartbeatTable, previous: Optional[RunStatu
     before = {r.rank: r for r in previous.ranks} if previous is not None else {}
     since = time.time() - previous.read_at if previous is not None else 0.0
     ranks = []
-    for hb in sorted(table.read(), key=lambda h: h.rank):
+    pages = sorted(table.read(), key=lambda h: h.rank)
+    for hb in pages:
         prior = before.get(hb.rank)
         if prior is not None and prior.pid == hb.pid and since > 0:
             rate: Optional[float] = round((hb.step - prior.step) / since, 3)
@@ -183,8 +197,8 @@ def read_status(run_dir: str, table: HeartbeatTable, previous: Optional[RunStatu
         alive = procfs.is_alive(hb.pid, hb.start_ticks)
         at = now if alive else max(hb.liveness_time, hb.last_progress)  # an ended rank's last state is at its end
         rank = RankStatus(
-            rank=hb.rank, pid=hb.pid, alive=alive, state=hb.state, stage=life_stage(hb.step, hb.state, alive, False,
-                                                                                     False), step=hb.step,
+            rank=hb.rank, pid=hb.pid, alive=alive, state=hb.state, join=hb.join, step=hb.step,
+            stage=life_stage(hb.step, hb.state, alive, hb.join == "joining", False),
             steps_per_s=rate, phase=hb.phase, phase_s=round(max(0.0, at - hb.phase_start), 3),
             idle_s=round(max(0.0, at - hb.last_progress), 3),
             liveness_age_s=round(max(0.0, at - hb.liveness_time), 3), straggler=hb.rank in straggling,
@@ -207,7 +221,22 @@ def read_status(run_dir: str, table: HeartbeatTable, previous: Optional[RunStatu
                             "temperature_c": g.temperature_c, "memory_used_mib": g.memory_used_mib,
                             "memory_total_mib": g.memory_total_mib} for g in gpus],
         stragglers=stragglers, incidents=_incidents(events),
+        rendezvous=_rendezvous(ranks, max((hb.world_size for hb in pages), default=0)),
     )  # fmt: skip
+
+
+def _rendezvous(ranks: list[RankStatus], world_size: int) -> Optional[Rendezvous]:
+    """Who waits in init_process_group and who has not arrived there, while some rank waits and some has not."""
+    alive = [r for r in ranks if r.alive]
+    waiting = [r for r in alive if r.join == "joining"]
+    if not waiting:
+        return None
+    not_arrived = [r.rank for r in alive if r.join == ""]
+    elsewhere = max(0, world_size - len({r.rank for r in ranks}))
+    if not not_arrived and not elsewhere:
+        return None
+    still = min(r.moved_s for r in waiting)
+    return Rendezvous(world_size, [r.rank for r in waiting], not_arrived, elsewhere, still)
 
 
 def open_table(run_dir: str) -> HeartbeatTable:

@@ -99,7 +99,7 @@ def rows(two_hosts: Optional[bool] = None) -> list[Row]:
     two-host row where hosts can be made here (root), or where `two_hosts` says."""
     hangs = ["ddp-data-hang", "ddp-data-hang-workers", "skip-allreduce", "mismatch", "collective-hang", "ddp-gil-hang",
              "ddp-ckpt-hang", "ddp-stopped", "ddp-kernel-hang", "fsdp-data-hang", "fsdp-gil-hang", "fsdp-ckpt-hang",
-             "memmap-hang", "socket-read"]  # fmt: skip
+             "memmap-hang", "socket-read", "init-hang"]  # fmt: skip
     crashes = ["ddp-raise", "ddp-oom", "ddp-segv", "ddp-sigkill", "ddp-exit-early"]
     out = [_scenario(n, "hang") for n in hangs] + [_scenario(n, "crash") for n in crashes]
     out.append(_scenario("ddp-data-hang", "hang", 3, "ddp-data-hang-step3"))  # before auto's 5 steps

@@ -139,6 +139,10 @@ class HeartbeatWriter:
         q[P.W_FORWARD_MODE] = mode
         q[P.W_MOTION_END] = v
 
+    def join(self, code: int) -> None:
+        """Where the rank is in joining its process group (protocol.W_JOIN)."""
+        self._q[P.W_JOIN] = code
+
     def dump_request(self) -> int:
         return int(self._q[P.W_DUMP_REQUEST])
 

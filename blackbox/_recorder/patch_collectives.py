@@ -1,7 +1,10 @@
 """The collectives room: torch.distributed's collectives run in the rank's `collective` phase, with the op and
-the group's sequence number. Stdlib only; imports protocol and patch_phase."""
+the group's sequence number; init_process_group says when the rank is joining and when it has joined. Stdlib only;
+imports protocol and patch_phase."""
 
 from __future__ import annotations
+
+import functools
 
 from . import protocol as P
 from .patch_phase import is_compiling, phase_wrapper
@@ -37,3 +40,24 @@ def wrap_collectives(rec: PatchingRecorder, torch: Any) -> None:
         if fn is None or getattr(fn, "__blackbox_wrapped__", False):
             continue
         setattr(dist, name, wrap(fn, op))
+    init = getattr(dist, "init_process_group", None)
+    if init is not None and not getattr(init, "__blackbox_wrapped__", False):
+        dist.init_process_group = _joining(rec, init)
+
+
+def _joining(rec: PatchingRecorder, init: Callable[..., Any]) -> Callable[..., Any]:
+    """init_process_group, with the rank's join word set as it enters (the rendezvous) and as it returns."""
+
+    @functools.wraps(init)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        rec.guard("join", rec.joining, P.JOIN_JOINING)
+        try:
+            result = init(*args, **kwargs)
+        except BaseException:
+            rec.guard("join", rec.joining, P.JOIN_NOT_YET)  # it gave up (a timeout): no longer waiting there
+            raise
+        rec.guard("join", rec.joining, P.JOIN_JOINED)
+        return result
+
+    init_process_group.__blackbox_wrapped__ = True  # type: ignore[attr-defined]
+    return init_process_group

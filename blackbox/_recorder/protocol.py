@@ -99,6 +99,13 @@ FORWARD_MODES = ("idle", "counting", "off")
 W_WAITING = 47
 WAIT_NONE, WAIT_THREAD, WAIT_POLL, WAIT_SLEEP = 0, 1, 2, 3
 WAIT_NAMES = ("", "thread", "poll", "sleep")
+# Where the rank is in joining its default process group: one word after the waiting word, one store, written by the
+# thread that calls init_process_group (a page of a recorder before it leaves 0). 0: not yet called (or the job never
+# calls it); 1: inside it (the rendezvous, gloo's full mesh, NCCL's bootstrap), waiting for the others to arrive;
+# 2: joined (it returned). Who has not joined while others wait there is what `blackbox status` names.
+W_JOIN = 48
+JOIN_NOT_YET, JOIN_JOINING, JOIN_JOINED = 0, 1, 2
+JOIN_NAMES = ("", "joining", "joined")
 # The ring (version 4): the rank's last RING_ENTRIES phase edges, so that a rank that cannot answer (stopped, the
 # GIL held, killed) still says what it last did: each write of the phase group also writes one entry — the phase
 # entered, the collective op and its sequence (a collective entered; the next entry says it was left), when, at

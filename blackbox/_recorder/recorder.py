@@ -307,6 +307,11 @@ class Recorder(Stride):
         self.hb.progress(self.step_count, now, self._last_dt, self._slowest)
         self.exit_phase(previous, now)
 
+    def joining(self, code: int) -> None:
+        """Where the rank is in joining its process group (protocol.W_JOIN); never from a forked child."""
+        if self.enabled and os.getpid() == self.pid:
+            self.hb.join(code)
+
     def enter_collective(self, op: int, group: Any) -> tuple[int, float, bytes]:
         previous = self._phase if self._stale < 0 else self._drop_stale()
         now = _monotonic()
@@ -475,7 +480,9 @@ def defer(run_dir: str) -> None:
             try:
                 rank, world = dist.get_rank(), dist.get_world_size()
                 local = int(os.environ.get("LOCAL_RANK", rank))
-                if activate(run_dir, rank, local, world, P.MODE_RANK) is not None:
+                rec = activate(run_dir, rank, local, world, P.MODE_RANK)
+                if rec is not None:
+                    rec.joining(P.JOIN_JOINED)  # recorded from here on: it has joined
                     retire_parent(run_dir, parent, rank)
             except Exception:
                 pass  # never the job's problem

@@ -39,6 +39,8 @@ class PatchingRecorder(RecorderLike, Protocol):
 
     def enter_collective(self, op: int, group: Any) -> tuple[int, float, bytes]: ...
 
+    def joining(self, code: int) -> None: ...
+
 
 class LiveRecorder(RecorderLike, Protocol):
     """The recorder as its liveness thread sees it."""

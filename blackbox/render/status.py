@@ -11,7 +11,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..detections import human_bytes
+from ..detections import human_bytes, plural_ranks
 from ..status import RankStatus, RunStatus
 from . import TIME_PHASES, printable
 
@@ -68,6 +68,8 @@ def renderable(s: RunStatus, title: str = "blackbox status") -> RenderableType:
             f"GPU{g['index']} {printable(str(g['name']))} util {_num(g['utilization_pct'], '{:.0f}')} % "
             f"{_num(g['temperature_c'], '{:.0f}')} C {_num(g.get('memory_used_mib'), '{:.0f}')}/"
             f"{_num(g.get('memory_total_mib'), '{:.0f}')} MiB" for g in s.gpus)))  # fmt: skip
+    if s.rendezvous is not None:
+        parts.append(Text(rendezvous_words(s), style="yellow"))
     for r in s.ranks:
         if r.waits_for:
             parts.append(Text(f"rank {r.rank} waits for {printable(r.waits_for)}"))
@@ -85,6 +87,24 @@ def renderable(s: RunStatus, title: str = "blackbox status") -> RenderableType:
         parts.append(Text(f"incident ({printable(str(i['trigger']))}): {printable(str(i['category']))}, suspect "
                           f"rank(s) {i['suspect_ranks']} — {printable(str(i['bundle']))}"))  # fmt: skip
     return Group(*parts)
+
+
+def rendezvous_words(s: RunStatus) -> str:
+    """'rendezvous: rank 0 waits in init_process_group (still for 42 s) for 1 of 2 ranks: rank 1 (pid 4121) has not
+    called it — step 0, phase startup'."""
+    z = s.rendezvous
+    assert z is not None
+    missing = len(z.not_arrived) + z.elsewhere
+    out = (f"rendezvous: {plural_ranks(z.waiting)} {'waits' if len(z.waiting) == 1 else 'wait'} in "
+           f"init_process_group (still for {z.still_s:.0f} s) for {missing} of {z.world_size} ranks")  # fmt: skip
+    by_rank = {r.rank: r for r in s.ranks}
+    named = [f"rank {n} (pid {by_rank[n].pid}) has not called it — step {by_rank[n].step}, phase "
+             f"{printable(by_rank[n].phase)}" for n in z.not_arrived[:8]]  # fmt: skip
+    if len(z.not_arrived) > 8:
+        named.append(f"{len(z.not_arrived) - 8} more here have not")
+    if z.elsewhere:
+        named.append(f"{z.elsewhere} have no heartbeat here (another node's, or not started)")
+    return out + ": " + "; ".join(named)
 
 
 def render_status(s: RunStatus, out: IO[str], width: Optional[int] = None) -> None:

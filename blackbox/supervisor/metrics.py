@@ -131,8 +131,8 @@ class Metrics:
         phase = gauge("rank_phase", "1 for the rank's current phase (data, compute, collective, checkpoint, eval…).",
                       ("phase",))  # fmt: skip
         in_phase = gauge("rank_current_phase_seconds", "Seconds the rank has been in its current phase.")
-        stage = gauge("rank_stage", "1 for where in its life the rank is (startup, training, exiting, exited).",
-                      ("stage",))  # fmt: skip
+        stage = gauge("rank_stage", "1 for where in its life the rank is (rendezvous, startup, training, exiting, "
+                      "exited).", ("stage",))  # fmt: skip
         leaf = gauge("rank_definite_leaf", "1 while the still rank waits at a definite leaf (stopped, fifo, poll: "
                      "judged on the short floor), by name.", ("leaf",))  # fmt: skip
         share = gauge("rank_time_share", "Share of the rank's time spent in each phase since it started (its "
@@ -146,7 +146,7 @@ class Metrics:
         for v in views:
             hb, labels = v.hb, [run, node, str(v.rank)]
             up.add_metric(labels, 1.0 if v.alive else 0.0)
-            stage.add_metric([*labels, life_stage(hb.step, hb.state, v.alive, False, False)], 1.0)
+            stage.add_metric([*labels, life_stage(hb.step, hb.state, v.alive, hb.join == "joining", False)], 1.0)
             step.add_metric(labels, float(hb.step))
             if v.rank in rates:
                 rate.add_metric(labels, rates[v.rank])

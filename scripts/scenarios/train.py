@@ -26,8 +26,8 @@ service for its learning rate each step over TCP, and the bad rank's service sto
 
 Scenarios: healthy, straggler, data-hang, data-hang-workers, read-failure, ckpt-hang, spin, gil-hang,
 skip-allreduce, collective-hang, mismatch, comm-timeout, raise, oom, cuda-error, segv, sigkill, sigusr1-user,
-stopped, kernel-hang, marker-hang, exit-early, exit-code, memmap-hang, socket-read; steady, jitter, data-straggler,
-compute-straggler."""
+stopped, kernel-hang, marker-hang, exit-early, exit-code, memmap-hang, socket-read, init-hang; steady, jitter,
+data-straggler, compute-straggler."""
 
 import ctypes
 import gc
@@ -149,6 +149,10 @@ def main() -> None:
     pg_timeout = os.environ.get("BB_PG_TIMEOUT_S")
     options = {"timeout": timedelta(seconds=5)} if SCENARIO == "comm-timeout" else \
         {"timeout": timedelta(seconds=float(pg_timeout))} if pg_timeout else {}  # fmt: skip
+    if SCENARIO == "init-hang" and int(os.environ.get("RANK", "0")) in BAD_RANKS:
+        announce(int(os.environ["RANK"]))
+        with open(FIFO, "rb") as f:  # its config on a mount that stopped answering, read before it joins the group
+            f.read()
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:  # srun started every rank itself, no torchrun
         options.update(rank=int(os.environ["SLURM_PROCID"]), world_size=int(os.environ["SLURM_NTASKS"]))
     dist.init_process_group("gloo", **options)
