@@ -108,7 +108,7 @@ def rows(two_hosts: Optional[bool] = None) -> list[Row]:
     out.append(_quiet("thread-deadlock", "hang"))  # no category of blackbox's is the truth
     out += [_quiet(c, "healthy") for c in ("save", "forward", "loader", "metrics", "index", "dcp", "compile", "tool",
                                            "captured", "workers", "upload", "pool", "oversubscribed", "polled-tool",
-                                           "polled-upload", "scoring")]  # fmt: skip
+                                           "polled-upload", "scoring", "stream")]  # fmt: skip
     out += [_pace(n) for n in ("steady", "data-straggler", "compute-straggler")]
     # root: two hosts whose link goes down at step 8; the truth as node 0 (the master's) sees it: the rank beyond it
     if netns.available() if two_hosts is None else two_hosts:

@@ -62,6 +62,7 @@ QUIET = {  # case -> what its slow-phase line must say rank 0 was doing
     "polled-tool": "waits for its child `sh -c while [ $(date +%s) -lt ",  # `while p.poll() is None: sleep`
     "scoring": "waits for its 2 child processes (pids ",  # a pool's result event: only its workers move
     "native": "running Python code",  # the same native call at every sample, the main thread's CPU time moving
+    "stream": "compute: waits for its FIFO's ",  # a read of a FIFO: its writers (not its children) work
 }
 POLLS = ("stale-lock", "marker", "store-poll")  # rank 0 sleeps and checks in a loop for what never comes: hangs
 EMA_HANG = "ema-hang"  # rank 0's main thread hung in a read while a thread of its own runs a module: a hang

@@ -16,7 +16,8 @@ pipes), workers (a DataLoader whose two workers take the whole pause to load the
 upload (an upload in a thread to a slow peer: the main thread waits on its future), polled-upload (the same, the
 future checked in a loop with a sleep), polled-tool (the tool of `tool` started with Popen and watched in a loop,
 `while p.poll() is None: sleep`), scoring (a process pool whose two workers each score for the whole pause), native
-(hashing shards: one GIL-releasing native call after another). And six
+(hashing shards: one GIL-releasing native call after another), stream (the next shard read from a FIFO that a
+producer started beside the job makes for the whole pause, compressing as it goes). And six
 that are not quiet: stuck (rank 0 waits for a child that waits for input that never comes: a credential prompt),
 ema-hang (rank 0's main thread blocks for good in a read while a thread of its own keeps running a module),
 woken-read (rank 0 blocks for good in a read of a pipe while an interval timer's signal wakes it five times a
@@ -204,6 +205,19 @@ def tool(deadline: float, capture: bool = False) -> None:
     end = int(time.time() + deadline - time.monotonic())
     script = TOOL.format(end=end, out=os.path.join(WORK, "ckpt.gz"))
     subprocess.run(["sh", "-c", script], check=True, capture_output=capture)
+
+
+def stream(deadline: float) -> None:
+    """The next shard from a FIFO that a producer started beside the job feeds (not the rank's child: the shell that
+    starts it exits at once): the producer makes the shard the whole pause — a pipeline that compresses as it goes,
+    which does not hold the FIFO — then writes it. Rank 0's read of the FIFO waits all that while."""
+    end = int(time.time() + deadline - time.monotonic())
+    fifo = os.path.join(WORK, "stream")
+    os.mkfifo(fifo)
+    work = TOOL.format(end=end, out=os.path.join(WORK, "shard.gz"))
+    subprocess.run(["sh", "-c", f"(exec 3> {fifo}; {{ {work}; }} 3>&-; cat {WORK}/shard.gz >&3) &"], check=True)
+    with open(fifo, "rb") as f:
+        f.read()
 
 
 def native(deadline: float) -> None:
@@ -471,6 +485,7 @@ def main() -> None:
                     "pool": pool,
                     "scoring": scoring,
                     "native": native,
+                    "stream": stream,
                     "flush": flush,
                     "dirty": dirty,
                     "oversubscribed": oversubscribed,
