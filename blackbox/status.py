@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any, Optional
 
 from . import movers
@@ -82,6 +83,8 @@ class RunStatus:
     stragglers: list[dict[str, Any]]  # episodes: ranks, phase, factor, started, ended (None while it lasts)
     incidents: list[dict[str, Any]]  # each bundle with its verdict: bundle, trigger, category, suspect_ranks, time
     rendezvous: Optional[Rendezvous] = None  # some ranks wait in init_process_group for others not there yet
+    # no rank yet, the launcher (torchrun's agent) waits in its own rendezvous: {pid, nnodes, since} (Unix time)
+    launcher_waiting: Optional[dict[str, Any]] = None
     read_at: float = field(default_factory=time.time)
     schema_version: int = STATUS_SCHEMA_VERSION
 
@@ -129,6 +132,20 @@ def _supervisor(events: list[dict[str, Any]]) -> tuple[dict[str, Any], Optional[
 def _episodes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     keep = ("rank", "phase", "factor", "started", "ended")
     return [{k: e[k] for k in keep} for e in straggler_episodes(events)]
+
+
+def _launcher_waiting(events: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    """The supervisor's word that the launcher has started no rank and waits in its own rendezvous: since when."""
+    said = next((e for e in reversed(events) if e.get("event") == "launcher_waiting"), None)
+    if said is None:
+        return None
+    try:
+        at = datetime.fromisoformat(str(said.get("time"))).timestamp()
+    except ValueError:
+        return None
+    waited = said.get("waited_s")
+    since = at - (float(waited) if isinstance(waited, (int, float)) and not isinstance(waited, bool) else 0.0)
+    return {"pid": said.get("pid"), "nnodes": str(said.get("nnodes") or ""), "since": round(since, 3)}
 
 
 def _incidents(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -222,11 +239,13 @@ def read_status(run_dir: str, table: HeartbeatTable, previous: Optional[RunStatu
                             "memory_total_mib": g.memory_total_mib} for g in gpus],
         stragglers=stragglers, incidents=_incidents(events),
         rendezvous=_rendezvous(ranks, max((hb.world_size for hb in pages), default=0)),
+        launcher_waiting=_launcher_waiting(events) if not ranks and why is None else None,
     )  # fmt: skip
 
 
 def _rendezvous(ranks: list[RankStatus], world_size: int) -> Optional[Rendezvous]:
-    """Who waits in init_process_group and who has not arrived there, while some rank waits and some has not."""
+    """Who waits in init_process_group and who has not arrived there, while some rank has waited there, still, for
+    MOVING_S or more and some has not arrived (a rendezvous that takes a moment is not worth a line)."""
     alive = [r for r in ranks if r.alive]
     waiting = [r for r in alive if r.join == "joining"]
     if not waiting:
@@ -236,6 +255,8 @@ def _rendezvous(ranks: list[RankStatus], world_size: int) -> Optional[Rendezvous
     if not not_arrived and not elsewhere:
         return None
     still = min(r.moved_s for r in waiting)
+    if still < MOVING_S:
+        return None
     return Rendezvous(world_size, [r.rank for r in waiting], not_arrived, elsewhere, still)
 
 

@@ -62,7 +62,7 @@ def renderable(s: RunStatus, title: str = "blackbox status") -> RenderableType:
                       Text(_num(r.steps_per_s, "{:.2f}")),
                       Text(phase), Text(_num(r.phase_s)), Text(_num(r.idle_s)), Text(_num(r.liveness_age_s)),
                       Text(_num(r.moved_s)), Text(_moving(r)), Text(_shares(r.time_share)), style=style)  # fmt: skip
-    parts: list[RenderableType] = [head, table if s.ranks else Text("no rank has a heartbeat yet")]
+    parts: list[RenderableType] = [head, table if s.ranks else Text(_no_rank(s))]
     if s.gpus:
         parts.append(Text("GPUs: " + " | ".join(
             f"GPU{g['index']} {printable(str(g['name']))} util {_num(g['utilization_pct'], '{:.0f}')} % "
@@ -87,6 +87,17 @@ def renderable(s: RunStatus, title: str = "blackbox status") -> RenderableType:
         parts.append(Text(f"incident ({printable(str(i['trigger']))}): {printable(str(i['category']))}, suspect "
                           f"rank(s) {i['suspect_ranks']} — {printable(str(i['bundle']))}"))  # fmt: skip
     return Group(*parts)
+
+
+def _no_rank(s: RunStatus) -> str:
+    """'no rank has a heartbeat yet', and why when the launcher waits in its own rendezvous."""
+    w = s.launcher_waiting
+    if w is None:
+        return "no rank has a heartbeat yet"
+    waited = max(0.0, s.read_at - float(w["since"]))
+    nodes = f" for the job's other nodes (--nnodes {printable(w['nnodes'])})" if w["nnodes"] not in ("", "1") else ""
+    return (f"no rank has a heartbeat yet: the launcher (torchrun, pid {w['pid']}) has started no rank; it has waited "
+            f"in its own rendezvous{nodes} for {waited:.0f} s")  # fmt: skip
 
 
 def rendezvous_words(s: RunStatus) -> str:

@@ -497,6 +497,7 @@ class Supervisor:
             self._guarded("metrics", lambda: metrics.update(views, now))
         self.episodes.evaluate(views, now)
         self.episodes.publish(views, now)
+        self.watch.launcher_waits(views, now)
         idle = self.watch.watch_gpus(views, now)
         if idle is not None:
             self.episodes.act(idle)

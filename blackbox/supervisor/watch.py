@@ -16,7 +16,8 @@ from typing import Optional
 from .. import movers
 from .._recorder import protocol as P
 from ..adapters import flight_recorder as fr
-from ..adapters import gpu, procfs
+from ..adapters import gpu, procfs, torchelastic
+from ..coord.topology import torchrun_args
 from ..detections import Detection
 from ..heartbeat_reader import HeartbeatState, HeartbeatTable
 from ..safeopen import RunDir
@@ -33,6 +34,7 @@ MOTION_SAMPLE_S = 10.0  # while a rank moves without a step, a history sample th
 LEAF_AFTER_S = 5.0  # a rank still for this long has its leaf read (supervisor.leaf): a definite one is judged sooner
 FOLLOW_AFTER_S = 2.0  # a rank still for this long has what its main thread waits for followed (supervisor.waits)
 STRAGGLER_FR_MIN = 10  # collectives every rank recorded, at least, before their arrival order is read
+LAUNCHER_WAIT_S = 60.0  # a torchrun agent that started no rank this long is said to wait in its own rendezvous
 
 
 class Watch:
@@ -50,6 +52,7 @@ class Watch:
         self.output = outputwait.OutputWait()
         self._sampled: dict[int, float] = {}  # rank -> when its last history sample was taken
         self._gpu_idle_said = False
+        self._launched_at: Optional[float] = None  # when the watch first saw the launcher without a rank
         self._status_at: Optional[float] = None  # when the next status line is due
         self._status_steps: dict[int, tuple[float, int]] = {}  # rank -> (time, step) at the last status line
         self.stragglers = Stragglers(ctx.cfg.straggler_factor, ctx.cfg.straggler_window)
@@ -193,12 +196,34 @@ class Watch:
         if any(now - v.moved_at < idle for v in live):
             return None  # a rank still moves: the GPUs are idle for another reason (CPU work, data, a checkpoint)
         reason = f"every GPU of the job has been at 0 % utilisation for {idle:.0f} s"
+        if not views and self.launcher_waits(views, now):
+            return None  # no rank yet: the GPUs wait with the launcher, whose rendezvous waits for the other nodes
         if views:
             self.ctx.event("gpu_idle", idle_s=round(idle, 1), supporting=True)
             self.ctx.say(f"{reason}, and no rank has progressed since")
             return None
         return Detection("gpu_idle", (), reason + " and no rank has a heartbeat (the recorder could not activate)",
                          ())  # fmt: skip
+
+    def launcher_waits(self, views: list[RankView], now: float) -> bool:
+        """Whether the launcher is torchrun's agent and has started no rank yet: a multi-node agent waits in its own
+        rendezvous for the other nodes, which is no hang — no rule fires on it (the GPUs are idle: no rank runs).
+        Said once, after LAUNCHER_WAIT_S (or the GPU-idle timeout, when shorter): an event and a line."""
+        launched = self.process.launched
+        if views or self.spawned or launched is None or not torchelastic.is_launcher(self.ctx.argv):
+            self._launched_at = None
+            return False
+        if self._launched_at is None:
+            self._launched_at = now
+        waited = now - self._launched_at
+        if waited >= min(LAUNCHER_WAIT_S, self.ctx.cfg.gpu_idle_timeout) and self.ctx.first("launcher_waiting"):
+            nnodes = (torchrun_args(self.ctx.argv) or {}).get("--nnodes", "")
+            self.ctx.event("launcher_waiting", pid=launched.pid, waited_s=round(waited, 1), nnodes=nnodes)
+            nodes = f" for the job's other nodes (--nnodes {nnodes})" if nnodes not in ("", "1", "1:1") else ""
+            self.ctx.say(f"the launcher (torchrun, pid {launched.pid}) has started no rank in {waited:.0f} s: it "
+                         f"waits in its own rendezvous{nodes} — not a hang: no rule fires before a rank starts, "
+                         "`blackbox status` says how long it has waited")  # fmt: skip
+        return True
 
     def rank_gpus(self, views: list[RankView]) -> tuple[dict[int, list[int]], str]:
         """Which GPU each local rank uses, and how that was found (only where the job has GPUs)."""

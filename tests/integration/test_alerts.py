@@ -10,12 +10,24 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any
 
 from blackbox.events import read_events
-from tests.conftest import BLACKBOX, PROGRAMS, TORCHRUN, bundles, job_env, run_blackbox
+from tests.conftest import (
+    BLACKBOX,
+    PROGRAMS,
+    TORCHRUN,
+    bundles,
+    job_env,
+    kill_tree,
+    run_blackbox,
+    start_blackbox,
+    wait_for,
+)
+from tests.ports import free_port
 
 GLOO_JOB = str(PROGRAMS / "gloo_job.py")
 STALL = ["--stall-timeout", "3", "--poll-interval", "0.5", "--kill-grace", "5"]
@@ -115,6 +127,38 @@ def test_idle_gpus_trigger_when_no_rank_has_a_heartbeat(tmp_path: Path, run_dir:
     assert report["verdict"]["category"] == "hang.unknown"
     assert any("GPU 0 (H100): 0.0 % utilisation" in f["text"] and "at 0 % for the last" in f["text"]
                for f in report["findings"])  # fmt: skip
+
+
+def test_a_launcher_waiting_in_its_rendezvous_for_another_node_is_no_hang(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN node 0 of a two-node torchrun job whose other node never comes: its agent waits in its own rendezvous,
+    # no rank started, every GPU at 0 % well past the GPU-idle timeout
+    fake = tmp_path / "gpus.json"
+    fake.write_text(json.dumps([gpu(0.0)]))
+    argv = ["run", "--run-dir", str(run_dir), "--gpu-idle-timeout", "2", "--poll-interval", "0.25", "--coord", "off",
+            "--", TORCHRUN, "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
+            str(free_port()), "--nproc-per-node", "1", str(PROGRAMS / "quiet_job.py"), "save"]  # fmt: skip
+    proc = start_blackbox(argv, tmp_path, BLACKBOX_FAKE_GPUS=str(fake))
+    try:
+        # THEN blackbox says once that the launcher waits in its rendezvous, and no rule fires: nothing collected,
+        # the job not ended, 8 s past the GPU-idle timeout
+        wait_for(lambda: (run_dir / "events.jsonl").exists() and any(
+            e.get("event") == "launcher_waiting" for e in read_events(str(run_dir / "events.jsonl"))), 60,
+            "the launcher's wait to be said")  # fmt: skip
+        time.sleep(8)
+        assert proc.poll() is None and not bundles(run_dir)
+        events = read_events(str(run_dir / "events.jsonl"))
+        (said,) = [e for e in events if e.get("event") == "launcher_waiting"]
+        assert said["nnodes"] == "2" and said["pid"] > 0, said
+        assert not [e for e in events if e.get("event") in ("stall", "bundle", "incident", "gpu_idle")], events
+        # AND `blackbox status` says why no rank has a heartbeat, and for how long the launcher has waited
+        out = subprocess.run([*BLACKBOX, "status", str(run_dir)], capture_output=True, text=True, env=job_env(),
+                             timeout=60).stdout  # fmt: skip
+        out = " ".join(out.split())  # as one line, whatever the width it was wrapped at
+        assert re.search(rf"no rank has a heartbeat yet: the launcher \(torchrun, pid {said['pid']}\) has started no "
+                         r"rank; it has waited in its own rendezvous for the job's other nodes \(--nnodes 2\) for "
+                         r"\d+ s", out), out  # fmt: skip
+    finally:
+        kill_tree(proc)
 
 
 def test_a_throttling_gpu_is_an_event_and_a_finding(tmp_path: Path, run_dir: Path) -> None:
