@@ -26,6 +26,7 @@ CHECKS = (
     "recorder",
     "run-dir",
     "signals",
+    "init",
     "py-spy",
     "torch",
     "gpu",
@@ -213,6 +214,30 @@ def check_gpu() -> Check:
                  "(nothing to do on a machine without GPUs).")  # fmt: skip
 
 
+# what reaps the orphans handed to it as PID 1 (a container's first process, a machine's init)
+REAPERS = frozenset({"blackbox", "tini", "dumb-init", "catatonit", "systemd", "init", "s6-svscan", "runsvdir",
+                     "supervisord", "bash", "sh", "dash", "zsh", "docker-init", "pause"})  # fmt: skip
+
+
+def check_init() -> Check:
+    """PID 1 of this machine or container: whether it reaps orphaned processes (a dead rank's children, the job's
+    grandchildren) and acts on SIGTERM — a container's own command as PID 1 does neither."""
+    argv = procfs.cmdline(1)
+    if not argv:
+        return Check("init", "ok", "PID 1 cannot be read here (/proc hides it): nothing to say")
+    names = [os.path.basename(a) for a in argv[:3]]
+    if "blackbox" in names:
+        return Check("init", "ok", "PID 1 is `blackbox run`: it reaps the job's orphaned processes and passes SIGTERM "
+                     "and SIGINT on to the launcher")  # fmt: skip
+    if names[0] in REAPERS:
+        return Check("init", "ok", f"PID 1 is `{names[0]}`, which reaps orphaned processes")
+    shown = " ".join(argv)[:80]
+    return Check("init", "warn", f"PID 1 is `{shown}` (a container's own command?): orphaned processes — a dead rank's "
+                 "children — are never reaped, and a SIGTERM it has no handler for is ignored",
+                 "Start the container's command under blackbox (`blackbox run -- torchrun …`: as PID 1 it reaps "
+                 "orphans and passes signals on), or under an init such as tini.")  # fmt: skip
+
+
 def check_kernel() -> Check:
     lines, how = host.kernel_messages(5.0)
     if lines is None:
@@ -268,8 +293,9 @@ def check_incident_index() -> Check:
 def run_checks(run_dir: str, python: str, only: Optional[list[str]] = None) -> list[Check]:
     table: dict[str, Callable[[], Check]] = {
         "recorder": lambda: check_recorder(python), "run-dir": lambda: check_run_dir(run_dir),
-        "signals": check_signals, "py-spy": check_pyspy, "torch": lambda: check_torch(python), "gpu": check_gpu,
-        "kernel-messages": check_kernel, "coordination": check_coordination, "incident-index": check_incident_index,
+        "signals": check_signals, "init": check_init, "py-spy": check_pyspy, "torch": lambda: check_torch(python),
+        "gpu": check_gpu, "kernel-messages": check_kernel, "coordination": check_coordination,
+        "incident-index": check_incident_index,
     }  # fmt: skip
     out = []
     for name in only or list(CHECKS):
