@@ -33,11 +33,14 @@ def test_a_rank_that_moves_right_after_a_stall_is_detected_is_not_ended(tmp_path
     finally:
         kill_tree(proc)
     events = read_events(str(run_dir / "events.jsonl"))
-    # THEN the stall was detected and, confirmed against the next polls, closed: rank 0 stepped again right after
+    # THEN the stall was detected and, confirmed against the next polls, closed: rank 0 woke right after and went on
+    # into the barrier, which rank 1 then left — the poll that sees it first names either (rank 1's bytes from the
+    # barrier are read from /proc at once; rank 0's waking reaches its heartbeat at its next sample: on a loaded
+    # machine CI saw rank 1 first)
     (cleared,) = [e for e in events if e["event"] == "not_a_stall"]
-    assert cleared["rule"] == "stall" and cleared["moved"].startswith("rank 0 moved"), cleared
+    assert cleared["rule"] == "stall" and re.match(r"rank [01] moved: ", cleared["moved"]), cleared
     assert min(f["idle_s"] for f in cleared["findings"]) >= STALL_S, cleared
-    assert re.search(r"no progress for \d+ s, then rank 0 moved: .*: not a stall; the job goes on \(no evidence "
+    assert re.search(r"no progress for \d+ s, then rank [01] moved: .*: not a stall; the job goes on \(no evidence "
                      r"taken, no alarm\)", err), err[-3000:]  # fmt: skip
     # AND nothing else: no stall said, no bundle, no verdict, no alarm; the job finished and exited 0 as it would
     # have without blackbox
