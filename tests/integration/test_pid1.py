@@ -64,22 +64,31 @@ def in_namespace(argv: list[str], tmp_path: Path) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
 
 
-@pytest.mark.timeout(120)
-def test_as_pid_1_it_reaps_every_orphan_and_passes_the_jobs_exit_code(tmp_path: Path) -> None:
-    proc = in_namespace([*BLACKBOX, "run", "--run-dir", str(tmp_path / "run"), "--", sys.executable, "-c", ORPHANS],
-                        tmp_path)  # fmt: skip
+def under_blackbox(code: str, tmp_path: Path) -> list[str]:
+    """`blackbox run` of a Python job: what a container's command line would be."""
+    return [*BLACKBOX, "run", "--run-dir", str(tmp_path / "run"), "--", sys.executable, "-c", code]
+
+
+def finished(argv: list[str], tmp_path: Path) -> tuple[int, str, str]:
+    """Run `argv` as PID 1 of a namespace of its own to its end: its exit code, stdout and stderr."""
+    proc = in_namespace(argv, tmp_path)
     try:
         out, err = proc.communicate(timeout=90)
     finally:
         kill_tree(proc)
+    return proc.returncode, out, err
+
+
+@pytest.mark.timeout(120)
+def test_as_pid_1_it_reaps_every_orphan_and_passes_the_jobs_exit_code(tmp_path: Path) -> None:
+    code, out, err = finished(under_blackbox(ORPHANS, tmp_path), tmp_path)
     assert "zombies: 0" in out, out + err
-    assert proc.returncode == 7, err[-2000:]
+    assert code == 7, err[-2000:]
 
 
 @pytest.mark.timeout(120)
 def test_as_pid_1_it_passes_sigterm_on_to_the_launcher(tmp_path: Path) -> None:
-    proc = in_namespace([*BLACKBOX, "run", "--run-dir", str(tmp_path / "run"), "--", sys.executable, "-c", TERM],
-                        tmp_path)  # fmt: skip
+    proc = in_namespace(under_blackbox(TERM, tmp_path), tmp_path)
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "job: ready"
@@ -98,18 +107,9 @@ def test_as_pid_1_it_passes_sigterm_on_to_the_launcher(tmp_path: Path) -> None:
 def test_doctor_says_whether_pid_1_reaps(tmp_path: Path) -> None:
     probe = "from blackbox.doctor import check_init; c = check_init(); print(c.status, '|', c.detail)"
     # under blackbox run, PID 1 is blackbox
-    under = in_namespace([*BLACKBOX, "run", "--run-dir", str(tmp_path / "run"), "--", sys.executable, "-c", probe],
-                         tmp_path)  # fmt: skip
-    try:
-        out, err = under.communicate(timeout=60)
-    finally:
-        kill_tree(under)
+    _, out, err = finished(under_blackbox(probe, tmp_path), tmp_path)
     assert "ok | PID 1 is `blackbox run`: it reaps" in out, out + err
     # the job's own interpreter as PID 1: a warning, with the fix
-    alone = in_namespace([sys.executable, "-c", probe], tmp_path)
-    try:
-        out, err = alone.communicate(timeout=60)
-    finally:
-        kill_tree(alone)
+    _, out, err = finished([sys.executable, "-c", probe], tmp_path)
     assert out.startswith(f"warn | PID 1 is `{sys.executable} -c from blackbox.doctor"), out + err
     assert "are never reaped" in out, out
