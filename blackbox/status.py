@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
 from typing import Any, Optional
 
 from . import movers
@@ -136,16 +135,17 @@ def _episodes(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _launcher_waiting(events: list[dict[str, Any]]) -> Optional[dict[str, Any]]:
     """The supervisor's word that the launcher has started no rank and waits in its own rendezvous: since when."""
-    said = next((e for e in reversed(events) if e.get("event") == "launcher_waiting"), None)
-    if said is None:
+    said: dict[str, Any] = next((e for e in reversed(events) if e.get("event") == "launcher_waiting"), {})
+    at: Any = said.get("t")
+    waited: Any = said.get("waited_s")
+    if not _number(at):
         return None
-    try:
-        at = datetime.fromisoformat(str(said.get("time"))).timestamp()
-    except ValueError:
-        return None
-    waited = said.get("waited_s")
-    since = at - (float(waited) if isinstance(waited, (int, float)) and not isinstance(waited, bool) else 0.0)
+    since = float(at) - (float(waited) if _number(waited) else 0.0)
     return {"pid": said.get("pid"), "nnodes": str(said.get("nnodes") or ""), "since": round(since, 3)}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _incidents(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
