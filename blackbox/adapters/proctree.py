@@ -142,17 +142,16 @@ SHOWN_CHARS = 60  # of a waited child's command line
 def waited_name(pids: list[int], redact: Callable[[list[str]], list[str]], fifo: bool = False) -> str:
     """How a user knows what a rank waits for: one child (`fifo`: one writer of the FIFO it reads) by its command
     line (through `redact`, shortened: a secret on it never shown), several by their pids."""
+    one, many = ("its FIFO's writer", "its FIFO's {} writers") if fifo else ("its child", "its {} child processes")
     if len(pids) > 1:
         shown = ", ".join(map(str, pids[:8])) + (", …" if len(pids) > 8 else "")
-        return f"its FIFO's {len(pids)} writers (pids {shown})" if fifo else f"its {len(pids)} child processes " \
-            f"(pids {shown})"  # fmt: skip
-    who = "its FIFO's writer" if fifo else "its child"
+        return f"{many.format(len(pids))} (pids {shown})"
     argv = cmdline(pids[0])
     if not argv:
-        return f"{who} (pid {pids[0]})" if fifo else f"its child process (pid {pids[0]})"
+        return f"{one if fifo else 'its child process'} (pid {pids[0]})"
     line = " ".join([os.path.basename(argv[0]), *redact(argv)[1:]])
     line = line if len(line) <= SHOWN_CHARS else line[: SHOWN_CHARS - 1] + "…"
-    return f"{who} `{line}` (pid {pids[0]})"
+    return f"{one} `{line}` (pid {pids[0]})"
 
 
 def _boot_ticks(mono: float) -> int:
