@@ -99,8 +99,9 @@ class HeartbeatState:
 
 @dataclass(frozen=True)
 class RingEntry:
-    """A phase edge from the rank's ring (layout 4): the phase it entered, at which step, when (mono s); in a
-    collective, its op and the rank's own sequence number of it in its group."""
+    """A phase edge from the rank's ring (layout 4 and 5): the phase it entered, at which step, when (mono s); in a
+    collective, its op and the rank's own sequence number of it in its group; torch's count of the collectives the
+    rank had issued on its default group by then (layout 5; 0: unknown, or none yet)."""
 
     n: int
     phase: str
@@ -108,6 +109,7 @@ class RingEntry:
     seq: int
     start: float
     step: int
+    issued: int = 0
 
 
 def ring(buf: Any) -> list[RingEntry]:
@@ -119,20 +121,22 @@ def ring(buf: Any) -> list[RingEntry]:
     magic, version, _size = P.HEADER.unpack_from(buf, P.OFF_HEADER)
     if magic != P.MAGIC or version < 4:
         return []
+    words = P.RING_WORDS_4 if version == 4 else P.RING_WORDS
     view = memoryview(buf)[: P.HEARTBEAT_SIZE]
     q, d = view.cast("Q"), view.cast("d")
     out = []
     for slot in range(P.RING_ENTRIES):
-        w = P.W_RING + slot * P.RING_WORDS
-        last = q[w + 4]  # loaded in the reverse of the writer's order: last number, fields, first number
-        what, seq, start = q[w + 1], q[w + 2], d[w + 3]
+        w = P.W_RING + slot * words
+        last = q[w + words - 1]  # loaded in the reverse of the writer's order: last number, fields, first number
+        what, seq, start = q[w + 1], q[w + 2], d[w + words - 2]
+        issued = q[w + 3] if words == P.RING_WORDS else 0
         n = q[w]
         if n == 0 or n != last or (n - 1) % P.RING_ENTRIES != slot or not math.isfinite(start):
             continue
         code, op, step = what & 0xFF, (what >> 8) & 0xFF, what >> 16
         phase = P.PHASE_NAMES.get(code, "custom" if code == P.PHASE_CUSTOM else "unknown")
         collective = P.COLLECTIVE_OPS[op] if op < len(P.COLLECTIVE_OPS) else "unknown"
-        out.append(RingEntry(n, phase, collective if code == P.PHASE_COLLECTIVE else "", seq, start, step))
+        out.append(RingEntry(n, phase, collective if code == P.PHASE_COLLECTIVE else "", seq, start, step, issued))
     return sorted(out, key=lambda e: e.n)
 
 

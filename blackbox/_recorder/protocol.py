@@ -23,6 +23,7 @@ RANKS_DIR = "ranks"  # <run dir>/ranks/<rank>/: each rank's own directory, writt
 CONSOLE_LOG = "console.log"  # <run dir>/: the job's output (the supervisor's tee), then console.tail.log
 EVENTS_LOG = "events.jsonl"  # <run dir>/: the supervisor's event log
 BUNDLES_DIR = "bundles"  # <run dir>/bundles/: the bundles of the run
+COLLECT_REQUEST = "collect-request.json"  # <run dir>/: what `blackbox collect` asks the supervisor beside SIGUSR1
 # in a rank's directory ("%d": a number, the dump request or the count)
 RANK_HEARTBEAT = "heartbeat"  # the mapped page (layout below)
 RANK_LOG = "recorder.log"  # hooks that failed and were switched off
@@ -50,13 +51,13 @@ MODE_SINGLE = "single"  # a single process without RANK, recorded as rank 0
 MODE_SLURM = "slurm"  # a task srun started, without RANK: SLURM_PROCID, SLURM_LOCALID, SLURM_STEP_NUM_TASKS
 
 
-# --- heartbeat layout (version 4; a reader reads 1-3 too: 1 has no time ledger, 1-2 no motion, 1-3 no ring) -------
+# --- heartbeat layout (version 5; a reader reads 1-4 too: 1 has no time ledger, 1-2 no motion, 1-3 no ring) -------
 # One page per rank, `ranks/<rank>/heartbeat`, little-endian. After the header every field is one aligned
 # 8-byte word, stored with a single machine store (memoryview casts; `struct.pack_into` would first zero
 # the bytes it writes). Fields that change together form a group with a version word at both ends: the
 # writer stores start version, fields, end version in that order; the reader loads end, fields, start and
 # retries while they differ (0 is never a valid version). No lock, no syscall. Word indices below.
-HEARTBEAT_VERSION = 4
+HEARTBEAT_VERSION = 5
 HEARTBEAT_SIZE = 4096
 MAGIC = b"BBHB"
 
@@ -106,18 +107,23 @@ WAIT_NAMES = ("", "thread", "poll", "sleep")
 W_JOIN = 48
 JOIN_NOT_YET, JOIN_JOINING, JOIN_JOINED = 0, 1, 2
 JOIN_NAMES = ("", "joining", "joined")
-# The ring (version 4): the rank's last RING_ENTRIES phase edges, so that a rank that cannot answer (stopped, the
-# GIL held, killed) still says what it last did: each write of the phase group also writes one entry — the phase
-# entered, the collective op and its sequence (a collective entered; the next entry says it was left), when, at
-# which step. Entry n (from 1) lives in slot (n - 1) % RING_ENTRIES, RING_WORDS words: n, code | op << 8 | step << 16,
-# the op's sequence, start (mono s, a double), n again — written by one struct pack in that order (RING_ENTRY); a
-# reader loads the last word first, then the fields, then the first, and keeps an entry only when both numbers are
-# the one its slot can hold (a torn, overwritten or empty slot is dropped), then orders them by n. Written by the
-# thread that writes the phase group, no lock, no syscall.
+# The ring (version 4; 5 adds torch's count): the rank's last RING_ENTRIES phase edges, so that a rank that cannot
+# answer (stopped, the GIL held, killed) still says what it last did: each write of the phase group also writes one
+# entry — the phase entered, the collective op and its sequence (a collective entered; the next entry says it was
+# left), torch's own count of the collectives the rank had issued on its default group as it crossed the edge
+# (ProcessGroup._get_sequence_number_for_group: the flight recorder's collective_seq_id of the newest; it counts
+# DDP's and FSDP's collectives, which torch issues from C++ and no Python wrapper sees; 0 before the group exists
+# or where torch cannot say), when, at which step. Entry n (from 1) lives in slot (n - 1) % RING_ENTRIES,
+# RING_WORDS words: n, code | op << 8 | step << 16, the op's sequence, torch's count, start (mono s, a double), n
+# again — written by one struct pack in that order (RING_ENTRY); a reader loads the last word first, then the
+# fields, then the first, and keeps an entry only when both numbers are the one its slot can hold (a torn,
+# overwritten or empty slot is dropped), then orders them by n. Written by the thread that writes the phase group,
+# no lock, no syscall. A layout-4 page has RING_WORDS_4 words an entry, without torch's count.
 W_RING = 64  # words 64..(64 + RING_WORDS * RING_ENTRIES - 1)
-RING_WORDS = 5
+RING_WORDS = 6
+RING_WORDS_4 = 5
 RING_ENTRIES = 64
-RING_ENTRY = struct.Struct("<QQQdQ")
+RING_ENTRY = struct.Struct("<QQQQdQ")
 
 MODE_CODES = {MODE_RANK: 0, MODE_SINGLE: 1, MODE_SLURM: 2}
 

@@ -312,6 +312,16 @@ class Recorder(Stride):
         if self.enabled and os.getpid() == self.pid:
             self.hb.join(code)
 
+    def counting(self, dist: Any) -> None:
+        """The ring's count of the collectives issued on the default group (protocol's ring): torch's own getter,
+        from the group `dist` has just joined; None, as the group is destroyed: no count. Never from a forked
+        child."""
+        if not self.enabled or os.getpid() != self.pid:
+            return
+        get = getattr(getattr(dist, "distributed_c10d", None), "_get_default_group", None) if dist else None
+        issued = getattr(get(), "_get_sequence_number_for_group", None) if get is not None else None
+        self.hb.issued = issued if issued is not None and isinstance(issued(), int) else None
+
     def enter_collective(self, op: int, group: Any) -> tuple[int, float, bytes]:
         previous = self._phase if self._stale < 0 else self._drop_stale()
         now = _monotonic()

@@ -41,6 +41,8 @@ class PatchingRecorder(RecorderLike, Protocol):
 
     def joining(self, code: int) -> None: ...
 
+    def counting(self, dist: Any) -> None: ...
+
 
 class LiveRecorder(RecorderLike, Protocol):
     """The recorder as its liveness thread sees it."""

@@ -6,7 +6,7 @@ and evidence, and the report's model."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Optional
 
 from ..bundle import layout as L
 from ..bundle.evidence import RankEvidence, describe, ring
@@ -39,8 +39,10 @@ def findings(bundle: Bundle, evidence: list[RankEvidence], suspects: list[int]) 
 
 
 def last_edges(ring: list[dict[str, Any]]) -> str:
-    """What the ring's newest edges say: the last collective entered and whether it was left, and the phase it
-    is in since when: 'last entered all_reduce #812 at 12:03:01 UTC, never left; in phase collective since …'."""
+    """What the ring's newest edges say: the last collective entered and whether it was left, the newest of its
+    default group's collectives torch had counted by its last edge, and the phase it is in since when: 'last entered
+    all_reduce #812 at 12:03:01 UTC, never left; had issued collective #812 of its default group by 12:03:01 UTC
+    (torch's count); in phase collective since …'."""
     entries = [e for e in ring if isinstance(e, dict) and integer(e.get("n")) is not None
                and number(e.get("start_wall")) is not None]  # fmt: skip
     entries.sort(key=lambda e: integer(e.get("n")) or 0)
@@ -52,11 +54,28 @@ def last_edges(ring: list[dict[str, Any]]) -> str:
         c = entries[collective]
         left = "never left" if collective == len(entries) - 1 else f"left at {_clock(entries[collective + 1])}"
         out.append(f"last entered {str(c.get('collective'))[:40]} #{integer(c.get('seq'))} at {_clock(c)}, {left}")
+    counted = _counted_since(entries, collective)
+    if counted is not None:
+        out.append(f"had issued collective #{integer(counted.get('issued'))} of its default group by "
+                   f"{_clock(counted)} (torch's count)")  # fmt: skip
     now = entries[-1]
     step = integer(now.get("step"))
     at_step = f", at step {step}" if step is not None else ""
     out.append(f"in phase {str(now.get('phase'))[:40]} since {_clock(now)}{at_step}")
     return "; ".join(out)
+
+
+def _counted_since(entries: list[dict[str, Any]], collective: Optional[int]) -> Optional[dict[str, Any]]:
+    """The newest edge with torch's count of the default group's collectives, where that count says more than the
+    last collective entered from Python: collectives issued from C++ (DDP's, FSDP's) since it was left, or no Python
+    collective at all. None where the Python collective is the newest word (entered and not left, or nothing since)."""
+    counted = next((e for e in reversed(entries) if integer(e.get("issued"))), None)
+    if counted is None or collective is None:
+        return counted
+    if collective == len(entries) - 1:
+        return None
+    left = integer(entries[collective + 1].get("issued")) or 0
+    return counted if (integer(counted.get("issued")) or 0) > left else None
 
 
 def _clock(entry: dict[str, Any]) -> str:

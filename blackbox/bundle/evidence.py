@@ -11,7 +11,7 @@ from typing import Any, Optional
 from .._recorder import protocol as P
 from ..adapters import flight_recorder as fr
 from . import layout as L
-from .reader import Bundle, expand_rank_table
+from .reader import Bundle, expand_rank_table, integer
 from .writer import BundleWriter
 
 WHY = {  # collection.unanswered, as the collector wrote it
@@ -27,7 +27,7 @@ WHY = {  # collection.unanswered, as the collector wrote it
 class RankEvidence:
     rank: int
     stack: list[str]  # where its stack comes from: py-spy, faulthandler, its own dump
-    position: list[str]  # where its place in the collectives comes from: flight recorder, its ring
+    position: list[str]  # where its place in the collectives comes from: flight recorder, its ring, its join state
     memory: bool  # a CUDA memory snapshot
     last_words: list[str]  # what it left on its own: a fatal signal's dump, SIGTERM's, an exception
     why: Optional[str]  # why it wrote no dump of its own, when it did not
@@ -72,11 +72,25 @@ def _one(bundle: Bundle, rank: int, traced: bool, why: Optional[str]) -> RankEvi
     stack = [label for label, name in (("py-spy", L.PYSPY + ".json"), ("faulthandler", P.RANK_STACKS),
                                        ("its own dump", P.RANK_PYDUMP)) if has(name)]  # fmt: skip
     position = ["flight recorder"] if traced or has(P.RANK_FR_JSON) else []
-    if any(e.get("phase") == "collective" for e in ring(bundle, rank)):  # it says which collective it was at
+    entries = ring(bundle, rank)
+    # it says which collective it was at, its own (a Python collective) or torch's count (DDP's, FSDP's, from C++)
+    if any(e.get("phase") == "collective" or integer(e.get("issued")) for e in entries):
         position.append("its ring")
+    elif _before_any(bundle.json(L.rank_member(rank, L.HEARTBEAT))):
+        position.append("its join state (no collective yet)")
     last = [label for label, name in (("fatal signal", P.RANK_FATAL), ("SIGTERM", P.RANK_SIGTERM),
                                       ("exception", P.RANK_EXCEPTIONS)) if has(name)]  # fmt: skip
     return RankEvidence(rank, stack, position, has(P.RANK_MEMORY_SNAPSHOT), last, why)
+
+
+def _before_any(hb: Any) -> bool:
+    """A rank that has not joined its process group (it waits in init_process_group, or has not called it yet), as
+    its page says: before any collective, a place in them. A page before layout 5 may leave the join word empty
+    where the rank has joined: only 'joining' is trusted there."""
+    if not isinstance(hb, dict):
+        return False
+    version = integer(hb.get("version"))
+    return hb.get("join") == "joining" or (hb.get("join") == "" and version is not None and version >= 5)
 
 
 def ring(bundle: Bundle, rank: int) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -279,6 +280,46 @@ def test_flight_recorder_names_the_rank_that_skipped(tmp_path: Path, gallery: Ga
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     # THEN PyTorch's own analyzer names the rank that never joined
     assert "missing ranks: {1}" in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+@pytest.mark.gallery("ddp-stopped")
+def test_a_stopped_ddp_ranks_place_in_the_collectives_is_torchs_count_in_its_ring(gallery: Gallery) -> None:
+    # GIVEN a DDP job whose rank 1 stops itself between two steps: DDP's all-reduces come from C++ (no Python
+    # collective in its ring), and a stopped rank writes no flight-recorder dump
+    run_dir, res = gallery("ddp-stopped")
+    assert res.exit_code == 86, res.stderr
+    (bundle,) = bundles(run_dir)
+    out = subprocess.run([*BLACKBOX, "report", str(bundle), "--format", "json", "--no-index"], capture_output=True,
+                         env=job_env(), timeout=60)  # fmt: skip
+    report = json.loads(out.stdout)
+    # THEN its place comes from its ring: torch's count at its last edge is the collective before the one rank 0
+    # waits in — the flight recorder's inference ("never entered #8") and the rank's own record agree
+    (one,) = [e for e in report["evidence"] if e["rank"] == 1]
+    assert one["position"] == ["its ring"] and one["complete"] and one["why"] == "stopped: it could not answer", one
+    texts = [f["text"] for f in report["findings"]]
+    waited = next(int(m.group(1)) for t in texts if (m := re.match(r"rank 1 never entered all_reduce #(\d+) ", t)))
+    own = next(t for t in texts if t.startswith("rank 1's own record (its ring): "))
+    assert re.match(rf"rank 1's own record \(its ring\): had issued collective #{waited - 1} of its default group by "
+                    r"\d\d:\d\d:\d\d UTC \(torch's count\); in phase compute since ", own), (waited, own)  # fmt: skip
+    assert "evidence: 2/2 rank(s) with a stack and their place in the collectives" in texts
+
+
+def test_a_rank_in_uninterruptible_sleep_is_read_by_py_spy_without_waiting_to_suspend_it(tmp_path: Path) -> None:
+    # GIVEN a job whose rank 1's main thread sleeps uninterruptibly in the kernel (D: a vfork whose child never
+    # execs, as a hung mount would hold it), under a dump timeout long enough to show any wait for it
+    run_dir, res = run_scenario(tmp_path, "kernel-hang", 1, "--dump-timeout", "30")
+    assert res.returncode == 86, res.stderr
+    (bundle,) = bundles(run_dir)
+    files = read_bundle(str(bundle)).files
+    steps = {s["name"]: s for s in json.loads(files["manifest.json"])["steps"]}
+    # THEN py-spy read it without suspending it (an attach would wait for the kernel to let the thread go: py-spy
+    # gave up after its whole timeout before), and its Python stack is there, in the vfork
+    assert "in uninterruptible sleep: read without suspending them (--nonblocking" in steps["py-spy"]["detail"], steps
+    assert steps["py-spy"]["status"] == "ok" and steps["py-spy"]["duration_s"] < 10, steps["py-spy"]
+    threads = json.loads(files["ranks/1/py-spy.json"])
+    frames = [(f["name"], f["filename"].rsplit("/", 1)[-1]) for t in threads for f in t["frames"]]
+    assert ("vfork_and_wait", "train.py") in frames, threads
+    assert "verdict: hang.kernel, suspect rank(s) 1" in res.stderr.decode(), res.stderr[-2000:]
 
 
 def test_a_rank_killed_inside_a_collective_leaves_its_place_in_its_ring(tmp_path: Path) -> None:

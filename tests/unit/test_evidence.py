@@ -21,9 +21,10 @@ def bundle_with(tmp_path: Path, change: Any) -> Path:
     return write(tmp_path / "b.tar.gz", files)
 
 
-def edge(n: int, phase: str, at: float, collective: str = "", seq: int = 0, step: int = 40) -> dict[str, Any]:
+def edge(n: int, phase: str, at: float, collective: str = "", seq: int = 0, step: int = 40,
+         issued: int = 0) -> dict[str, Any]:  # fmt: skip
     return {"n": n, "phase": phase, "collective": collective, "seq": seq, "start": 0.0, "start_wall": T0 + at,
-            "step": step}  # fmt: skip
+            "step": step, "issued": issued}  # fmt: skip
 
 
 def stopped_rank_2(files: dict[str, bytes]) -> None:
@@ -80,4 +81,53 @@ def test_the_rings_last_edges_say_whether_the_collective_was_left() -> None:
     assert last_edges(left) == ("last entered all_reduce #812 at 08:05:01 UTC, left at 08:05:02 UTC; in phase "
                                 "compute since 08:05:02 UTC, at step 40")  # fmt: skip
     assert last_edges([edge(1, "data", 5)]) == "in phase data since 08:05:05 UTC, at step 40"
+    # torch's count is said where it says more than the Python collective: C++ collectives (DDP's) since it was left
+    mixed = [edge(1, "collective", 1, "all_reduce", 9, issued=11), edge(2, "compute", 2, issued=12),
+             edge(3, "backward", 3, issued=12), edge(4, "compute", 4, issued=15)]  # fmt: skip
+    assert last_edges(mixed) == ("last entered all_reduce #9 at 08:05:01 UTC, left at 08:05:02 UTC; had issued "
+                                 "collective #15 of its default group by 08:05:04 UTC (torch's count); in phase "
+                                 "compute since 08:05:04 UTC, at step 40")  # fmt: skip
+    assert "torch's count" not in last_edges(mixed[:3]) and "torch's count" not in last_edges(mixed[:1])
     assert last_edges([{"n": "x"}, 7, {"start_wall": "y"}]) == ""  # type: ignore[list-item]
+
+
+def stopped_ddp_rank_2(files: dict[str, bytes]) -> None:
+    """Rank 2 stopped as `stopped_rank_2`, in a DDP job: its collectives came from C++ (no collective phase in its
+    ring), torch's count of them at each edge."""
+    stopped_rank_2(files)
+    hb = json.loads(files["ranks/2/heartbeat.json"])
+    hb["ring"] = [edge(7, "backward", 0, issued=5), edge(8, "compute", 1, issued=7), edge(9, "data", 2, step=41,
+                  issued=7), edge(10, "compute", 3, step=41, issued=7)]  # fmt: skip
+    files["ranks/2/heartbeat.json"] = json.dumps(hb).encode()
+
+
+def test_a_ddp_ranks_place_in_the_collectives_is_torchs_count_in_its_ring(tmp_path: Path) -> None:
+    report = analyze(read_bundle(str(bundle_with(tmp_path, stopped_ddp_rank_2))))
+    by_rank = {e["rank"]: e for e in report.evidence}
+    # THEN its place comes from its ring, though no Python collective was ever entered
+    assert by_rank[2]["position"] == ["its ring"] and by_rank[2]["complete"] is True
+    # AND the report says the newest collective torch counted, and since when it is where it is
+    assert ("rank 2's own record (its ring): had issued collective #7 of its default group by 08:05:03 UTC (torch's "
+            "count); in phase compute since 08:05:03 UTC, at step 41") in [f.text for f in report.findings]  # fmt: skip
+
+
+def test_a_rank_that_has_not_joined_its_group_is_placed_before_the_first_collective(tmp_path: Path) -> None:
+    def unjoined(join: str, version: int) -> Any:
+        def change(files: dict[str, bytes]) -> None:
+            stopped_rank_2(files)
+            hb = json.loads(files["ranks/2/heartbeat.json"])
+            hb.update(ring=[edge(1, "startup", 0, step=0)], join=join, version=version)
+            files["ranks/2/heartbeat.json"] = json.dumps(hb).encode()
+
+        return change
+
+    def position(join: str, version: int, name: str) -> list[str]:
+        (tmp_path / name).mkdir()
+        bundle = read_bundle(str(bundle_with(tmp_path / name, unjoined(join, version))))
+        return next(e["position"] for e in analyze(bundle).evidence if e["rank"] == 2)
+
+    # GIVEN rank 2 waiting in init_process_group, or (a layout-5 page) not yet in it
+    assert position("joining", 4, "a") == ["its join state (no collective yet)"]
+    assert position("", 5, "b") == ["its join state (no collective yet)"]
+    # BUT a layout-4 page's empty join word may be an older recorder's, and a joined rank with no record is unplaced
+    assert position("", 4, "c") == [] and position("joined", 5, "d") == []

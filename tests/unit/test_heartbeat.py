@@ -4,6 +4,7 @@ newer layout is refused by name."""
 from __future__ import annotations
 
 import mmap
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -115,13 +116,13 @@ def test_the_ledger_spent_so_far_and_a_sampled_estimate_moved(tmp_path: Path) ->
 
 
 def test_motion_round_trip_and_older_layouts(tmp_path: Path) -> None:
-    # GIVEN a version-4 page whose liveness thread wrote its motion group (forward calls, stack changes)
+    # GIVEN a version-5 page whose liveness thread wrote its motion group (forward calls, stack changes)
     hb = make_writer(tmp_path)
     hb.progress(7, 100.0, 0.25, 0.75)
     hb.motion(42, 103.0, 9, 104.5, P.FORWARDS_COUNTING)
     # THEN it reads back, and the rank's last motion is the newest of its step, forward call and stack change
     state = decode(hb.mm)
-    assert state.version == 4
+    assert state.version == P.HEARTBEAT_VERSION == 5
     assert (state.forwards, state.forwards_time, state.stack_changes, state.stack_time, state.forward_mode) == (
         42, 103.0, 9, 104.5, "counting")  # fmt: skip
     assert state.last_motion == 104.5
@@ -280,10 +281,10 @@ def test_the_ring_holds_its_newest_entries_and_drops_torn_or_made_up_ones(tmp_pa
     d = memoryview(hb.mm).cast("d")
     slot = lambda n: P.W_RING + (n - 1) % P.RING_ENTRIES * P.RING_WORDS  # noqa: E731
     q[slot(180)] = 180 + P.RING_ENTRIES  # the next lap began writing over 180
-    q[slot(190) + 4] = 7  # torn
-    q[slot(191)] = q[slot(191) + 4] = 191 + 1  # a number another slot holds
+    q[slot(190) + 5] = 7  # torn
+    q[slot(191)] = q[slot(191) + 5] = 191 + 1  # a number another slot holds
     q[slot(195) + 1] = 99 | 250 << 8  # an unknown code and op
-    d[slot(196) + 3] = float("nan")
+    d[slot(196) + 4] = float("nan")
     kept = {e.n: e for e in ring(hb.mm)}
     # THEN those entries are dropped or named unknown, the others kept
     assert not {180, 190, 191, 196} & set(kept) and {181, 189, 192, 195, 199} <= set(kept)
@@ -291,3 +292,26 @@ def test_the_ring_holds_its_newest_entries_and_drops_torn_or_made_up_ones(tmp_pa
     # AND a page of an older layout, or one too short, has no ring at all
     P.HEADER.pack_into(hb.mm, 0, P.MAGIC, 3, P.HEARTBEAT_SIZE)
     assert ring(hb.mm) == [] and ring(b"BBHB") == []
+
+
+def test_the_ring_holds_torchs_count_of_the_collectives_issued_and_a_layout_4_page_is_read_without_it(
+        tmp_path: Path) -> None:  # fmt: skip
+    # GIVEN a rank whose default group had issued 7 collectives (DDP's, from C++: no Python wrapper saw them) when it
+    # entered backward, and 9 when it left it, then a rank whose group is destroyed (the getter fails)
+    hb = make_writer(tmp_path)
+    counts = iter([7, 9])
+    hb.issued = lambda: next(counts)
+    hb.phase(P.PHASE_BACKWARD, hb.mono0 + 1, 0, 0)
+    hb.phase(P.PHASE_COMPUTE, hb.mono0 + 2, 0, 0)
+    hb.phase(P.PHASE_DATA, hb.mono0 + 3, 0, 0)  # the iterator is spent: the getter raises
+    hb.phase(P.PHASE_COMPUTE, hb.mono0 + 4, 0, 0)
+    # THEN each entry holds the count as its edge was crossed; after the failure none (and the getter is dropped)
+    assert [(e.phase, e.issued) for e in ring(hb.mm)][1:] == [("backward", 7), ("compute", 9), ("data", 0),
+                                                               ("compute", 0)]  # fmt: skip
+    assert hb.issued is None
+    # AND a page of layout 4 (5 words an entry, no count), as a recorder of the release before writes it, is read
+    old = bytearray(P.HEARTBEAT_SIZE)
+    P.HEADER.pack_into(old, 0, P.MAGIC, 4, P.HEARTBEAT_SIZE)
+    for n, code in ((1, P.PHASE_STARTUP), (2, P.PHASE_BACKWARD)):
+        struct.pack_into("<QQQdQ", old, (P.W_RING + (n - 1) * P.RING_WORDS_4) * 8, n, code | 3 << 16, 0, 5.0 + n, n)
+    assert ring(bytes(old)) == [RingEntry(1, "startup", "", 0, 6.0, 3), RingEntry(2, "backward", "", 0, 7.0, 3)]
