@@ -54,7 +54,8 @@ class _At:
     ranks: str  # "1, 3"
     first: Optional[int]
     host: str  # the host of the first suspect
-    where: str  # "rank 1 on node7", "rank 0 on node3 and rank 1 on node7"; "every rank on node7" when none is named
+    where: str  # "rank 1 on node7", "ranks 0, 1 on node7", "rank 0 on node3 and rank 1 on node7"; "every rank on
+    # node7" when none is named
     live_pids: list[str]  # the live suspects' pids on `host`
     everyone: bool = False  # the suspects are every rank of the bundle (none stands out)
 
@@ -66,7 +67,8 @@ def next_actions(v: Verdict, facts: Facts) -> list[str]:
     by_host: dict[str, list[str]] = {}  # the suspects on each host, the first suspect's host first
     for r in v.suspect_ranks:
         by_host.setdefault(_host(r, facts), []).append(str(r))
-    where = " and ".join(f"rank {', '.join(rs)} on {h}" for h, rs in by_host.items()) or f"every rank on {host}"
+    where = " and ".join(f"{'rank' if len(rs) == 1 else 'ranks'} {', '.join(rs)} on {h}"
+                         for h, rs in by_host.items()) or f"every rank on {host}"  # fmt: skip
     # a pid is only meaningful on its own host
     live_pids = [str(facts.by_rank[r].pid) for r in v.suspect_ranks if r in facts.by_rank and facts.by_rank[r].alive
                  and _host(r, facts) == host]  # fmt: skip
@@ -146,9 +148,9 @@ def _exception(at: _At, facts: Facts) -> list[str]:
     out = []
     if facts.exception_path:
         path = facts.exception_path
-        out.append(f"Check `{path}`, the file {at.where}'s exception names: `ls -l {path}` as the job's user "
+        out.append(f"Check `{path}`, the file named in the exception of {at.where}: `ls -l {path}` as the job's user "
                    "(permissions, existence, the filesystem).")  # fmt: skip
-    out.append(f"Read {at.where}'s exception" + (f": {facts.exception}." if facts.exception else ".")
+    out.append(f"Read the exception of {at.where}" + (f": {facts.exception}." if facts.exception else ".")
                + " The traceback is in ranks/<rank>/exceptions.jsonl and the console tail.")  # fmt: skip
     out.append("The other ranks' errors (connection reset, timeouts) are consequences: they lost a peer.")
     return out
@@ -156,7 +158,7 @@ def _exception(at: _At, facts: Facts) -> list[str]:
 
 def _signal(at: _At, facts: Facts) -> list[str]:
     out = [f"The kernel killed {at.where} (OOM killer): check the node's memory."] if facts.kernel_oom else []
-    out.append(f"Read {at.where}'s fatal.txt (faulthandler) for a segfault or abort, and the console tail; check "
+    out.append(f"Read the fatal.txt (faulthandler) of {at.where} for a segfault or abort, and the console tail; check "
                f"`dmesg -T | tail -50` on {at.host} for the OOM killer.")  # fmt: skip
     return out
 

@@ -21,7 +21,7 @@ from typing import Any, Optional
 from ..adapters import flight_recorder as fr
 from ..detections import plural_ranks
 from .nodes import Cut
-from .states import RankState, error_kind, exception_key, exception_line, exception_where, is_victim
+from .states import RankState, error_kind, exception_frames, exception_key, exception_line, exception_where, is_victim
 
 # Which kind of elsewhere is the likelier cause when ranks that wait are absent and the others differ.
 _PRIORITY = ("dead", "raised", "exited", "stopped", "traced", "kernel", "gil", "data", "checkpoint", "io", "eval",
@@ -600,6 +600,13 @@ def _first_failure(states: list[RankState], ctx: Context, exceptions: list[dict[
         kind = error_kind(e)
         category = ERROR_CATEGORY.get(kind or "", "crash.exception")
         confidence = "high" if ctx.rule == "exception" or len(exceptions) == 1 else "medium"
+        same = _same_failure(causes)
+        if len(same) > 1:  # not one rank's failure: which of them was first by a millisecond says nothing
+            every = "every rank" if set(same) >= {st.rank for st in states} else plural_ranks(same)
+            summary = (f"{plural_ranks(same).capitalize()} raised {exception_line(e)}, each at the same line "
+                       f"({_raised_at(e)}): {every} failed the same way — the code or the set-up they share, not one "
+                       "rank.")  # fmt: skip
+            return Blame(same, category, _exc_phase(by_rank.get(r)), confidence, summary, [], e)
         return Blame([r], category, _exc_phase(by_rank.get(r)), confidence, f"Rank {r} raised "
                      f"{exception_line(e)} first.", [], e)  # fmt: skip
     for group, category in ((signal_dead, "crash.signal"), (exit_dead, "crash.exit"), (early, "crash.exit")):
@@ -626,8 +633,32 @@ def _later(exc: dict[str, Any]) -> bool:
 
 
 def _exc_phase(s: Optional[RankState]) -> Optional[str]:
-    """The phase an exception came from: read from its traceback (data, checkpoint), else compute."""
+    """The phase an exception came from: read from its traceback (data, checkpoint, collective), else the phase the
+    rank's recorder saw it raise in where that says more than compute (before its first step: startup), else
+    compute."""
     if s is None or s.exception is None:
         return None
     w = exception_where(s.exception)
-    return w.kind if w.kind in ("data", "checkpoint", "collective") else "compute"
+    if w.kind in ("data", "checkpoint", "collective"):
+        return w.kind
+    return s.phase if s.phase in ("startup", "data", "checkpoint", "eval") else "compute"
+
+
+def _same_failure(causes: list[dict[str, Any]]) -> list[int]:
+    """The ranks that raised the first cause's error — its type, raised at the same line (the message may name the
+    rank) — when every cause is that one and more than one rank raised it; else none."""
+    if len(causes) < 2:
+        return []
+    key = (causes[0].get("type"), _raised_at(causes[0]))
+    if key[1] is None or any((c.get("type"), _raised_at(c)) != key for c in causes[1:]):
+        return []
+    ranks = sorted({int(str(c.get("rank"))) for c in causes})
+    return ranks if len(ranks) > 1 else []
+
+
+def _raised_at(exc: dict[str, Any]) -> Optional[str]:
+    """`dir/file:line` of the innermost frame of an exception's traceback; None without one."""
+    frames = exception_frames(exc)
+    if not frames or not frames[-1].file:
+        return None
+    return f"{'/'.join(frames[-1].file.split('/')[-2:])}:{frames[-1].line}"

@@ -316,3 +316,37 @@ def test_the_launchers_sigterm_is_a_victims_end() -> None:
     also.exit_code = -15
     both = blame([torn, also], Context(rule="rank_death"))
     assert (both.category, both.suspects) == ("crash.signal", [0, 1])
+
+
+NO_CUDA = "Torch not compiled with CUDA enabled"
+
+
+def _raised(rank: int, message: str, line: int, phase: str, t: float) -> RankState:
+    st = state(rank, fact("raised", f"raised AssertionError: {message}", "ranks/N/exceptions.jsonl"), phase=phase)
+    st.exception = {"rank": rank, "time": t, "type": "builtins.AssertionError", "message": message,
+                    "traceback": [{"file": "/job/train.py", "line": 5, "function": "main"},
+                                  {"file": f"{TORCH}/cuda/__init__.py", "line": line, "function": "init"}]}  # fmt: skip
+    return st
+
+
+def test_every_rank_raising_the_same_error_at_the_same_line_is_no_one_ranks_failure() -> None:
+    # GIVEN both ranks of a job on a machine without CUDA: the same error, at the same line, a millisecond apart,
+    # before their first step (as pytorch/examples' multigpu_torchrun.py does on a CPU)
+    b = blame([_raised(0, NO_CUDA, 522, "startup", 5.002), _raised(1, NO_CUDA, 522, "startup", 5.001)],
+              Context("exception"))  # fmt: skip
+    # THEN both are named, not the one a millisecond ahead, and the phase is the one they raised in
+    assert (b.suspects, b.category, b.phase) == ([0, 1], "crash.exception", "startup")
+    assert b.summary == ("Ranks 0-1 raised AssertionError: Torch not compiled with CUDA enabled, each at the same line "
+                         "(cuda/__init__.py:522): every rank failed the same way — the code or the set-up they share, "
+                         "not one rank.")  # fmt: skip
+    # BUT the same type raised at another line is two failures: the first is named, in the phase its traceback gives
+    b = blame([_raised(0, NO_CUDA, 522, "compute", 5.002), _raised(1, NO_CUDA, 530, "compute", 5.001)],
+              Context("exception"))  # fmt: skip
+    assert (b.suspects, b.phase) == ([1], "compute")
+    assert b.summary == f"Rank 1 raised AssertionError: {NO_CUDA} first."
+    # AND two of three ranks raising the same are named as those two, not as every rank
+    b = blame([_raised(0, "boom", 7, "eval", 5.002), _raised(2, "boom", 7, "eval", 5.001), state(1, WAITING)],
+              Context("exception"))  # fmt: skip
+    assert (b.suspects, b.phase) == ([0, 2], "eval")
+    assert b.summary.endswith("(cuda/__init__.py:7): ranks 0, 2 failed the same way — the code or the set-up they "
+                              "share, not one rank."), b.summary  # fmt: skip

@@ -317,3 +317,21 @@ def test_the_life_stage_of_a_rank_and_a_hang_after_training() -> None:
     assert not report("hang.io", {0: "training", 1: "exited"}, [0]).after_training()
     assert not report("crash.exit", {0: "exiting"}, [0]).after_training()
     assert not report("hang.io", {0: "exiting"}, []).after_training()
+
+
+def test_the_next_actions_name_several_suspects_of_one_host_in_plain_words() -> None:
+    from blackbox.analyze.actions import Facts, next_actions
+    from blackbox.analyze.model import RankRow, Verdict
+
+    # GIVEN two ranks of one host that raised the same exception, naming a file
+    rows = {r: RankRow(r, "vm", 100 + r, "exception", 3, "compute", None, alive=False) for r in (0, 1)}
+    facts = Facts("vm", rows, exception="FileNotFoundError: '/data/shard-3.bin' at train.py:88",
+                  exception_path="/data/shard-3.bin")  # fmt: skip
+    actions = next_actions(Verdict("crash.exception", "data", [0, 1], "high", ""), facts)
+    # THEN both are named once, as ranks of that host, in sentences that read for several
+    assert actions[0].startswith("Check `/data/shard-3.bin`, the file named in the exception of ranks 0, 1 on vm: ")
+    assert actions[1].startswith("Read the exception of ranks 0, 1 on vm: FileNotFoundError: '/data/shard-3.bin' "
+                                 "at train.py:88.")  # fmt: skip
+    # AND one suspect reads as before
+    one = next_actions(Verdict("crash.signal", None, [1], "high", ""), Facts("vm", rows))
+    assert one[0].startswith("Read the fatal.txt (faulthandler) of rank 1 on vm for a segfault or abort")
