@@ -25,7 +25,8 @@ from ..storage import layout as SL
 from ..storage.urls import display, scrub
 from .context import RunContext
 
-KILL_GRACE_S = 2.0  # past the timeout, before the helper is killed
+KILL_GRACE_S = 3.0  # past the timeout, before the helper is killed
+ANSWER_S = 1.0  # of that grace, what the helper keeps to answer and exit: its last attempt is given up before
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -93,6 +94,9 @@ class Uploads:
     def _push(self, request: dict[str, Any]) -> Outcome:
         code = f"import sys; sys.path.insert(0, {_PACKAGE_PARENT!r}); from blackbox.storage.push import main; main()"
         started = time.monotonic()
+        # the latest moment the helper may still try, on the machine's monotonic clock (shared by every process): its
+        # own start-up, slow on a loaded machine, may take some of the grace, and it answers before it is killed
+        request = {**request, "deadline": started + self.timeout + KILL_GRACE_S - ANSWER_S}
         with alerts.SESSIONS_LOCK:  # listed before it can be seen: it is never taken for one of the job's processes
             proc = subprocess.Popen([sys.executable, "-E", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, env=self.ctx.env, start_new_session=True)  # fmt: skip
@@ -103,15 +107,16 @@ class Uploads:
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(OSError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-                return Outcome(False, None, f"no answer from the storage within --upload-timeout "
-                               f"({self.timeout:g} s)", seconds=round(time.monotonic() - started, 3))  # fmt: skip
+                out, err = proc.communicate()  # an answer written before the kill is still the answer
         finally:
             with alerts.SESSIONS_LOCK:
                 alerts.SESSIONS.discard(proc.pid)
         try:
             answer = json.loads(out.decode("utf-8", "replace").strip().splitlines()[-1])
         except (ValueError, IndexError):
+            if proc.returncode == -signal.SIGKILL:
+                return Outcome(False, None, f"no answer from the storage within --upload-timeout "
+                               f"({self.timeout:g} s)", seconds=round(time.monotonic() - started, 3))  # fmt: skip
             tail = err.decode("utf-8", "replace").strip().splitlines()[-1:] if err else []
             return Outcome(False, None, "the upload helper gave no answer (exit code "
                            f"{proc.returncode}{': ' + scrub(tail[0]) if tail else ''})")  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,55 @@ def test_an_incident_of_the_same_run_is_not_seen_before(tmp_path: Path) -> None:
         "bbbb00000000",
     }
     assert [s["id"] for s in remote.seen_before(store, "f" * 20, "x", None, None, None, run="r2")] == ["aaaa00000000"]
+
+
+def test_an_attempt_that_outlives_the_deadline_is_given_up_with_what_is_known() -> None:
+    import threading
+
+    from blackbox.storage.push import within
+
+    # GIVEN an attempt that a backend's own retries keep busy past the deadline
+    release = threading.Event()
+
+    def retrying() -> None:
+        release.wait(30)
+
+    with pytest.raises(TimeoutError):
+        within(retrying, 0.2)
+    release.set()
+    # AND one that fails, and one that succeeds, within it
+
+    def refused() -> None:
+        raise ConnectionRefusedError("refused")
+
+    with pytest.raises(ConnectionRefusedError):
+        within(refused, 5)
+    done: list[int] = []
+    within(lambda: done.append(1), 5)
+    assert done == [1]
+
+
+def test_the_helper_gives_up_at_the_callers_deadline_which_its_own_start_up_has_spent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("s3fs")
+    import socket
+
+    from blackbox.storage.push import push
+
+    # GIVEN a storage nobody answers for (a refused port: the backend retries on its own), a 30 s --upload-timeout,
+    # and a caller whose deadline is 1 s away (the rest spent starting the helper on a loaded machine)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "id")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret-0123456789")
+    bundle = tmp_path / "b.tar.gz"
+    bundle.write_bytes(b"x" * 100)
+    started = time.monotonic()
+    answer = push({"url": "s3://bucket/p", "key": "r/n/b.tar.gz", "bundle": str(bundle), "timeout": 30.0,
+                   "deadline": started + 1.0, "record": {"fingerprint": "", "verdict": {}}})  # fmt: skip
+    # THEN it answers by the caller's deadline, not 30 s after its own start, with the attempts it made
+    assert time.monotonic() - started < 4.0
+    assert answer["ok"] is False and answer["attempts"] >= 1 and answer["error"]
