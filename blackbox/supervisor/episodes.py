@@ -47,6 +47,8 @@ class Episodes:
         self._console_hits: list[tuple[str, str]] = []  # appended by the output threads, taken by the loop
         self._console_kinds: set[str] = set()  # fatal-line kinds already acted on
         self._last_crash: Optional[tuple[float, str]] = None  # (when, bundle) of the last crash collection
+        self._crash_pids: frozenset[int] = frozenset()  # the ranks' processes alive when it was collected
+        self._live_pids: frozenset[int] = frozenset()  # the ranks' processes alive at the last poll
         self._incidents: dict[str, str] = {}  # incident id -> the bundle this node wrote for it
         self._local_incidents = 0
         self.on_stall_end: Optional[Callable[[], None]] = None  # told before the job is ended after a stall
@@ -54,6 +56,7 @@ class Episodes:
     # --- the rules ------------------------------------------------------------------------------------------
     def evaluate(self, views: list[RankView], now: float) -> None:
         remote = self.coord.remote_motion() if self.coord is not None else None
+        self._live_pids = frozenset(v.hb.pid for v in views if v.alive)
         for detection in self.rules.evaluate(views, now, remote):
             self.act(detection)
 
@@ -68,7 +71,7 @@ class Episodes:
         if d.rule == "rank_death" and process.terminating:  # the teardown we asked for: a record, no alarm
             ctx.event(d.rule, ranks=list(d.ranks), expected=True)
             return
-        if process.preempted:  # Slurm is ending the job: its ranks' deaths and errors are that ending
+        if process.preempted:  # ended from outside (Slurm, the kubelet, a user): its ranks' deaths are that ending
             ctx.event(d.rule, ranks=list(d.ranks), reason=d.reason, expected=True, preempted=True)
             return
         if process.interrupted or (d.rule in ("exception", "rank_death") and self._interrupt_in(d)):
@@ -80,6 +83,8 @@ class Episodes:
             ctx.event(d.rule, ranks=list(d.ranks), reason=d.reason, expected=True)
             return
         if d.rule in CRASH_RULES and self._crash_collected_recently(d):
+            return
+        if d.rule in HANG_RULES and self._survivors_of_recent_crash(d):
             return
         if d.same_episode:  # a rank crossing its own timeout in a stall already collected: the same incident
             ctx.event("same_episode", rule=d.rule, ranks=list(d.ranks), bundle=ctx.bundles[-1] if ctx.bundles
@@ -218,11 +223,35 @@ class Episodes:
             self.ctx.say(f"{d.message()} (same episode: evidence collected {ago:.0f} s ago)")
         return True
 
+    def _survivors_of_recent_crash(self, d: Detection) -> bool:
+        """A hang on the processes that outlived a crash just collected: the launcher is tearing them down (slowly on
+        a loaded machine), and their stillness is that crash's episode. Put off, not forgotten: the rules fire it
+        again at a later poll, and once the window has passed with them still there it is an incident of its own (a
+        crash that left the job hung). A restarted attempt's ranks (new processes) are never put off."""
+        pids = {f.pid for f in d.findings}
+        recent = self.recent_crash()
+        if recent is None or not pids or not pids <= self._crash_pids:
+            return False
+        self.rules.put_off(d)
+        ago, bundle = recent
+        key = f"crash-survivors:{self._last_crash[0] if self._last_crash else 0}:{d.rule}"
+        if self.ctx.first(key):
+            self.ctx.event("same_episode", rule=d.rule, ranks=list(d.ranks), reason=d.reason, bundle=bundle,
+                           survivors=True)  # fmt: skip
+            self.ctx.say(f"{d.message()} (the ranks that outlived the crash collected {ago:.0f} s ago, not yet "
+                         f"ended by the launcher: same episode; still so {CRASH_WINDOW_S:.0f} s after it, an "
+                         "incident of its own)")  # fmt: skip
+        return True
+
     # --- incidents ------------------------------------------------------------------------------------------
     def collect(self, trigger: Trigger, detection: Optional[Detection], job_ends: bool = False,
-                incident: Optional[dict[str, object]] = None) -> Optional[Report]:  # fmt: skip
+                incident: Optional[dict[str, object]] = None, budget: Optional[float] = None,
+                written_then: Optional[Callable[[], None]] = None, alert: bool = True) -> Optional[Report]:  # fmt: skip
         """Bundle this node's evidence for an incident. `incident`: another node's, which this node collects for;
-        otherwise this node's trigger is posted to every node first."""
+        otherwise this node's trigger is posted to every node first. `budget`: the collection's seconds, when fewer
+        than its own budget (a preemption's grace); `written_then`: called once the bundle is written (or could not
+        be), before it is analysed. A preempted job's bundle raises no alarm (nor one taken with `alert` False: a
+        preStop hook's): no incident."""
         ctx = self.ctx
         own = incident is None
         if incident is None:
@@ -232,16 +261,19 @@ class Episodes:
             ctx.event("same_episode", rule=trigger.name, incident=iid, bundle=self._incidents[iid])
             return None
         coordination = self.coord.state() if self.coord is not None else None
-        written = self.evidence.write(trigger, detection, job_ends, incident, coordination)
+        written = self.evidence.write(trigger, detection, job_ends, incident, coordination, budget)
+        if written_then is not None:
+            written_then()
         if incident.get("kind") == "crash":  # what follows within the window is this crash's episode
             self._last_crash = (time.monotonic(), written.path if written else "")
+            self._crash_pids = self._live_pids
         if written is None:
             return None
         ctx.bundles.append(written.path)
         self._incidents[iid] = written.path
         ctx.event("bundle", path=written.path, trigger=trigger.name, incident=iid)
         ctx.say(f"evidence bundle: {written.path}")
-        return self.evidence.take_in(written, trigger, alert=own)
+        return self.evidence.take_in(written, trigger, alert=alert and own and not self.process.preempted)
 
     def _post_incident(self, trigger: Trigger, detection: Optional[Detection]) -> tuple[dict[str, object], bool]:
         """Tell every node (each collects its own evidence under the same incident id); or, alone, an id of

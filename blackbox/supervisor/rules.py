@@ -158,6 +158,15 @@ class Rules:
         """stall_timeout for this rank where it is now, its leaf included."""
         return stall_timeout(v.hb, self.cfg, begun, v.leaf, self._whole_world)
 
+    def put_off(self, d: Detection) -> None:
+        """A hang acted on by no one yet (its ranks outlive a crash being torn down): fired again at a later poll."""
+        for f in d.findings:
+            self._stall_reported.pop(f.rank, None)
+            self._frozen_reported.pop((f.rank, f.pid), None)
+            self._busy_reported.pop((f.rank, f.pid), None)
+        if not d.same_episode:
+            self._hang_mark = None
+
     def forget_hang(self) -> None:
         """The hang just reported was not one (its ranks moved meanwhile): the next is an incident of its own."""
         self._hang_mark = None

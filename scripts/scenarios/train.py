@@ -19,6 +19,9 @@ the straggler rank takes 80 ms more per step in its loader (a slow disk) or in i
 With BB_MARK=1 the pace scenario's RANK says `rank N: at step S` at step BB_STEP_AT and goes on: the moment the
 hang benchmark takes the network between two hosts down.
 
+With BB_EXIT_S=N the `raise` scenario's bad rank takes N seconds to exit after its exception (a non-daemon thread
+of its own still working): the launcher tears the survivor down only then.
+
 Two scenarios read their data without a DataLoader, as many real jobs do: `memmap-hang` maps its token shard with
 `np.memmap` in a `get_batch()` each step (the nanoGPT shape, written here on its own), and the bad rank's shard
 lives on a mount that stopped answering (a FIFO: the open blocks in the kernel); `socket-read` asks a small
@@ -196,6 +199,8 @@ def main() -> None:
         if mine and SCENARIO == "spin":
             spin()
         if mine and SCENARIO == "raise":
+            if os.environ.get("BB_EXIT_S"):  # a non-daemon thread of its own finishes first: its exit takes this long
+                threading.Thread(target=time.sleep, args=(float(os.environ["BB_EXIT_S"]),)).start()
             raise ValueError(f"bad sample at step {step}")
         if SCENARIO == "raise" and step == STEP_AT:  # the survivor is busy, not in a collective the dead peer
             time.sleep(120)  # would break at once: torchrun's SIGTERM is what ends it

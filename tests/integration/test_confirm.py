@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from blackbox.events import read_events
-from tests.conftest import BLACKBOX, PROGRAMS, TORCHRUN, job_env, kill_tree
+from tests.conftest import BLACKBOX, PROGRAMS, ROOT, TORCHRUN, job_env, kill_tree
 
 STALL_S = 4.0
+SCENARIOS = ROOT / "scripts" / "scenarios"
 
 
 @pytest.mark.timeout(240)
@@ -50,3 +51,42 @@ def test_a_rank_that_moves_right_after_a_stall_is_detected_is_not_ended(tmp_path
     assert "blackbox: stall:" not in err
     assert proc.returncode == 0, err[-3000:]
     assert "rank 0: paused" in out and out.count(": done") == 2, out[-2000:]
+
+
+@pytest.mark.timeout(240)
+def test_the_ranks_a_crash_leaves_are_its_episode_until_torn_down_and_a_hang_of_their_own_after_the_window(
+    tmp_path: Path,
+) -> None:
+    # GIVEN two jobs whose rank 1 raises at step 3 while rank 0 sleeps (the `raise` scenario), a 3 s stall timeout,
+    # and rank 1's exit held by a non-daemon thread of its own: 12 s in one (the launcher, slow on a loaded machine,
+    # tears rank 0 down only after that: CI saw 5 s), forever in the other (the crash leaves the job hung)
+    procs = {}
+    for name, exit_s in (("slow-exit", "12"), ("no-exit", "3600")):
+        cmd = [*BLACKBOX, "run", "--run-dir", str(tmp_path / name), "--stall-timeout", "3", "--poll-interval",
+               "0.5", "--", TORCHRUN, "--standalone", "--nproc-per-node", "2", str(SCENARIOS / "train.py"), "raise",
+               "1"]  # fmt: skip
+        procs[name] = subprocess.Popen(cmd, cwd=tmp_path, env=job_env(BB_EXIT_S=exit_s), stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        outputs = {name: proc.communicate(timeout=200) for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            kill_tree(proc)
+    for name, proc in procs.items():
+        events = read_events(str(tmp_path / name / "events.jsonl"))
+        crash, *later = [e for e in events if e["event"] == "bundle"]
+        assert crash["trigger"] == "exception", (name, crash)
+        # THEN rank 0's stillness while rank 1 cannot yet exit is said once as the crash's episode, not acted on
+        (survivors,) = [e for e in events if e["event"] == "same_episode" and e.get("survivors")]
+        assert survivors["rule"] == "stall" and survivors["ranks"] == [0], (name, survivors)
+        assert "outlived the crash" in outputs[name][1], (name, outputs[name][1][-2000:])
+        if name == "slow-exit":
+            # AND the job, torn down by its launcher, exits with its own code: one incident, the crash
+            assert proc.returncode == 1 and later == [], (name, outputs[name][1][-3000:])
+            assert not [e for e in events if e["event"] == "stall"], name
+        else:
+            # AND a crash that leaves the job hung is not let be: past the crash's window its stall is an incident
+            # of its own, and the job is ended for it
+            (stall,) = [e for e in events if e["event"] == "stall"]
+            assert stall["ranks"] == [0] and stall["t"] - crash["t"] >= 59, (stall, crash)
+            assert [b["trigger"] for b in later] == ["stall"] and proc.returncode == 86, outputs[name][1][-3000:]
