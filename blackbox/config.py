@@ -194,6 +194,10 @@ RUN_OPTIONS: tuple[Option, ...] = (
            "Seconds a collection waits for the ranks' own dumps (stacks, flight recorder, memory snapshot)."),
     Option("collect_budget", _seconds, 60.0, "a number of seconds",
            "Seconds one whole collection may take; what is not done by then is marked in the manifest and skipped."),
+    Option("grace_budget", _seconds, 15.0, "a number of seconds",
+           "Seconds the collection may take on a SIGTERM from outside the job (a pod deleted, preempted or drained: "
+           "the kubelet's grace period is 30 s by default), before blackbox passes the signal on; the job's own "
+           "handler and the bundle's upload get the rest of the grace period."),
     Option("pyspy_native", _flag, False, "`true` or `false`",
            "Add native (C/C++) frames to the py-spy stacks (`py-spy dump --native`: about 1 s a process)."),
     Option("pyspy_locals", _flag, False, "`true` or `false`",
@@ -262,6 +266,7 @@ class RunConfig:
     kill_grace: float
     dump_timeout: float
     collect_budget: float
+    grace_budget: float
     pyspy_native: bool
     pyspy_locals: bool
     gpu_idle_timeout: float

@@ -59,8 +59,17 @@ from ..errors import BlackboxError
 )
 @click.option("--format", "fmt", type=click.Choice(["terminal", "json"]), default="terminal", show_default=True,
               help="`json`: print the outcome (bundle path, steps) as JSON on stdout.")  # fmt: skip
-def collect(pid: Optional[int], slurm_job: Optional[str], slurm_node: Optional[str], out: Optional[str],
-            native: bool, with_locals: bool, dump_timeout: float, budget: float, fmt: str) -> int:  # fmt: skip
+@click.option("--direct", is_flag=True,
+              help="Read the ranks from this process even when the job runs under `blackbox run`, whose supervisor is "
+                   "otherwise asked to collect (SIGUSR1: it is the ranks' ancestor, and keeps the bundle with its "
+                   "run).")  # fmt: skip
+@click.option("--preemption", is_flag=True,
+              help="The job is about to be ended (a Kubernetes preStop hook): its `blackbox run` collects now, as the "
+                   "preemption's evidence within its --grace-budget, and passes the SIGTERM that follows on to the job "
+                   "at once.")  # fmt: skip
+def collect(pid: Optional[int], slurm_job: Optional[str], slurm_node: Optional[str], out: Optional[str], native: bool,
+            with_locals: bool, dump_timeout: float, budget: float, fmt: str, direct: bool,
+            preemption: bool) -> int:  # fmt: skip
     """Collect the evidence of a running (hung) job into one bundle; the job keeps running.
 
     PID may be torchrun's agent, any rank, a DataLoader worker, or a `blackbox run` supervisor: the
@@ -71,24 +80,20 @@ def collect(pid: Optional[int], slurm_job: Optional[str], slurm_node: Optional[s
         blackbox collect $(pgrep -f torchrun | head -1)
         blackbox collect --slurm-job 123456          # every node of a Slurm job, from a login node
     """
+    _refuse_mixed(pid, slurm_job, slurm_node, direct, preemption)
     if slurm_job is not None and slurm_node is None:
-        if pid is not None:
-            raise BlackboxError("Give a PID or --slurm-job, not both.")
         return _collect_slurm_job(slurm_job, out, _options(native, with_locals, dump_timeout, budget), fmt)
-    if pid is None and slurm_node is None:
-        raise BlackboxError("Give the PID of a process of the job, or --slurm-job JOBID.",
-                            hint="For example: blackbox collect $(pgrep -o -f torchrun)")  # fmt: skip
     from rich.console import Console
 
     from ..collect import manual
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     job = manual.find_job(pid, slurm_node)
+    if not direct and slurm_node is None and _via_supervisor(job, out, budget, fmt, err, preemption):
+        return 0
     out_dir, out_name = manual.out_target(out, job.run_dir)
     manual.make_out_dir(out_dir)
-    ranks = ", ".join(f"{r.rank} (pid {r.pid}{', recorder' if r.hb else ''})" for r in job.ranks)
-    for line in [f"job {job.run_id} on {job.node}: rank(s) {ranks}", *(f"note: {n}" for n in job.notes)]:
-        err.print(f"blackbox: {line}", markup=False)
+    _said_before(job, err)
     with err.status("collecting", spinner="dots") as status:
         result = manual.collect_node(job, out_dir, out_name, _options(native, with_locals, dump_timeout, budget),
                                      lambda m: status.update(m))  # fmt: skip
@@ -99,6 +104,64 @@ def collect(pid: Optional[int], slurm_job: Optional[str], slurm_node: Optional[s
         _outcome_json(job, result)
     _said_after(result, lambda m: err.print(f"blackbox: {m}", markup=False))
     return 0
+
+
+def _refuse_mixed(pid: Optional[int], slurm_job: Optional[str], slurm_node: Optional[str], direct: bool,
+                  preemption: bool) -> None:  # fmt: skip
+    """One sentence for arguments that do not go together, or a job not named at all."""
+    if preemption and (direct or slurm_job is not None):
+        raise BlackboxError("--preemption asks the job's own `blackbox run`: not with --direct or --slurm-job.")
+    if slurm_job is not None and slurm_node is None and pid is not None:
+        raise BlackboxError("Give a PID or --slurm-job, not both.")
+    if pid is None and slurm_node is None and slurm_job is None:
+        raise BlackboxError("Give the PID of a process of the job, or --slurm-job JOBID.",
+                            hint="For example: blackbox collect $(pgrep -o -f torchrun)")  # fmt: skip
+
+
+def _said_before(job: Any, err: Any) -> None:
+    """The job found: its ranks (which run the recorder) and what discovery could not do."""
+    ranks = ", ".join(f"{r.rank} (pid {r.pid}{', recorder' if r.hb else ''})" for r in job.ranks)
+    for line in [f"job {job.run_id} on {job.node}: rank(s) {ranks}", *(f"note: {n}" for n in job.notes)]:
+        err.print(f"blackbox: {line}", markup=False)
+
+
+def _via_supervisor(job: Any, out: Optional[str], budget: float, fmt: str, err: Any, preemption: bool) -> bool:
+    """A job under `blackbox run`: its supervisor asked to collect (as a preemption's evidence with `preemption`),
+    its bundle (copied to --out when given) said as a collection's is. False when there is none, or it could not be
+    asked or wrote nothing in time (then this process collects, and says why)."""
+    from ..collect import delegate, manual
+
+    sup = delegate.supervisor_of(job)
+    if sup is None or job.run_dir is None:
+        return False
+
+    def say(message: str) -> None:
+        err.print(f"blackbox: {message}", markup=False)
+
+    kind = delegate.PREEMPTION if preemption else delegate.MANUAL
+    how = "SIGUSR1, as the preemption's evidence" if preemption else "SIGUSR1"
+    say(f"job {job.run_id} runs under `blackbox run` (pid {sup.pid}): asking it to collect ({how})")
+    with err.status("its supervisor collects", spinner="dots"):
+        name, why = delegate.ask(job, sup, budget, kind)
+    if name is None and preemption:  # the grace period is short: no second collection from here after this one
+        raise BlackboxError(
+            f"The job's `blackbox run` (pid {sup.pid}) was asked for the preemption's evidence and {why}.",
+            hint="It collects on the SIGTERM that follows, as without the hook.",
+        )
+    if name is None:
+        say(f"{why}: collecting from here")
+        return False
+    path = delegate.bundle_path(job, name)
+    if out is not None:
+        out_dir, out_name = manual.out_target(out, job.run_dir)
+        manual.make_out_dir(out_dir)
+        path = delegate.copy(job, name, os.path.join(out_dir, out_name or name))
+    if fmt == "json":
+        sys.stdout.write(json.dumps({"bundle": path, "run_id": job.run_id, "node": job.node, "via": "supervisor",
+                                     "supervisor_pid": sup.pid, "notes": job.notes}, indent=2) + "\n")  # fmt: skip
+    say(f"evidence bundle (by the job's `blackbox run`): {path}")
+    say(f"next: blackbox report {path}")
+    return True
 
 
 def _outcome_json(job: Any, result: Any) -> None:

@@ -114,7 +114,8 @@ class _Proc:
     pid: int
     helper: bool
     hb: Optional[HeartbeatState] = None  # a rank's own process: its heartbeat as the collection began
-    stopped: bool = False  # stopped (T/t) as the collection began: py-spy reads it without suspending it
+    # why py-spy cannot suspend it as the collection began (stopped; a thread in D state): read without suspending
+    unsuspendable: Optional[str] = None
 
     @property
     def workers_since(self) -> Optional[float]:
@@ -249,17 +250,17 @@ class Collector:
             return {}
         per_process = self.options.dump_timeout * (3 if self.options.native else 1)
         done = 0
-        still: list[int] = []  # stopped processes, read without suspending them
+        still: dict[str, list[int]] = {}  # processes read without suspending them, by why
 
         def one(p: _Proc) -> pyspy.PySpyResult:
             nonlocal done
             if time.monotonic() >= deadline:
                 return pyspy.PySpyResult(p.pid, None, "not started: the collection budget was spent")
-            stopped = p.stopped  # read without suspending it: it cannot be suspended again
-            result = pyspy.dump(p.pid, native=self.options.native and not stopped, locals=self.options.locals,
-                                timeout=self._left(deadline, per_process), exe=exe, nonblocking=stopped)  # fmt: skip
-            if stopped:
-                still.append(p.pid)
+            held = p.unsuspendable is not None  # read without suspending it: it cannot be suspended (soon)
+            result = pyspy.dump(p.pid, native=self.options.native and not held, locals=self.options.locals,
+                                timeout=self._left(deadline, per_process), exe=exe, nonblocking=held)  # fmt: skip
+            if held:
+                still.setdefault(str(p.unsuspendable), []).append(p.pid)
             done += 1
             self.progress(f"py-spy stacks: {done}/{len(procs)} process(es)")
             return result
@@ -282,8 +283,8 @@ class Collector:
         detail = f"{len(procs) - failed}/{len(procs)} process(es) with {exe} ({why})"
         if self.options.native:
             detail += ", --native"
-        if still:
-            detail += f"; pids {sorted(still)} stopped: read without suspending them (--nonblocking, no native frames)"
+        for held, pids in sorted(still.items()):
+            detail += f"; pids {sorted(pids)} {held}: read without suspending them (--nonblocking, no native frames)"
         detail += "".join(f"; pids {pids}: {error}" for error, pids in errors.items())
         w.step("py-spy", status, t, detail)
         return got
@@ -301,8 +302,8 @@ class Collector:
         for p in procs:
             main = stacks.main_thread(pyspy.threads(taken.get(p.pid)))
             at = where(main) if p.own and main is not None else None
-            if at is not None and (at.kind == "ambiguous" or at.fallback) and not p.stopped:
-                ambiguous.append(p)  # (a stopped process cannot be suspended for its native frames)
+            if at is not None and (at.kind == "ambiguous" or at.fallback) and p.unsuspendable is None:
+                ambiguous.append(p)  # (a process that cannot be suspended gives no native frames)
         if not ambiguous or time.monotonic() >= deadline:
             return
         t = time.monotonic()
@@ -341,7 +342,7 @@ class Collector:
             if self.options.locals:  # the stacks taken have them already
                 return polled.checks(p.pid, taken.get(p.pid)), None
             left = self._left(deadline, self.options.dump_timeout)
-            result = pyspy.dump(p.pid, locals=True, exe=exe, timeout=left, nonblocking=p.stopped)
+            result = pyspy.dump(p.pid, locals=True, exe=exe, timeout=left, nonblocking=p.unsuspendable is not None)
             return polled.checks(p.pid, result.threads), result.error
 
         with ThreadPoolExecutor(max_workers=min(16, len(polling))) as pool:
@@ -552,8 +553,8 @@ class Collector:
         ranks = job.ranks
         # read while the ranks live: a rank that raised may be gone by the time its files are copied
         error_files = {r.rank: p for r in ranks if (p := _torchelastic_error_file(job.run_dir, r, job.owner))}
-        procs = [_Proc(r.rank, r.pid, False, r.hb, procfs.is_stopped(r.pid)) for r in ranks if r.alive]
-        procs += [_Proc(r.rank, pid, True, None, procfs.is_stopped(pid)) for r in ranks for pid in _helpers(r)]
+        procs = [_Proc(r.rank, r.pid, False, r.hb, procfs.unsuspendable(r.pid)) for r in ranks if r.alive]
+        procs += [_Proc(r.rank, pid, True, None, procfs.unsuspendable(pid)) for r in ranks for pid in _helpers(r)]
         if job.agent_pid is not None and job.mode == "collect" and _is_python(job.agent_pid):
             procs.append(_Proc(None, job.agent_pid, False))
         node_pool = ThreadPoolExecutor(max_workers=7, thread_name_prefix="blackbox-node")

@@ -108,13 +108,21 @@ def _env(pid: int) -> Optional[dict[str, str]]:
         return None
 
 
-def _ancestors(pid: int) -> list[int]:
+def ancestors(pid: int, through_init: bool = False) -> list[int]:
+    """The processes above `pid`, nearest first; PID 1 too with `through_init` (a container's first process)."""
     out = []
     st = procfs.proc_stat(pid)
-    while st is not None and st.ppid > 1 and st.ppid not in out:
+    while st is not None and st.ppid > (0 if through_init else 1) and st.ppid not in out:
         out.append(st.ppid)
         st = procfs.proc_stat(st.ppid)
     return out
+
+
+def is_blackbox(argv: list[str], *commands: str) -> bool:
+    """Whether a command line is `blackbox COMMAND …` (the console script, or `python -m blackbox`) for one of
+    `commands`."""
+    names = [os.path.basename(a) for a in argv[:3]]
+    return "blackbox" in names and any(a in commands for a in argv[1:4])
 
 
 def _ranks_below(root: int, like: Optional[Mapping[str, str]]) -> list[tuple[int, dict[str, str]]]:
@@ -161,7 +169,7 @@ def discover(pid: int) -> Job:
         # A rank or a rank's helper: climb to the topmost Python process with a rank, then to its launcher
         # (through a shell that carries RANK too).
         top, top_env = pid, env
-        for anc in _ancestors(pid):
+        for anc in ancestors(pid):
             anc_env = _env(anc)
             if (
                 anc_env is None

@@ -19,7 +19,7 @@ from typing import Any, Optional
 from .._recorder import protocol as P
 from ..adapters import host, procfs, slurm, torchelastic
 from ..errors import BlackboxError
-from .job import Job, RankTarget, _heartbeat, _is_python, job_python
+from .job import Job, RankTarget, _heartbeat, _is_python, is_blackbox, job_python
 
 RESULT_MARK = "blackbox-node-result: "  # the line each node prints for the fan-out, then one JSON object
 
@@ -42,8 +42,7 @@ def identity(env: Mapping[str, str]) -> Optional[tuple[int, Optional[int], Optio
 
 def _is_supervisor(argv: list[str]) -> bool:
     """A `blackbox run` (or collect) process: it carries the job's Slurm variables but is no rank."""
-    names = [os.path.basename(a) for a in argv[:3]]
-    return "blackbox" in names and any(a in ("run", "collect") for a in argv[1:4])
+    return is_blackbox(argv, "run", "collect")
 
 
 def _all_pids() -> list[int]:

@@ -61,10 +61,11 @@ class Evidence:
         self.console: Optional[Any] = None  # the console tail to bundle, when not only ctx.console's (Slurm tasks)
 
     def write(self, trigger: Trigger, detection: Optional[Detection], job_ends: bool, incident: dict[str, object],
-              coordination: Optional[dict[str, object]]) -> Optional[Written]:  # fmt: skip
+              coordination: Optional[dict[str, object]], budget: Optional[float] = None
+              ) -> Optional[Written]:  # fmt: skip
         """Bundle this node's evidence; None when the collection failed (blackbox's own error, said once).
         `job_ends`: the job is about to be ended anyway, so the ranks may be signalled freely; otherwise the
-        non-invasive ways go first (DESIGN.md §7)."""
+        non-invasive ways go first (DESIGN.md §7). `budget`: seconds, when less than the collection budget."""
         ctx = self.ctx
         try:
             views = self.watch.read_views() if ctx.watching else []
@@ -92,8 +93,9 @@ class Evidence:
                 coordination=coordination,
             )
             cfg = ctx.cfg
-            options = CollectOptions(dump_timeout=cfg.dump_timeout, budget=cfg.collect_budget, native=cfg.pyspy_native,
-                                     locals=cfg.pyspy_locals, job_ends=job_ends)  # fmt: skip
+            seconds = cfg.collect_budget if budget is None else min(budget, cfg.collect_budget)
+            options = CollectOptions(dump_timeout=min(cfg.dump_timeout, seconds), budget=seconds,
+                                     native=cfg.pyspy_native, locals=cfg.pyspy_locals, job_ends=job_ends)  # fmt: skip
             collector = Collector(job, self.watch.table, self.console or ctx.console, options)
             out = os.path.join(ctx.run_dir, P.BUNDLES_DIR)
             return collector.collect(trigger, detection, ctx.events, out).written

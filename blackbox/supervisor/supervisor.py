@@ -21,6 +21,7 @@ from typing import Callable, Optional
 from .. import __version__
 from .._recorder import protocol as P
 from ..adapters import gpu, host, procfs
+from ..collect import delegate
 from ..config import RUNS_DIR, RunConfig, working_directory
 from ..coord.topology import Topology, topology
 from ..detections import Trigger
@@ -46,6 +47,7 @@ from .process import HANDLED, JobProcess, become_subreaper, describe_status, exi
 from .rundir import new_run_id, prepare_run_dir
 from .watch import Watch
 
+PRESTOP_WINDOW_S = 120.0  # a SIGTERM this soon after a preStop hook's collection is the one the hook came before
 RACES_TOLERATED = 3  # polls in a row cut short by a process of the job ending under it, before it counts as a bug
 LAUNCHER_TAIL_BYTES = 4096  # the end of the launcher's output read for its last line, when it fails before any rank
 RECORD_S = 5.0  # what Slurm says of a SIGTERM it sent is asked within this, again while it refuses (its KillWait,
@@ -77,6 +79,7 @@ class Supervisor:
         self._output_ended = False  # the tee read the job's output to its end: console.log is finished, not left
         self._raced = 0  # polls in a row cut short by a process or file of the job that went away meanwhile
         self._recording: Optional[threading.Thread] = None  # a preemption's record, Slurm asked for its cause
+        self._prestop_at: Optional[float] = None  # when a preStop hook's collection was taken (monotonic)
 
     @property
     def episodes(self) -> Episodes:
@@ -384,12 +387,18 @@ class Supervisor:
             if sig == signal.SIGUSR1 and self.node is not None and not self.node.leading:
                 self._relay_to_leader(sig)
                 continue
+            if sig == signal.SIGUSR1 and delegate.take_request(self.ctx.run_dir) == delegate.PREEMPTION:
+                self._prestop()  # `blackbox collect --preemption`: the pod's preStop hook
+                continue
             if sig == signal.SIGUSR1:  # "collect now": never passed on (torchrun dies of it)
                 self.ctx.event("signal", signal="SIGUSR1", action="collect")
                 self.episodes.collect(Trigger("manual"), None)
                 continue
             if sig == signal.SIGTERM and self.task is not None and not process.terminating:
                 self._slurm_signal(sig)  # in a Slurm task: a cancel, the time limit, a preemption
+                continue
+            if sig == signal.SIGTERM and not process.terminating:
+                self._terminated()  # a pod deleted, preempted or drained; `docker stop`; a user
                 continue
             if sig == signal.SIGINT:
                 process.sigints_handled += 1
@@ -412,6 +421,52 @@ class Supervisor:
                 if self.ctx.watching:
                     self.episodes.collect(Trigger("signal"), None, job_ends=True)
             process.forward(sig)
+
+    def _terminated(self) -> None:
+        """SIGTERM from outside the job, not from Slurm: the job is being ended — a pod deleted, preempted or drained
+        (the kubelet's SIGTERM, its grace period, then SIGKILL), `docker stop`, a user. What the ranks were doing is
+        collected first, within --grace-budget (a hang nobody saw until then is still in the bundle), then the
+        signal is passed on; recorded as a preemption, not an incident (no alarm; what the ranks do as they end is
+        that ending). The bundle's upload goes on while the job ends."""
+        ctx, process = self.ctx, self.process
+        process.terminating = process.preempted = True
+        budget = ctx.cfg.grace_budget
+        cause = self._ending_cause()
+        start = time.monotonic()
+        prestop = self._prestop_at is not None and start - self._prestop_at <= PRESTOP_WINDOW_S
+        ctx.event("preemption", signal="SIGTERM", cause=cause, grace_budget_s=budget, after_prestop=prestop)
+
+        def pass_on() -> None:  # once the bundle is written: its analysis and upload go on while the job ends
+            if ctx.first("sigterm:passed-on"):
+                process.forward(signal.SIGTERM)
+                taken = (f"evidence taken {start - self._prestop_at:.0f} s before by the preStop hook, passed on at "
+                         "once" if prestop and self._prestop_at is not None else
+                         f"evidence taken in {time.monotonic() - start:.1f} s (--grace-budget {budget:g}), then passed "
+                         "on")  # fmt: skip
+                ctx.say(f"SIGTERM: {cause}; {taken} to the job; recorded as a preemption, not an incident")
+
+        if ctx.watching and not prestop:
+            self.episodes.collect(Trigger("signal"), None, job_ends=True, budget=budget, written_then=pass_on)
+        pass_on()
+
+    def _ending_cause(self) -> str:
+        return ("the pod is being deleted, preempted or drained (Kubernetes)" if "KUBERNETES_SERVICE_HOST" in
+                self.ctx.env else "the job is being ended from outside")  # fmt: skip
+
+    def _prestop(self) -> None:
+        """`blackbox collect --preemption`, a Kubernetes preStop hook: the pod gets its SIGTERM once the hook
+        returns. The ranks' evidence is taken now, within --grace-budget, as the preemption's (no incident, no
+        alarm); the SIGTERM that follows goes to the job at once, its own SIGTERM handling first."""
+        ctx = self.ctx
+        if self.process.terminating or not ctx.watching:
+            return
+        budget = ctx.cfg.grace_budget
+        ctx.event("preemption", signal="preStop", cause=self._ending_cause(), grace_budget_s=budget)
+        self._prestop_at = start = time.monotonic()
+        self.episodes.collect(Trigger("signal", "prestop"), None, job_ends=True, budget=budget, alert=False)
+        ctx.say(f"preStop hook: {self._ending_cause()}; evidence taken in {time.monotonic() - start:.1f} s "
+                f"(--grace-budget {budget:g}); the SIGTERM that follows goes to the job at once; recorded as a "
+                "preemption, not an incident")  # fmt: skip
 
     def _slurm_signal(self, sig: int) -> None:
         """A signal Slurm sent the job: passed on unchanged at once and recorded (by the node's supervisor) as a

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import pytest
 from blackbox._recorder import protocol as P
 from blackbox.adapters.procfs import is_alive
 from blackbox.bundle.reader import read_bundle
+from blackbox.events import read_events
 from blackbox.supervisor.rundir import INJECT_DIR
 from tests.conftest import (
     BLACKBOX,
@@ -262,8 +264,8 @@ def test_collect_never_follows_what_the_job_planted(tmp_path: Path, run_dir: Pat
             planted.symlink_to(secret)
         error_file = {"torchelastic_error_file": str(tmp_path / "error-link.json")}
         (rank_dir / "rank.json").write_text(json.dumps(error_file))
-        # WHEN it is collected
-        res = collect(rank_pid, tmp_path / "out")
+        # WHEN it is collected from here (--direct: not by asking its supervisor)
+        res = collect(rank_pid, tmp_path / "out", "--direct")
         assert res.returncode == 0, res.stderr
         # THEN nothing of the private file is in the bundle, and the job runs on
         files = members(Path(json.loads(res.stdout)["bundle"]))
@@ -271,6 +273,118 @@ def test_collect_never_follows_what_the_job_planted(tmp_path: Path, run_dir: Pat
         for name, data in files.items():
             assert b"PRIVATE-CONTENT" not in data, f"the private file reached {name}"
         assert job.poll() is None
+    finally:
+        job.terminate()
+        job.communicate(timeout=30)
+
+
+def loop_rank(job: subprocess.Popen[bytes], run_dir: Path) -> int:
+    """The pid of the LOOP job's one process under `blackbox run` (not blackbox's helpers, which keep its command
+    line), once its recorder has written."""
+
+    def rank() -> list[int]:
+        return [c.pid for c in psutil.Process(job.pid).children() if c.cmdline()[1:] == ["-c", LOOP]]
+
+    wait_for(lambda: (run_dir / "ranks" / "0" / "threads.json").exists() and rank(), 60, "the rank")
+    (pid,) = rank()
+    return pid
+
+
+def test_collect_asks_the_jobs_own_blackbox_run_to_collect(tmp_path: Path, run_dir: Path) -> None:
+    # GIVEN a job under `blackbox run`
+    job = start_blackbox(["run", "--run-dir", str(run_dir), "--", sys.executable, "-c", LOOP], tmp_path)
+    try:
+        rank_pid = loop_rank(job, run_dir)
+        # WHEN `blackbox collect` is given its rank, from a process that is not blackbox's descendant (kubectl exec)
+        res = collect(rank_pid, tmp_path / "out")
+        # THEN the job's own blackbox collected ("collect now"): its bundle in the run, a copy where --out says
+        assert res.returncode == 0, res.stderr
+        assert f"runs under `blackbox run` (pid {job.pid}): asking it to collect (SIGUSR1)".encode() in res.stderr
+        outcome = json.loads(res.stdout)
+        assert (outcome["via"], outcome["supervisor_pid"]) == ("supervisor", job.pid)
+        (bundle,) = bundles(run_dir)
+        copy = Path(outcome["bundle"])
+        assert bundle.name.endswith("-manual.tar.gz") and copy.parent == tmp_path / "out" and copy.name == bundle.name
+        assert copy.read_bytes() == bundle.read_bytes() and oct(copy.stat().st_mode & 0o777) == "0o600"
+        assert "ranks/0/py-spy.json" in members(copy)
+        assert [e["action"] for e in read_events(str(run_dir / "events.jsonl")) if e["event"] == "signal"] == [
+            "collect"
+        ]
+        # AND --direct reads the ranks from here, as for a job started without blackbox; the job runs on throughout
+        res = collect(rank_pid, tmp_path / "direct", "--direct")
+        assert res.returncode == 0, res.stderr
+        assert b"asking it to collect" not in res.stderr and "steps" in json.loads(res.stdout)
+        assert len(bundles(run_dir)) == 1 and job.poll() is None
+    finally:
+        job.terminate()
+        job.communicate(timeout=30)
+
+
+@pytest.mark.timeout(240)
+def test_a_prestop_hook_collects_first_and_the_sigterm_then_reaches_the_jobs_own_handler_at_once(
+    tmp_path: Path, run_dir: Path
+) -> None:
+    # GIVEN a 2-rank job in a pod (its environment says so) under `blackbox run`, whose ranks handle SIGTERM
+    # themselves (a checkpoint on SIGTERM: each marks when it came and exits 0), and an alarm command
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    alarms = tmp_path / "alarms.txt"
+    job = start_blackbox(["run", "--run-dir", str(run_dir), "--grace-budget", "10", "--on-incident",
+                          f"echo $BLACKBOX_TRIGGER >> {alarms}", "--", TORCHRUN, "--standalone", "--nproc-per-node",
+                          "2", GLOO_JOB, "--marker-dir", str(markers), "--steps", "100000", "--step-sleep", "0.02",
+                          "--own-sigterm"], tmp_path, KUBERNETES_SERVICE_HOST="10.96.0.1")  # fmt: skip
+    try:
+        wait_for(lambda: (markers / "rank1.step3").exists(), 90, "rank 1 to step")
+        # WHEN the kubelet runs the pod's preStop hook, `blackbox collect --preemption 1` (PID 1: blackbox; here its
+        # pid), a process of the pod that is not blackbox's descendant
+        res = subprocess.run([*BLACKBOX, "collect", "--preemption", str(job.pid), "--format", "json"],
+                             env=job_env(), capture_output=True, timeout=120, cwd=tmp_path)  # fmt: skip
+        # THEN the job's blackbox collected the preemption's evidence, and the job runs on until its SIGTERM
+        assert res.returncode == 0, res.stderr
+        assert b"asking it to collect (SIGUSR1, as the preemption's evidence)" in res.stderr
+        (bundle,) = bundles(run_dir)
+        assert bundle.name.endswith("-signal-prestop.tar.gz") and json.loads(res.stdout)["bundle"] == str(bundle)
+        assert "ranks/1/py-spy.json" in members(bundle) and job.poll() is None
+        assert not (run_dir / P.COLLECT_REQUEST).exists()  # answered once
+        # AND when the SIGTERM follows, it reaches the job's own handlers at once: no second collection first
+        sent = time.time()
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    came = [(markers / f"rank{r}.sigterm").stat().st_mtime - sent for r in (0, 1)]
+    assert max(came) < 5.0, (came, err[-3000:])
+    assert b"passed on at once" in err, err[-3000:]
+    assert bundles(run_dir) == [bundle]
+    events = read_events(str(run_dir / "events.jsonl"))
+    assert [(e["signal"], e.get("after_prestop")) for e in events if e["event"] == "preemption"] == [
+        ("preStop", None), ("SIGTERM", True)]  # fmt: skip
+    # AND a preemption is no incident: no alarm was raised for either
+    assert not alarms.exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_prestop_hook_whose_supervisor_does_not_answer_says_so_and_takes_no_time_of_its_own(
+    tmp_path: Path, run_dir: Path
+) -> None:
+    # GIVEN a job under `blackbox run` whose supervisor cannot answer now (stopped: as busy as it gets)
+    job = start_blackbox(["run", "--run-dir", str(run_dir), "--", sys.executable, "-c", LOOP], tmp_path)
+    try:
+        rank_pid = loop_rank(job, run_dir)
+        os.kill(job.pid, signal.SIGSTOP)
+        try:
+            # WHEN the pod's preStop hook asks it for the preemption's evidence, with a 2 s budget
+            res = collect(rank_pid, tmp_path / "out", "--preemption", "--budget", "2")
+        finally:
+            os.kill(job.pid, signal.SIGCONT)
+        # THEN it says why in one sentence and exits non-zero, without collecting from here: the grace period is
+        # the pod's, and the supervisor collects on the SIGTERM that follows
+        assert res.returncode != 0 and b"Traceback" not in res.stderr, res.stderr
+        assert b"was asked for the preemption's evidence and it wrote no bundle within 2 s" in res.stderr
+        assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+        assert not (run_dir / P.COLLECT_REQUEST).exists()  # withdrawn: a later SIGUSR1 is a plain "collect now"
     finally:
         job.terminate()
         job.communicate(timeout=30)

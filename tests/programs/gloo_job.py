@@ -22,12 +22,22 @@ def main() -> int:
     p.add_argument("--marker-dir", default=None)
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--ignore-sigterm", action="store_true")
+    p.add_argument(
+        "--own-sigterm", action="store_true", help="its own SIGTERM handling: marks `rank<R>.sigterm`, exits 0"
+    )
     args = p.parse_args()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.own_sigterm:  # as a job that saves a checkpoint on SIGTERM: the marker says when it came
+
+        def on_sigterm(*_: object) -> None:
+            mark(args, rank, "sigterm")
+            os._exit(0)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
