@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # annotations only
     from typing import Any, Optional
 
 STACK_DEPTH = 32  # innermost frames of the main thread compared between two samples
+_DEPTH = range(STACK_DEPTH)
 # where the interpreter checks for a GIL hand-over between bytecodes (3.9-3.10: a backward jump is JUMP_ABSOLUTE)
 RUNNING_OPS = frozenset(("JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP_ABSOLUTE", "RESUME"))
 # Their numbers in this interpreter, read at import (in the main thread): no `dis` imported on the liveness thread.
@@ -36,6 +37,10 @@ TIMER_SLEEPS = {"x86_64": {35: None, 230: None, 23: 0, 270: 0, 7: 1, 271: 1},
                 "aarch64": {101: None, 115: None, 72: 0, 73: 1}}  # fmt: skip
 CPU_FLOOR = 0.02  # a stack change is work when its thread used this share of a CPU since the sample before ...
 POLL_S = 10.0  # ... or, for the main thread, when it has not slept on a timer for this long: a poll loop's wake-ups
+BACKOFF_GROWTH = 1.5  # a loop whose wake-ups come this much further apart than its closest two, and BACKOFF_MIN_S
+BACKOFF_MIN_S = 3.0  # or more, twice in a row, backs off (a retry's doubling timer): a sleep, not a poll. (Samples
+# 0.5 s apart jitter a steady loop's wake-ups; a sampler starved for seconds on a loaded machine may stretch one gap,
+# rarely two in a row; a wake-up missed there only makes a backoff's gaps longer.)
 NATIVE_SHARE = 0.25  # a main thread standing in one call while it used this share of a CPU works there (hashing, a
 # tokenizer, zlib), on a rank with no accelerator: a CUDA sync or an accelerator's wait spins a core as busily
 ACCELERATOR_MODULES = ("torch_npu", "habana_frameworks", "torch_xla")  # loaded: the rank may spin in their waits
@@ -63,7 +68,8 @@ class Motion:
     slept on a timer within POLL_S and waits for no thread (a loop of blocking calls that each return with data —
     requests to a server — wakes on data, not on a timer). While the main thread waits for another thread of the
     job (a join, a future's result, a queue's get, an event: THREAD_WAITS) or sleeps (it slept on a timer within
-    POLL_S: a poll loop when it used CPU between two such samples, a plain sleep when not), the other threads
+    POLL_S: a poll loop when it used CPU between two such samples, a plain sleep when not — or when its wake-ups
+    grow apart, as a retry's backoff does: BACKOFF_GROWTH), the other threads
     count: one whose stack changes while it uses CPU, or whose bytes through read and
     write system calls move — the rank is as alive as the thread it waits for; which one is not known, so any
     does. blackbox's own threads never count. What the main thread waits for is published (W_WAITING): the
@@ -85,18 +91,20 @@ class Motion:
         self._syscall = ""
         self.watch(threading.main_thread())
         self._sleeps = TIMER_SLEEPS.get(os.uname().machine, {})
-        self._signature: tuple[int, ...] = ()
-        self._codes: tuple[Any, ...] = ()  # the signature's code objects, held so that their ids are never reused
+        self._signature: tuple[Any, ...] = ()
         self._at = 0.0  # the sample before: when, and the main thread's CPU seconds then
         self._cpu = -1.0
         self._slept_at = -POLL_S  # when the main thread was last seen asleep on a timer ...
         self._polled_at = -POLL_S  # ... and having woken (used CPU) since the sample before: a loop
+        self._woke_at = -1.0  # the loop's last wake-up seen, the time since the one before, the shortest such time
+        self._shortest = float("inf")  # in this loop, and how many gaps in a row were BACKOFF_GROWTH times longer
+        self._grown = 0
         self._was_asleep: Optional[bool] = None  # the main thread was asleep on a timer at the sample before (None:
         # not known — it was running, or waiting for a CPU on a loaded machine: asked again)
         self.waiting = P.WAIT_NONE  # what the main thread waits for (P.WAIT_*), at the last sample
         self._accelerated = False  # CUDA or another accelerator is in use: CPU time in one call is no work
-        # the job's other threads while the main thread waits for one: thread id -> (signature, codes, bytes, CPU s)
-        self._others: dict[int, tuple[tuple[int, ...], tuple[Any, ...], int, float]] = {}
+        # the job's other threads while the main thread waits for one: thread id -> (signature, bytes, CPU s)
+        self._others: dict[int, tuple[tuple[Any, ...], int, float]] = {}
         self._codes_seen: dict[int, tuple[Any, frozenset[int], bool]] = {}  # id(code) -> _code_facts(code)
         self.stack_changes = 0
         self.stack_time = 0.0
@@ -152,9 +160,23 @@ class Motion:
             self.forwards_time = now
         rec.hb.motion(forwards, self.forwards_time, self.stack_changes, self.stack_time, self.mode, self.waiting)
 
+    def _woke(self, now: float) -> None:
+        """A wake-up of the main thread's timer loop: how far apart from the one before, and whether that grew."""
+        if self._woke_at >= 0:
+            interval = now - self._woke_at
+            grown = interval >= max(BACKOFF_MIN_S, BACKOFF_GROWTH * self._shortest)
+            self._grown = self._grown + 1 if grown else 0
+            self._shortest = min(self._shortest, interval)
+        self._woke_at = now
+
+    def _backing_off(self) -> bool:
+        """The loop's wake-ups grow apart (a retry's backoff, a rate limit's wait): it sleeps on a timer more than
+        it checks, and its wait is an ambiguous one (a sleep), not a poll loop's (which checks at a steady pace)."""
+        return self._grown >= 2
+
     def _sample(self, now: float) -> None:
         frames = sys._current_frames()
-        codes, sig, running = self._read(frames.get(self.main), (self._signature, self._codes))
+        sig, running = self._read(frames.get(self.main))
         cpu = _cpu_seconds(self.main)
         floor = CPU_FLOOR * (now - self._at)
         worked = cpu < 0 or (self._cpu >= 0 and cpu - self._cpu >= floor)  # unreadable: every change counts
@@ -169,21 +191,25 @@ class Motion:
                 # sleeps again (a loop) — not the rest of a step before its first sleep (one long sleep is no loop)
                 if now - self._slept_at <= POLL_S and cpu > self._cpu >= 0:
                     self._polled_at = now
+                    self._woke(now)
                 self._slept_at = now
         else:
             self._was_asleep = None  # it worked: not known, asked again at the next still sample
-        thread_wait = bool(codes) and self._code_facts(codes[0])[2]
+        thread_wait = bool(sig) and self._code_facts(sig[0])[2]
         sleeps = now - self._slept_at <= POLL_S
+        if not sleeps and self._woke_at >= 0:  # out of the loop: the next one's pace is its own
+            self._woke_at, self._shortest, self._grown = -1.0, float("inf"), 0
         changed = (sig != self._signature and bool(self._signature)) or running  # the first sample: nothing to differ
         moved = changed and (worked or not (sleeps or thread_wait))
         if not changed and self._cpu >= 0 and cpu - self._cpu >= NATIVE_SHARE * (now - self._at):
             moved = not self._on_accelerator()  # a native call, or one after another, that computes
+        polls = now - self._polled_at <= POLL_S and not self._backing_off()
         self.waiting = (P.WAIT_THREAD if thread_wait else P.WAIT_NONE if not sleeps else
-                        P.WAIT_POLL if now - self._polled_at <= POLL_S else P.WAIT_SLEEP)  # fmt: skip
+                        P.WAIT_POLL if polls else P.WAIT_SLEEP)  # fmt: skip
         others = self._read_others(frames) if self.waiting else {}
         frames = {}  # no frame outlives the sample: a frame held keeps its locals (tensors) alive
         if others and not moved:  # the rank is as alive as a thread of its own that works (a new one: baseline)
-            mover = next((t for t, (other, _, io, cpu_t, running) in others.items() if t in self._others
+            mover = next((t for t, (other, io, cpu_t, running) in others.items() if t in self._others
                           and _works(self._others[t], other, io, cpu_t, running, floor)), None)  # fmt: skip
             moved = mover is not None
             paused = now - self._progress_at >= FORWARD_HOOK_AFTER_S  # in a pause: a step's waits are not named
@@ -196,8 +222,7 @@ class Motion:
             self.stack_changes += 1
             self.stack_time = now
         self._signature, self._at, self._cpu = sig, now, cpu
-        self._codes = codes
-        self._others = {t: v[:4] for t, v in others.items()}
+        self._others = {t: v[:3] for t, v in others.items()}
 
     def _note_mover(self, ident: int, now: float) -> None:
         """Name the thread that keeps the waiting main thread alive, for the supervisor's words (P.RANK_MOVER): its
@@ -243,40 +268,34 @@ class Motion:
         count = self._sleeps[nr]
         return count is None or (len(fields) > count + 1 and int(fields[count + 1], 16) == 0)
 
-    def _read(self, frame: Any, before: tuple[tuple[int, ...], tuple[Any, ...]] = ((), ())
-              ) -> tuple[tuple[Any, ...], tuple[int, ...], bool]:  # fmt: skip
-        """A thread's innermost frames: their code objects, the signature compared between samples (code ids and
-        instruction offsets), and whether it stands where only a thread running bytecode stops. `before`: its
-        (signature, codes) at the sample before — the same signature is the same code objects (held since, so their
-        ids were never reused), which a still thread's sample then need not collect again."""
-        signature: list[int] = []
+    def _read(self, frame: Any) -> tuple[tuple[Any, ...], bool]:
+        """A thread's innermost frames as the signature compared between samples — their code objects and instruction
+        offsets, in turn — and whether it stands where only a thread running bytecode stops. The code objects
+        themselves, not their ids: held by the signature, and the same object compares equal at once (two distinct
+        code objects compare equal only when made of the same source at the same line: no sample tells them apart)."""
+        signature: list[Any] = []
         add = signature.append  # bound once: this loop is most of a still rank's sample
-        top, depth = frame, 0
-        while frame is not None and depth < STACK_DEPTH:
-            add(id(frame.f_code))
+        for _ in _DEPTH:
+            if frame is None:
+                break
+            add(frame.f_code)
             add(frame.f_lasti)
             frame = frame.f_back
-            depth += 1
         sig = tuple(signature)
-        codes = before[1] if sig == before[0] else _codes(top)
-        return codes, sig, bool(codes) and sig[1] in self._code_facts(codes[0])[1]
+        return sig, bool(sig) and sig[1] in self._code_facts(sig[0])[1]
 
-    def _read_others(self, frames: dict[int, Any]
-                     ) -> dict[int, tuple[tuple[int, ...], tuple[Any, ...], int, float, bool]]:  # fmt: skip
-        """The other Python threads of the job (not the main one, not blackbox's): thread id -> (signature, codes held
-        so that their ids are never reused, bytes through its read and write system calls, CPU seconds, running).
-        The bytes: an upload over TLS or a checkpoint written to a pipe or a FUSE mount moves them while its stack
-        stands still inside one call."""
+    def _read_others(self, frames: dict[int, Any]) -> dict[int, tuple[tuple[Any, ...], int, float, bool]]:
+        """The other Python threads of the job (not the main one, not blackbox's): thread id -> (signature, bytes
+        through its read and write system calls, CPU seconds, running). The bytes: an upload over TLS or a checkpoint
+        written to a pipe or a FUSE mount moves them while its stack stands still inside one call."""
         ours = threading.get_ident()
         out = {}
         for ident, frame in frames.items():
             thread = threading._active.get(ident)  # type: ignore[attr-defined]
             if ident in (self.main, ours) or thread is None or thread.name.startswith("blackbox"):
                 continue
-            before = self._others.get(ident)
-            codes, sig, running = self._read(frame, before[:2] if before is not None else ((), ()))
-            out[ident] = (sig, codes, _thread_bytes(getattr(thread, "native_id", None)), _cpu_seconds(ident),
-                          running)  # fmt: skip
+            sig, running = self._read(frame)
+            out[ident] = (sig, _thread_bytes(getattr(thread, "native_id", None)), _cpu_seconds(ident), running)
         return out
 
     def _code_facts(self, code: Any) -> tuple[Any, frozenset[int], bool]:
@@ -329,25 +348,16 @@ class Motion:
             handle.remove()
 
 
-def _codes(frame: Any) -> tuple[Any, ...]:
-    """The code objects of a thread's innermost STACK_DEPTH frames."""
-    codes: list[Any] = []
-    while frame is not None and len(codes) < STACK_DEPTH:
-        codes.append(frame.f_code)
-        frame = frame.f_back
-    return tuple(codes)
-
-
 def _waits_for_thread(code: Any) -> bool:
     """Whether a main thread's innermost frame is a wait for another thread (THREAD_WAITS)."""
     name = code.co_name
     return any(code.co_filename.endswith(f) and name == fn for f, fn in THREAD_WAITS)
 
 
-def _works(before: tuple[Any, ...], sig: tuple[int, ...], io: int, cpu: float, running: bool, floor: float) -> bool:
-    """Whether another thread worked since its sample `before` (signature, codes, bytes, CPU s): bytes moved, or its
-    stack changed while it used CPU (a thread that wakes to poll a queue or its workers does not)."""
-    return io != before[2] or ((running or sig != before[0]) and (cpu < 0 or cpu - before[3] >= floor))
+def _works(before: tuple[Any, ...], sig: tuple[Any, ...], io: int, cpu: float, running: bool, floor: float) -> bool:
+    """Whether another thread worked since its sample `before` (signature, bytes, CPU s): bytes moved, or its stack
+    changed while it used CPU (a thread that wakes to poll a queue or its workers does not)."""
+    return io != before[1] or ((running or sig != before[0]) and (cpu < 0 or cpu - before[2] >= floor))
 
 
 def _cpu_seconds(ident: Any) -> float:

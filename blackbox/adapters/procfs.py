@@ -50,6 +50,21 @@ def is_stopped(pid: int) -> bool:
     return st is not None and st.state in ("T", "t")
 
 
+def unsuspendable(pid: int) -> Optional[str]:
+    """Why py-spy could not suspend `pid` to read it, or None: stopped (it cannot be suspended again), or a thread
+    in uninterruptible sleep (D: a hung mount, a vfork — the attach waits until the kernel lets it go, which may be
+    never). Such a process is read without being suspended. One read of each thread's stat (the main thread's is
+    the process's)."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    states = {tid: st.state for tid in tids[:4096] if tid.isdigit() and (st := proc_stat(int(tid))) is not None}
+    if states.get(str(pid)) in ("T", "t"):
+        return "stopped"
+    return "in uninterruptible sleep" if "D" in states.values() else None
+
+
 def descendants(pid: int) -> list[int]:
     try:
         return [p.pid for p in psutil.Process(pid).children(recursive=True)]
@@ -312,7 +327,8 @@ def snapshot(pid: int) -> dict[str, object]:
             "tid": int(tid), "name": (read_text(f"{base}/task/{tid}/comm") or "").strip(), "state": state,
             "wchan": read_text(f"{base}/task/{tid}/wchan"), "syscall": thread_syscall(pid, int(tid))[0],
         }  # fmt: skip
-        if thread["syscall"] in FD_CALLS and int(tid) != pid and held < MAX_HELD_THREADS:
+        if (thread["syscall"] in FD_CALLS or thread["syscall"] in PATH_CALLS) and int(tid) != pid and \
+                held < MAX_HELD_THREADS:  # fmt: skip
             thread["blocked"] = blocked(pid, int(tid))  # what a thread the main thread may wait for waits on
             held += 1
         threads.append(thread)

@@ -7,6 +7,7 @@ own (a DataLoader's workers) is at the leaf they are at. Imports the stdlib and 
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -28,12 +29,14 @@ class Leaf:
 LEAVES = (
     Leaf("stopped", True, "the process is stopped (SIGSTOP, job control; `/proc` state T)"),
     Leaf("fifo", True, "its main thread opens a FIFO (a named pipe; also how a dead mount looks in the gallery) no "
-         "writer has opened, or reads one whose writers (followed as what it waits for) show no motion"),
+         "writer has opened, or reads one whose writers (followed as what it waits for) show no motion; or it waits "
+         "for a thread of its own (a join, a future, the interpreter's exit) and a thread of its own does so"),
     Leaf("poll", True, "its main thread sleeps and checks in a loop (its recorder saw it) while nothing it could wait "
          "for moves: a marker, a lock file, a store key", needs_whole_world=True),
     Leaf("workers", True, "its main thread waits for processes of its own (a DataLoader's workers, a child it reads "
-         "from), none of which moves: one or more stopped or opening a FIFO no writer has opened, the others waiting "
-         "for the rank itself (an idle worker polls the queue the rank feeds)"),
+         "from), none of which moves: one or more stopped or at a FIFO (opening one no writer has opened, or reading "
+         "one whose writers show no motion), the others waiting for the rank itself (an idle worker polls the queue "
+         "the rank feeds)"),
     Leaf("other", False, "anything else: a pipe (a child at its other end may be downloading: bytes received with "
          "recv() are not in /proc), a socket (its peer may be computing an answer), a collective, a long native or "
          "GPU call, a sleep, a thread of its own, the kernel (D), a debugger (t)"),
@@ -52,33 +55,42 @@ def of_rank(pid: int, waiting: str, waited: tuple[int, ...] = ()) -> Optional[Le
         return BY_NAME["stopped"]
     if waiting == "poll":
         return BY_NAME["poll"]
-    if _at_fifo(pid):
+    if _at_fifo(pid) or (waiting == "thread" and any(_at_fifo(pid, tid) for tid in _other_threads(pid))):
         return BY_NAME["fifo"]
     if waited and _workers_stuck(pid, waited):
         return BY_NAME["workers"]
     return None
 
 
-def _at_fifo(pid: int, calls: frozenset[str] = READ_CALLS) -> bool:
-    """Whether the main thread of `pid` is in one of `calls` on a FIFO. (A blocked read of a FIFO has a writer: the
-    watch follows it as what the rank waits for, so a rank still this long has a writer that shows no motion.)"""
-    call, _ = procfs.thread_syscall(pid, pid)
+def _at_fifo(pid: int, tid: int = 0, calls: frozenset[str] = READ_CALLS) -> bool:
+    """Whether the main thread of `pid` (or its thread `tid`) is in one of `calls` on a FIFO. (A blocked read of a
+    FIFO has a writer: the watch follows it as what the rank waits for, so a rank still this long has a writer that
+    shows no motion; a thread's read that got bytes would have moved the rank that waits for it.)"""
+    call, _ = procfs.thread_syscall(pid, tid or pid)
     if call not in calls:  # (a collective's recv, a sleep: nothing more to read, every poll of a long wait)
         return False
-    return procfs.blocked(pid).get("fd_kind") == "fifo"
+    return procfs.blocked(pid, tid or None).get("fd_kind") == "fifo"
+
+
+def _other_threads(pid: int, limit: int = 64) -> list[int]:
+    """The thread ids of `pid` but its main thread's (at most `limit`: a rank's own threads, torch's, blackbox's)."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task") if t != str(pid)][:limit]
+    except OSError:
+        return []
 
 
 def _workers_stuck(rank: int, waited: tuple[int, ...]) -> bool:
-    """Whether the processes a rank waits for wait on nothing that can end: each stopped, opening a FIFO no writer
-    has opened, or waiting on a pipe the rank itself holds (an idle DataLoader worker polls its index queue, which
-    the waiting rank feeds) — and at least one stopped or at a FIFO (workers that all wait for the rank are no leaf
-    of their own). A worker reading a FIFO is not: its writer, which may be working, is not followed from here."""
+    """Whether the processes a rank waits for wait on nothing that can end: each stopped, at a FIFO (opening one no
+    writer has opened, or reading one whose writers — followed with them — show no motion), or waiting on a pipe the
+    rank itself holds (an idle DataLoader worker polls its index queue, which the waiting rank feeds) — and at least
+    one stopped or at a FIFO (workers that all wait for the rank are no leaf of their own)."""
     stuck = False
     for pid in waited:
         st = procfs.proc_stat(pid)
         if st is None:
             return False
-        if st.state == "T" or _at_fifo(pid, OPEN_CALLS):
+        if st.state == "T" or _at_fifo(pid):
             stuck = True
             continue
         _, pipes = proctree.wait_target(pid)

@@ -1,11 +1,11 @@
-"""Following a rank's wait: when its main thread waits on another process — a child it waits for (wait4, waitid), or
-the processes at the other end of a pipe it reads or polls (a tool's captured output, a DataLoader's or a process
-pool's result queue) or of a FIFO it reads (its writer, wherever it runs), or, while it waits for a thread of its
-own or polls, the rank's workers (a process pool's workers behind its result thread) — whether those processes, or
-any below them, move. Motion there is bytes through their system calls (their /proc/PID/io, which also holds what
-their reaped children moved) or CPU time from a floor: a compressor or a conversion script works for a while
-without a byte, a poll loop's wake-ups use far less. No CUDA or NCCL spin lives in a process the rank waits for, so
-its CPU time is work. Imports the stdlib, blackbox's /proc adapter and blackbox.redact (a command line is shown
+"""Following a rank's wait: when its main thread waits on another process — a child it waits for (wait4, waitid), or the
+processes at the other end of a pipe it reads or polls (a tool's captured output, a DataLoader's or a process pool's
+result queue) or of a FIFO it reads (its writer, wherever it runs), or, while it waits for a thread of its own or polls,
+the rank's workers (a process pool's workers behind its result thread) — whether those processes, or any below them, or
+the writers of a FIFO one of them reads, move. Motion there is bytes through their system calls (their /proc/PID/io,
+which also holds what their reaped children moved) or CPU time from a floor: a compressor or a conversion script works
+for a while without a byte, a poll loop's wake-ups use far less. No CUDA or NCCL spin lives in a process the rank waits
+for, so its CPU time is work. Imports the stdlib, blackbox's /proc adapter and blackbox.redact (a command line is shown
 redacted)."""
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class WaitFollower:
             waited = proctree.workers(pid, workers_since, self._stat)
         if not waited:
             return None
-        moved, read, written = self._moved(waited, now)
+        moved, read, written = self._moved(waited + ([] if fifo else self._writers(pid, waited, now)), now)
         rank = self._ranks.setdefault(pid, _Rank())
         rank.totals = (rank.totals[0] + read, rank.totals[1] + written)
         rank.samples.append((now, *rank.totals))
@@ -122,6 +122,17 @@ class WaitFollower:
                 seen.base = (now, ticks)
             seen.read, seen.written = r, w
         return moved, read, written
+
+    def _writers(self, rank: int, waited: list[int], now: float) -> list[int]:
+        """The writers of the FIFOs that the processes a rank waits for are reading (a DataLoader worker reading a
+        named pipe a producer beside the job feeds): the rank is as alive as they are, so they are followed with
+        the processes it waits for."""
+        out: list[int] = []
+        for worker in waited:
+            writers, fifo = self._waited(worker, now)  # (its system call read once: nothing for any other wait)
+            if fifo:
+                out += [w for w in writers if w != rank and w not in waited and w not in out]
+        return out
 
     def _waited(self, pid: int, now: float) -> tuple[list[int], bool]:
         """proctree.waited_processes, with who holds a polled pipe or a read FIFO remembered for HOLDERS_TTL_S (a

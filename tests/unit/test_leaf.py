@@ -1,7 +1,7 @@
 """The leaf a still rank waits at (supervisor.leaf), read from /proc on real processes: a FIFO's open or read and a
-stopped process are definite, as is a poll loop its recorder saw, and a wait for workers of its own that are stuck so
-(a DataLoader whose worker reads a dead mount); a sleep, a pipe from a child, a socket, a spinning native call and
-workers that sleep or wait for the rank are not (they keep the step-based timeouts)."""
+stopped process are definite, as is a poll loop its recorder saw, and a wait for workers of its own that are stuck so (a
+DataLoader whose worker reads a dead mount, or a FIFO whose writer does nothing); a sleep, a pipe from a child, a
+socket, a spinning native call and workers that sleep or wait for the rank are not (the step-based timeouts)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,28 @@ def test_a_fifos_open_or_read_and_a_stopped_process_are_definite(tmp_path: Path)
         os.kill(stopped.pid, signal.SIGCONT)
         wait_for(lambda: in_call(stopped.pid, "clock_nanosleep", "nanosleep"), 30, "it to sleep")
         assert name(stopped.pid, "poll") == "poll"
+
+
+AT_EXIT = """
+import sys, threading
+def ship():
+    with open(sys.argv[1], "rb") as f:  # a log shipper whose pipe nobody writes
+        f.read()
+threading.Thread(target=ship, name="log-shipper").start()
+"""  # then the interpreter exits: its main thread joins the non-daemon thread (threading._shutdown)
+
+
+def test_a_thread_at_a_fifo_that_the_main_thread_waits_for_is_definite(tmp_path: Path) -> None:
+    fifo = tmp_path / "log-pipe"
+    os.mkfifo(fifo)
+    # GIVEN a rank that finished: its interpreter waits to exit for a thread of its own blocked opening a FIFO
+    with process(AT_EXIT, str(fifo)) as rank:
+        wait_for(lambda: any(in_call(int(t), "openat", "open") for t in os.listdir(f"/proc/{rank.pid}/task")
+                             if t != str(rank.pid)), 30, "the thread's open to block")  # fmt: skip
+        # THEN while its recorder says the main thread waits for a thread, the rank is at that thread's leaf
+        assert name(rank.pid, "thread") == "fifo"
+        # AND where it does not (the main thread blocked in its own call), another thread's wait is not the rank's
+        assert name(rank.pid) == ""
 
 
 def test_a_sleep_a_pipe_a_socket_and_a_spin_are_not_definite() -> None:
@@ -168,6 +190,49 @@ def test_a_rank_waiting_for_workers_that_sleep_or_wait_for_it_is_not_at_a_defini
         wait_for(lambda: len(psutil.Process(rank.pid).children()) == 2, 30, "the workers to start")
         wait_for(lambda: in_call(rank.pid, "read", "poll"), 30, "the rank to wait")
         assert loader_leaf(rank.pid) == ""
+
+
+# A producer beside the job, holding a FIFO open for writing: it sleeps, or computes before its next bytes.
+WRITER = """
+import sys, time
+f = open(sys.argv[1], "wb")  # until a reader opens it
+if sys.argv[2] == "sleep":
+    time.sleep(3600)
+while True:
+    pass
+"""
+
+
+def followed(rank: int, polls: int) -> list[bool]:
+    """Whether what the rank waits for moved, at each of `polls` polls 0.5 s apart after the first (its baseline)."""
+    follower, moved = WaitFollower(), []
+    follower.follow(rank, time.monotonic())
+    for _ in range(polls):
+        time.sleep(0.5)
+        waited = follower.follow(rank, time.monotonic())
+        assert waited is not None and len(waited.pids) == 2, waited  # its two workers, whatever else is followed
+        moved.append(waited.moved)
+        follower.end_poll()
+    return moved
+
+
+def test_a_worker_reading_a_fifo_is_as_alive_as_the_fifos_writers(tmp_path: Path) -> None:
+    fifo = tmp_path / "stream"
+    os.mkfifo(fifo)
+    # GIVEN a DataLoader's worker reading a FIFO that a producer outside the job's tree holds open and sleeps in
+    with process(WRITER, str(fifo), "sleep"), process(LOADER, str(fifo), "fifo") as rank:
+        wait_for(lambda: len(psutil.Process(rank.pid).children()) == 2, 30, "the workers to start")
+        reader = min(c.pid for c in psutil.Process(rank.pid).children())
+        wait_for(lambda: in_call(reader, "read") and in_call(rank.pid, "read", "poll"), 30, "the waits")
+        # THEN nothing the rank waits for moves, and its leaf is its workers': definite
+        assert followed(rank.pid, 3) == [False, False, False]
+        assert loader_leaf(rank.pid) == "workers"
+    # BUT a producer that computes before its next bytes is followed as the worker's writer: the rank is alive
+    with process(WRITER, str(fifo), "spin"), process(LOADER, str(fifo), "fifo") as rank:
+        wait_for(lambda: len(psutil.Process(rank.pid).children()) == 2, 30, "the workers to start")
+        reader = min(c.pid for c in psutil.Process(rank.pid).children())
+        wait_for(lambda: in_call(reader, "read") and in_call(rank.pid, "read", "poll"), 30, "the waits")
+        assert any(followed(rank.pid, 16)), "the writer's CPU time (0.2 s within 10 s) is motion"
 
 
 def test_every_leaf_has_its_class_and_words() -> None:
