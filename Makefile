@@ -40,17 +40,21 @@ slurm:
 		{ apt-get update >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y \
 		--no-install-recommends $(SLURM_PACKAGES) >/dev/null 2>&1; }; }; } || true
 
-# The suite in two runs: every test but those that need the machine to itself, TEST_WORKERS at a time (pytest-xdist;
-# most tests wait on their jobs, the tests of one module fixture or gallery row stay together: conftest.py), then
-# those one after another (`-m alone`: the quiet gallery's 26 jobs take about 17 GB and both cores; the throttled
-# disk's limits are the host's; the Slurm cluster's daemons run late beside others). Prints the 15 slowest, the time.
-TEST_WORKERS ?= 3
+# The suite in three runs: every test but those that need the machine (or a host-wide limit) to themselves,
+# TEST_WORKERS at a time (pytest-xdist; most tests wait on their jobs, the tests of one module fixture or gallery row
+# stay together: conftest.py); then the quiet gallery (its 31 jobs take about 17 GB and both cores) and the stride's
+# sub-10 ms steps, one after the other; then the Slurm cluster's module beside the throttled disks' (a cluster's
+# daemons that mostly wait, one light job at a time on a loop device: neither starves the other; beside the other
+# tests' jobs Slurm's daemons answered late). Prints the 15 slowest, the time.
+TEST_WORKERS ?= 4
+PAIRED := tests/integration/test_slurm.py tests/integration/test_flush.py
 test: $(STAMP) browser services slurm
 	@start=$$(date +%s); \
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --durations=15; first=$$?; \
-	$(PY) -m pytest -m alone --durations=5; second=$$?; \
+	$(PY) -m pytest -m alone $(PAIRED:%=--ignore=%) --durations=3; second=$$?; \
+	$(PY) -m pytest -n 2 --dist loadgroup $(PAIRED) --durations=5; third=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s"; \
-	[ $$first = 0 ] && [ $$second = 0 ]
+	[ $$first = 0 ] && [ $$second = 0 ] && [ $$third = 0 ]
 
 # The unit tests alone: pure logic on golden and generated bundles, no torch import, no job started (under a minute).
 test-fast: $(STAMP)

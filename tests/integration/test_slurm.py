@@ -29,8 +29,9 @@ from tests.integration.test_multinode import events, finish, manifest, report
 from tests.ports import free_port
 from tests.slurm_cluster import slurm_version
 
-# one Slurm cluster of its own for the module; and alone: beside the other tests' jobs its daemons answered late (a
-# time limit's cause `unknown`) and a collection's py-spy ran past its 5 s (a verdict `ok`), in two of three runs
+# one Slurm cluster of its own for the module; and apart from the other tests' jobs (`make test` runs it beside the
+# throttled disks of test_flush.py alone: one light job at a time): beside them its daemons answered late (a time
+# limit's cause `unknown`) and a collection's py-spy ran past its 5 s (a verdict `ok`), in two of three runs
 pytestmark = [pytest.mark.alone, pytest.mark.xdist_group("slurm")]
 TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
 EXAMPLE = ROOT / "scripts" / "slurm_example.sbatch"
