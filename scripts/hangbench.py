@@ -86,8 +86,11 @@ def _scenario(name: str, truth: str, step_at: int = STEP_AT, row: Optional[str] 
                list(verdict.get("suspect_ranks") or []), shape, env)  # fmt: skip
 
 
-def _quiet(case: str, truth: str, category: Optional[str] = None) -> Row:
-    return Row(case, [str(QUIET), case], 2, truth, category, [0] if truth != "healthy" else [], "ddp")
+def _quiet(case: str, truth: str, category: Optional[str] = None, pause_s: Optional[float] = None) -> Row:
+    """A quiet-gallery case: rank 0's pause (75 s unless `pause_s`), healthy or (the cases that are not quiet) its
+    hang."""
+    env = {"BB_PAUSE_S": f"{pause_s:g}"} if pause_s is not None else {}
+    return Row(case, [str(QUIET), case], 2, truth, category, [0] if truth != "healthy" else [], "ddp", env)
 
 
 def _pace(name: str) -> Row:
@@ -103,6 +106,10 @@ def rows(two_hosts: Optional[bool] = None) -> list[Row]:
     crashes = ["ddp-raise", "ddp-oom", "ddp-segv", "ddp-sigkill", "ddp-exit-early"]
     out = [_scenario(n, "hang") for n in hangs] + [_scenario(n, "crash") for n in crashes]
     out.append(_scenario("ddp-data-hang", "hang", 3, "ddp-data-hang-step3"))  # before auto's 5 steps
+    # the whole life: the very first batch (the others wait in the first collective), with a DataLoader and without
+    out.append(_scenario("ddp-data-hang", "hang", 0, "ddp-data-hang-step0"))
+    out.append(_scenario("ddp-memmap-hang", "hang", 1, "memmap-hang-step1"))
+    out += [_quiet(c, "hang", "hang.io") for c in ("final-barrier", "exit-read")]  # after training, at the end
     out += [_quiet(c, "hang", "hang.io") for c in ("stuck", "ema-hang", "woken-read")]
     out += [_quiet(c, "hang", "hang.poll") for c in ("stale-lock", "marker", "store-poll")]  # a poll loop's wait
     out.append(_quiet("thread-deadlock", "hang"))  # no category of blackbox's is the truth
@@ -110,6 +117,10 @@ def rows(two_hosts: Optional[bool] = None) -> list[Row]:
                                            "captured", "workers", "upload", "pool", "oversubscribed", "polled-tool",
                                            "polled-upload", "scoring", "stream")]  # fmt: skip
     out += [_pace(n) for n in ("steady", "data-straggler", "compute-straggler")]
+    # the whole life, healthy: 150 s of preparation before the group, a retry's 50 s backoff, 50 s in one GIL-held
+    # native call, an upload from a non-daemon thread as the interpreter exits
+    out += [_quiet("prep", "healthy", pause_s=150), _quiet("backoff", "healthy", pause_s=50),
+            _quiet("gil-native", "healthy", pause_s=50), _quiet("exit-upload", "healthy")]  # fmt: skip
     # root: two hosts whose link goes down at step 8; the truth as node 0 (the master's) sees it: the rank beyond it
     if netns.available() if two_hosts is None else two_hosts:
         out.append(Row("partition", [str(TRAIN), "steady", "0", "ddp"], 1, "hang", "hang.network", [1], "ddp",

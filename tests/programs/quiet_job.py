@@ -27,8 +27,14 @@ rank 0 sleeps the pause (with a short --stall-timeout, a stall whose rank moves 
 collected). For tests/integration/test_flush.py: flush (a checkpoint fsynced while a throttled disk takes it) and
 dirty (a hang: a checkpoint written through the page cache to a disk that takes nothing). For the hang
 benchmark (scripts/hangbench.py): pool (scoring in a multiprocessing.Pool for the pause, every CPU busy),
-oversubscribed (evaluation while two burning processes take the CPUs), and thread-deadlock (a hang: the main thread
-and a thread of its own each wait for the other's lock)."""
+oversubscribed (evaluation while two burning processes take the CPUs), thread-deadlock (a hang: the main thread
+and a thread of its own each wait for the other's lock), and the whole life of a rank: prep (rank 0 prepares in
+pure Python for the pause before it joins the group, rank 1 waits in rendezvous), backoff (rank 0 sleeps the pause
+on a retry's doubling timer), gil-native (rank 0 holds the GIL in one native call for the pause), exit-upload
+(training is over: a non-daemon thread of rank 0 uploads to a slow peer for the pause while its interpreter
+exits; rank 1 has exited) — healthy — and two hangs at the end: exit-read (a non-daemon thread of rank 0 reads a
+pipe nobody writes: it cannot exit) and final-barrier (rank 0 writes its final metrics to a pipe nobody reads while
+rank 1 waits in the final barrier)."""
 
 import contextlib
 import gc
@@ -51,6 +57,7 @@ CASE = sys.argv[1]
 PAUSE_S = float(os.environ.get("BB_PAUSE_S", "75"))
 STEPS_BEFORE = 8  # past `auto`'s 5 steps: its 60 s timeout is in force when the pause comes
 CHUNK = 1 << 16
+AT_END = ("exit-upload", "exit-read", "final-barrier")  # cases whose pause comes after the training loop
 WORK = tempfile.mkdtemp(prefix="bb-quiet-")
 
 READER = """
@@ -279,19 +286,25 @@ def upload(deadline: float, poll: bool = False) -> None:
     os.mkfifo(fifo)
     reader = subprocess.Popen([sys.executable, "-c", READER, fifo, "0.1"])
 
-    def parts() -> int:
-        sent = 0
-        with open(fifo, "wb", buffering=0) as f:
-            while time.monotonic() < deadline:
-                sent += f.write(bytes(CHUNK))
-        return sent // CHUNK
-
     with ThreadPoolExecutor(1) as pool:
-        future = pool.submit(parts)
+        future = pool.submit(upload_parts, deadline, fifo, reader)
         while poll and not future.done():
             time.sleep(0.5)
         print(f"rank 0: uploaded {future.result()} parts", flush=True)
+
+
+def upload_parts(deadline: float, fifo: str = "", reader: "subprocess.Popen[bytes] | None" = None) -> int:
+    """Part after part to a slow peer (a pipe drained by another process, 64 KiB at a time) until `deadline`."""
+    if reader is None:
+        fifo = os.path.join(WORK, "upload-at-exit")
+        os.mkfifo(fifo)
+        reader = subprocess.Popen([sys.executable, "-c", READER, fifo, "0.1"])
+    sent = 0
+    with open(fifo, "wb", buffering=0) as f:
+        while time.monotonic() < deadline:
+            sent += f.write(bytes(CHUNK))
     reader.wait()
+    return sent // CHUNK
 
 
 def ema_hang(deadline: float, model: torch.nn.Module) -> None:
@@ -438,7 +451,66 @@ def compiling(seconds: float) -> None:
         graph = {n: graph[n] for n in order[:100]}
 
 
+def prep() -> None:
+    """Before the group: rank 0 prepares (tokenizing, indexing) in pure Python for the pause; the others wait in
+    rendezvous for it."""
+    if os.environ.get("RANK") == "0":
+        print("rank 0: pausing (prep)", flush=True)
+        started = time.monotonic()
+        compiling(PAUSE_S)
+        print(f"rank 0: paused {time.monotonic() - started:.1f} s (prep)", flush=True)
+
+
+def backoff(deadline: float) -> None:
+    """A retry's backoff: asleep on a doubling timer (a rate-limited service), nothing else to do meanwhile."""
+    delay = 2.0
+    while time.monotonic() < deadline:
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay *= 2
+
+
+def gil_native(deadline: float) -> None:
+    """One native call that holds the GIL for the pause (a C extension that never releases it)."""
+    import ctypes
+
+    ctypes.PyDLL(None).sleep(max(1, int(deadline - time.monotonic())))
+
+
+def at_exit(rank: int) -> None:
+    """The end of the job's life, after its group is gone: a non-daemon thread the interpreter waits for as it
+    exits (exit-upload: a slow upload that moves; exit-read: a read of a pipe nobody writes)."""
+    import threading
+
+    if rank != 0 or CASE not in ("exit-upload", "exit-read"):
+        return
+    print(f"rank 0: pausing ({CASE})", flush=True)
+    deadline = time.monotonic() + PAUSE_S
+    if CASE == "exit-upload":
+        threading.Thread(target=upload_parts, args=(deadline,), name="ckpt-upload").start()
+        return
+    fifo = os.path.join(WORK, "log-pipe")
+    os.mkfifo(fifo)
+
+    def ship() -> None:
+        with open(fifo, "rb") as f:  # no writer will ever come
+            f.read()
+
+    threading.Thread(target=ship, name="log-shipper").start()
+
+
+def final_metrics(rank: int) -> None:
+    """final-barrier: rank 0 writes its final metrics to a pipe nobody reads (a dead mount), before the barrier."""
+    if rank == 0 and CASE == "final-barrier":
+        print("rank 0: pausing (final-barrier)", flush=True)
+        fifo = os.path.join(WORK, "metrics.json")
+        os.mkfifo(fifo)
+        with open(fifo, "w") as f:  # opening a FIFO for writing blocks until a reader comes
+            f.write("{}")
+
+
 def main() -> None:
+    if CASE == "prep":
+        prep()
     # BB_PG_TIMEOUT_S: the timeout a team sets in its own init_process_group (the hang benchmark's PyTorch contender)
     pg_timeout = os.environ.get("BB_PG_TIMEOUT_S")
     dist.init_process_group("gloo", **({"timeout": timedelta(seconds=float(pg_timeout))} if pg_timeout else {}))
@@ -459,7 +531,7 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if step == STEPS_BEFORE and CASE != "compile":
+        if step == STEPS_BEFORE and CASE not in ("compile", "prep", *AT_END):
             if rank == 0:
                 print(f"rank 0: pausing ({CASE})", flush=True)  # the pause's onset, for the hang benchmark
                 started = time.monotonic()
@@ -489,6 +561,8 @@ def main() -> None:
                     "flush": flush,
                     "dirty": dirty,
                     "oversubscribed": oversubscribed,
+                    "backoff": backoff,
+                    "gil-native": gil_native,
                 }
                 if CASE in work:
                     work[CASE](deadline)
@@ -496,9 +570,12 @@ def main() -> None:
                     {"loader": loader, "dcp": dcp, "ema-hang": ema_hang}[CASE](deadline, model)
                 print(f"rank 0: paused {time.monotonic() - started:.1f} s ({CASE})", flush=True)
             dist.barrier()  # rank 1 waits here for rank 0 the whole pause
+    final_metrics(rank)
     print(f"rank {rank}: done", flush=True)
+    dist.barrier()  # the final barrier
     dist.destroy_process_group()
     gc.collect()  # torch 2.13: a gloo group freed during finalization can abort the process
+    at_exit(rank)
 
 
 if __name__ == "__main__":
