@@ -65,9 +65,8 @@ def dump(pid: int, *, native: bool = False, locals: bool = False, timeout: float
     except OSError as exc:
         return PySpyResult(pid, None, f"py-spy could not be run: {exc.strerror}")
     if out.returncode != 0:
-        message = (out.stderr or out.stdout).strip().splitlines()
-        text = message[-1] if message else f"exit code {out.returncode}"
-        if "ermission" in text or "ptrace" in text.lower():
+        text = failure(out.stderr or out.stdout) or f"exit code {out.returncode}"
+        if any(word in text.lower() for word in ("permission", "not permitted", "ptrace")):
             text = f"{text} ({PTRACE_HINT})"
         return PySpyResult(pid, None, f"py-spy failed: {text}")
     try:
@@ -75,6 +74,25 @@ def dump(pid: int, *, native: bool = False, locals: bool = False, timeout: float
     except ValueError:
         return PySpyResult(pid, None, "py-spy printed something that is not JSON")
     return PySpyResult(pid, threads if isinstance(threads, list) else None, None)
+
+
+REFUSED = "could not be suspended (ptrace refused)"  # said of the processes read without suspending them instead
+
+
+def refused(error: Optional[str]) -> bool:
+    """Whether py-spy failed because ptrace (or reading the process's memory) was refused."""
+    return error is not None and PTRACE_HINT in error
+
+
+def failure(output: str) -> str:
+    """py-spy's failure in one line: its error and the innermost cause ("Failed to … : Permission denied (os error
+    13)"), without the stack backtrace that RUST_BACKTRACE=1 adds."""
+    lines = [line.strip() for line in output.split("Stack backtrace:", 1)[0].strip().splitlines() if line.strip()]
+    error = next((line[len("Error:") :].strip() for line in lines if line.startswith("Error:")), "")
+    causes = [re.sub(r"^\d+: ", "", line) for line in lines if re.match(r"^\d+: ", line)]
+    if error and causes and causes[-1] not in error:
+        return f"{error.rstrip('.')}: {causes[-1]}"
+    return error or (lines[-1] if lines else "")
 
 
 def threads(data: Any) -> list[ThreadStack]:

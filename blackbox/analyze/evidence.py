@@ -24,6 +24,7 @@ def findings(bundle: Bundle, evidence: list[RankEvidence], suspects: list[int]) 
     lacking = [e for e in evidence if not e.complete]
     out = [Finding("observed", f"evidence: {len(evidence) - len(lacking)}/{len(evidence)} rank(s) with a stack and "
                    "their place in the collectives", "manifest.json: collection.unanswered, ranks/*")]  # fmt: skip
+    out += _unread(bundle)
     for e in lacking[:LISTED]:
         out.append(Finding("observed", f"rank {e.rank}'s evidence: {describe(e)}", L.rank_member(e.rank, "")))
     if len(lacking) > LISTED:
@@ -35,6 +36,23 @@ def findings(bundle: Bundle, evidence: list[RankEvidence], suspects: list[int]) 
             if line:
                 out.append(Finding("observed", f"rank {e.rank}'s own record (its ring): {line}",
                                    L.rank_member(e.rank, L.HEARTBEAT)))  # fmt: skip
+    return out
+
+
+def _unread(bundle: Bundle) -> list[Finding]:
+    """Why py-spy took no stack, or not every one, or took them without suspending the ranks, where the collection
+    says so (no ptrace in a pod, a seccomp profile, py-spy missing): the ranks' own dumps are then what is sure."""
+    steps = bundle.manifest.get("steps")
+    spy = [s for s in steps if isinstance(s, dict) and s.get("name") == "py-spy"] if isinstance(steps, list) else []
+    out = []
+    for step in spy[:1]:
+        detail = str(step.get("detail"))[:400]
+        if step.get("status") in ("failed", "partial"):
+            taken = "not taken" if step["status"] == "failed" else "taken in part"
+            out.append(Finding("observed", f"stacks from outside (py-spy) {taken}: {detail}", f"{L.MANIFEST}: steps"))
+        elif "(ptrace refused)" in detail:
+            out.append(Finding("observed", f"stacks from outside (py-spy) read without suspending the ranks: "
+                               f"{detail}", f"{L.MANIFEST}: steps"))  # fmt: skip
     return out
 
 

@@ -256,11 +256,18 @@ class Collector:
             nonlocal done
             if time.monotonic() >= deadline:
                 return pyspy.PySpyResult(p.pid, None, "not started: the collection budget was spent")
-            held = p.unsuspendable is not None  # read without suspending it: it cannot be suspended (soon)
+            held = p.unsuspendable  # read without suspending it: it cannot be suspended (soon)
+            left = self._left(deadline, per_process)
             result = pyspy.dump(p.pid, native=self.options.native and not held, locals=self.options.locals,
-                                timeout=self._left(deadline, per_process), exe=exe, nonblocking=held)  # fmt: skip
-            if held:
-                still.setdefault(str(p.unsuspendable), []).append(p.pid)
+                                timeout=left, exe=exe, nonblocking=held is not None)  # fmt: skip
+            if held is None and pyspy.refused(result.error) and time.monotonic() < deadline:
+                # ptrace refused (no CAP_SYS_PTRACE in a pod, a seccomp profile, Yama): its memory may still be
+                # readable (/proc/PID/mem), without suspending it
+                held = pyspy.REFUSED
+                result = pyspy.dump(p.pid, locals=self.options.locals, timeout=self._left(deadline, per_process),
+                                    exe=exe, nonblocking=True)  # fmt: skip
+            if held is not None:
+                still.setdefault(str(held), []).append(p.pid)
             done += 1
             self.progress(f"py-spy stacks: {done}/{len(procs)} process(es)")
             return result

@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from .._recorder import protocol as P
+from ..adapters.pyspy import PTRACE_HINT, REFUSED
 from ..alerts import Alerts
 from ..analyze.model import Report
 from ..bundle.writer import Written
@@ -98,7 +99,9 @@ class Evidence:
                                      native=cfg.pyspy_native, locals=cfg.pyspy_locals, job_ends=job_ends)  # fmt: skip
             collector = Collector(job, self.watch.table, self.console or ctx.console, options)
             out = os.path.join(ctx.run_dir, P.BUNDLES_DIR)
-            return collector.collect(trigger, detection, ctx.events, out).written
+            written = collector.collect(trigger, detection, ctx.events, out).written
+            self._say_unread(written.manifest)
+            return written
         except Exception as exc:
             full = disk_full(exc, os.path.join(ctx.run_dir, P.BUNDLES_DIR))
             if full is None:
@@ -109,6 +112,17 @@ class Evidence:
             return None
         finally:
             self.watch.io.rebase()  # the dump signal made the ranks write their stacks: not the job's own I/O
+
+    def _say_unread(self, manifest: dict[str, Any]) -> None:
+        """Once a run, where py-spy may not suspend the ranks (no CAP_SYS_PTRACE in a pod, a seccomp profile, Yama):
+        it reads them without suspending them where their memory is readable, and their own dumps are bundled."""
+        steps = manifest.get("steps")
+        details = [str(s.get("detail")) for s in steps or [] if s.get("name") == "py-spy"]
+        if any(PTRACE_HINT in d or REFUSED in d for d in details):
+            self.ctx.say_once("collect:ptrace", "py-spy may not suspend the ranks here (ptrace refused): it reads "
+                              "them without suspending them where it may (no native frames), and their own dumps (a "
+                              "dump request, or faulthandler on the dump signal) are in the bundle too. "
+                              f"{PTRACE_HINT}.")  # fmt: skip
 
     def take_in(self, written: Written, trigger: Trigger, alert: bool) -> Optional[Report]:
         """What follows a bundle, on the bundle in memory: the report's one-screen verdict under the bundle path, the
