@@ -23,6 +23,7 @@ from .process import JobProcess
 from .rules import FatalLines, RankView, Rules
 
 CRASH_WINDOW_S = 60.0  # after a crash was collected, further deaths within this window are the same episode
+OTHERS_EXTRA_S = 3.0  # past the dump timeout: how long a multi-node job's other nodes get to collect before it ends
 CONFIRM_S = 2.0  # a stall's ranks are watched this long (two polls at least) once more before it counts
 CONFIRMED = ("stall", "frozen")  # the hangs so confirmed (the busy rule's ranks move by definition)
 _WHAT = {"stall": "stall", "frozen": "frozen rank", "busy": "busy rank (no step)", "gpu_idle": "GPU idle"}
@@ -148,11 +149,29 @@ class Episodes:
         self.ended_after_stall = True
         if self.on_stall_end is not None:
             self.on_stall_end()
+        self._let_other_nodes_collect()
         code = EXIT_ENDED_AFTER_TRAINING if self.after_training else EXIT_STALL_ENDED
         self.process.end_job(
             f"{what}, {flag} kill; exit code will be {code}"
             + (" (training had finished: not to be run again)" if self.after_training else "")
         )
+
+    def _let_other_nodes_collect(self) -> None:
+        """Before this node ends its part of a multi-node job, the other nodes get the time to take their own
+        evidence of the incident (they began as it was posted): ended at once, this node's ranks close their
+        sockets under the others' collection, and a waiting rank of theirs raises "connection closed" — the bundle
+        then holds that teardown, not the hang. Their collection waits at most the dump timeout for their ranks'
+        answers; no node says when it is done, so this node waits that long, and a little more, once."""
+        coord, others = self.coord, (self.topology.nnodes - 1 if self.topology is not None else 0)
+        if coord is None or coord.status != "connected" or others < 1:
+            return
+        wait = min(self.ctx.cfg.dump_timeout + OTHERS_EXTRA_S, self.ctx.cfg.collect_budget)
+        self.ctx.event("await_other_nodes", seconds=wait, nodes=others)
+        self.ctx.say(f"waiting {wait:g} s for the other {others} node(s) to take their evidence before ending the "
+                     "job")  # fmt: skip
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and self.process.running:
+            time.sleep(0.1)
 
     def _interrupt_in(self, d: Detection) -> bool:
         """Whether the ranks of a detection ended by an interrupt (Ctrl-C at the terminal reaches every process
