@@ -21,11 +21,15 @@ and the first line a user reads. One JSON file and a Markdown table.
     python scripts/hangbench.py [--jobs 6] [--out docs/hangbench.json] [--rows a,b] [--contenders blackbox,...]
     python scripts/hangbench.py --quick --check docs/hangbench.json   # CI: blackbox on a subset, no regression
 
-Imports the stdlib and scripts/netns.py only (blackbox and torch run in the jobs' processes)."""
+The upload rows put a checkpoint into an S3 server the benchmark starts (SeaweedFS, scripts/s3local.py) through a
+slow link; the late-node row starts its second host 120 s after the first.
+
+Imports the stdlib, scripts/netns.py and scripts/s3local.py only (blackbox and torch run in the jobs' processes)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -47,9 +51,12 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import netns  # noqa: E402  (beside this file)
+import s3local  # noqa: E402  (beside this file)
 
 TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
 QUIET = ROOT / "tests" / "programs" / "quiet_job.py"
+UPLOAD = ROOT / "tests" / "programs" / "upload_job.py"
+UPLOAD_RATE = 400_000  # bytes a second through the upload rows' slow link: 30 MiB take about 80 s
 SCENARIOS = json.loads((ROOT / "scripts" / "scenarios" / "scenarios.json").read_text())
 BIN = Path(sys.executable).parent
 TORCHRUN = str(BIN / "torchrun") if (BIN / "torchrun").exists() else "torchrun"
@@ -72,6 +79,9 @@ class Row:
     shape: str  # plain, ddp, fsdp
     env: dict[str, str] = field(default_factory=dict)
     hosts: int = 1  # 2: two hosts in network namespaces, one rank each, the link cut at the job's mark
+    late_s: float = 0.0  # a two-host row: node 1 starts this long after node 0 (a node the scheduler placed late)
+    link_rate: Optional[int] = None  # the job uploads to the benchmark's S3 server through a link of this many
+    # bytes a second (0: a peer that takes nothing)
 
 
 def _scenario(name: str, truth: str, step_at: int = STEP_AT, row: Optional[str] = None) -> Row:
@@ -91,6 +101,13 @@ def _quiet(case: str, truth: str, category: Optional[str] = None, pause_s: Optio
     hang."""
     env = {"BB_PAUSE_S": f"{pause_s:g}"} if pause_s is not None else {}
     return Row(case, [str(QUIET), case], 2, truth, category, [0] if truth != "healthy" else [], "ddp", env)
+
+
+def _upload(name: str, mode: str, truth: str, rate: int) -> Row:
+    """tests/programs/upload_job.py: rank 0 puts a checkpoint into the benchmark's S3 server while rank 1 waits."""
+    fault = truth != "healthy"
+    return Row(name, [str(UPLOAD), mode], 2, truth, "hang.io" if fault else None, [0] if fault else [], "ddp",
+               {"BB_UPLOAD_BYTES": str(30 << 20)}, link_rate=rate)  # fmt: skip
 
 
 def _pace(name: str) -> Row:
@@ -117,6 +134,11 @@ def rows(two_hosts: Optional[bool] = None) -> list[Row]:
                                            "captured", "workers", "upload", "pool", "oversubscribed", "polled-tool",
                                            "polled-upload", "scoring", "stream")]  # fmt: skip
     out += [_pace(n) for n in ("steady", "data-straggler", "compute-straggler")]
+    # a 30 MiB checkpoint put into S3 over plain HTTP (s3fs, botocore: bytes sent with send(), which /proc/PID/io does
+    # not count) through a 400 kB/s link, from a thread the main thread waits for and from a non-daemon thread at exit;
+    # and to a peer that takes nothing
+    out += [_upload("s3-upload", "thread", "healthy", UPLOAD_RATE), _upload("s3-upload-exit", "exit", "healthy",
+            UPLOAD_RATE), _upload("s3-upload-dead", "thread", "hang", 0)]  # fmt: skip
     # the whole life, healthy: 150 s of preparation before the group, a retry's 50 s backoff, 50 s in one GIL-held
     # native call, an upload from a non-daemon thread as the interpreter exits
     out += [_quiet("prep", "healthy", pause_s=150), _quiet("backoff", "healthy", pause_s=50),
@@ -125,6 +147,9 @@ def rows(two_hosts: Optional[bool] = None) -> list[Row]:
     if netns.available() if two_hosts is None else two_hosts:
         out.append(Row("partition", [str(TRAIN), "steady", "0", "ddp"], 1, "hang", "hang.network", [1], "ddp",
                        {"BB_STEP_AT": str(STEP_AT), "BB_MARK": "1", "BB_STEPS": "5000"}, hosts=2))  # fmt: skip
+        # healthy: the second node starts 120 s after the first, whose launcher waits for it in its own rendezvous
+        out.append(Row("late-node", [str(TRAIN), "steady", "0", "ddp"], 1, "healthy", None, [], "ddp",
+                       {"BB_STEPS": "200"}, hosts=2, late_s=120))  # fmt: skip
     return out
 
 
@@ -166,10 +191,13 @@ class Lines:
         return next(((t, s) for t, s in self.lines if after <= t <= until and pattern.search(s)), None)
 
 
-def _env(row: Row, contender: str, work: Path) -> dict[str, str]:
+def _env(row: Row, contender: str, work: Path, link: Optional[s3local.Link] = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "TORCH_FR_", "TORCH_NCCL_", "BB_"))}
     env.pop("PYTHONPATH", None)
     env.update(OMP_NUM_THREADS="1", TMPDIR=str(work), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", **row.env)
+    if link is not None and S3 is not None:  # the upload rows: the server's user, through the row's own link
+        env.update(S3.env(AWS_ENDPOINT_URL=f"http://127.0.0.1:{link.port}"), BB_UPLOAD_KEY=f"{s3local.BUCKET}/"
+                   f"{work.name}/ckpt.pt")  # fmt: skip
     if contender == "pytorch":
         (work / "fr").mkdir()
         env.update(BB_PG_TIMEOUT_S=str(PG_TIMEOUT_S), TORCH_FR_BUFFER_SIZE="2000", TORCH_NCCL_DUMP_ON_TIMEOUT="1",
@@ -193,7 +221,12 @@ def run_one(row: Row, contender: str, scratch: Path) -> Outcome:
     os.chmod(work, 0o1777)  # read-failure's loader drops root
     start = time.monotonic()
     run = _two_hosts if row.hosts == 2 else _one_host
-    code, end, out, err, onset = run(row, contender, work)
+    link = s3local.Link(_s3_address(), row.link_rate) if row.link_rate is not None else None
+    try:
+        code, end, out, err, onset = run(row, contender, work, link)
+    finally:
+        if link is not None:
+            link.close()
     judge = _blackbox if contender == "blackbox" else _torch
     o = judge(row, contender, work, err, code, end, onset)
     o.wall_s = round(end - start, 1)
@@ -203,10 +236,18 @@ def run_one(row: Row, contender: str, scratch: Path) -> Outcome:
 
 
 Ran = tuple[Optional[int], float, "Lines", "Lines", Optional[float]]  # exit code, end, stdout, stderr, onset
+S3: Optional[s3local.S3Server] = None  # the upload rows' server, one for the run (main)
 
 
-def _one_host(row: Row, contender: str, work: Path) -> Ran:
-    proc = subprocess.Popen(_command(row, contender, work), cwd=work, env=_env(row, contender, work),
+def _s3_address() -> tuple[str, int]:
+    if S3 is None:
+        raise RuntimeError("the upload rows need the benchmark's S3 server (SeaweedFS)")
+    host, port = S3.endpoint.rsplit("/", 1)[-1].split(":")
+    return host, int(port)
+
+
+def _one_host(row: Row, contender: str, work: Path, link: Optional[s3local.Link] = None) -> Ran:
+    proc = subprocess.Popen(_command(row, contender, work), cwd=work, env=_env(row, contender, work, link),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
     out, err = Lines(proc.stdout), Lines(proc.stderr)
     try:
@@ -221,9 +262,10 @@ def _one_host(row: Row, contender: str, work: Path) -> Ran:
     return code, end, out, err, hit[0] if hit else None
 
 
-def _two_hosts(row: Row, contender: str, work: Path) -> Ran:
-    """Node 0 and node 1 on hosts of their own (network namespaces); at node 0's mark the link between them goes
-    down (the onset). Judged on node 0, where the master lives: what its tool says, when."""
+def _two_hosts(row: Row, contender: str, work: Path, link: Optional[s3local.Link] = None) -> Ran:
+    """Node 0 and node 1 on hosts of their own (network namespaces), node 1 `row.late_s` after node 0; at node 0's
+    mark the link between them goes down (the onset). Judged on node 0, where the master lives: what its tool says,
+    when."""
     with netns.two_hosts() as (ns, addrs):
         hosts = work / "hosts"
         hosts.write_text(f"127.0.0.1 localhost\n{addrs[0]} bbhost0\n{addrs[1]} bbhost1\n")
@@ -233,8 +275,12 @@ def _two_hosts(row: Row, contender: str, work: Path) -> Ran:
         port = random.randrange(20000, 29000)  # in namespaces of this row's own: nothing else binds there
         argv = [netns.on_host(ns[n], f"bbhost{n}", _command(row, contender, work, (n, addrs[0], port)), str(hosts))
                 for n in (0, 1)]  # fmt: skip
-        procs = [subprocess.Popen(a, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  start_new_session=True) for a in argv]  # fmt: skip
+        procs = []
+        for n, a in enumerate(argv):
+            if n and row.late_s:
+                time.sleep(row.late_s)
+            procs.append(subprocess.Popen(a, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          start_new_session=True))  # fmt: skip
         streams = [(Lines(p.stdout), Lines(p.stderr)) for p in procs]
         onset: list[float] = []
         cutter = threading.Thread(target=_cut_at_mark, args=(procs[0], streams[0][0], ns[1], onset), daemon=True)
@@ -461,16 +507,12 @@ def main(argv: list[str]) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="bb-hangbench-"))
     os.chmod(scratch, 0o1777)
     started = time.monotonic()
+    global S3
     try:
-        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            futures = [pool.submit(run_one, r, c, scratch) for r, c in runs]
-            outcomes = []
-            for f in futures:
-                o = f.result()
-                outcomes.append(o)
-                print(f"hangbench: {o.row:22} {o.contender:9} {'detected' if o.detected else 'quiet':8} "
-                      f"{o.latency_s if o.latency_s is not None else '-':>6} {o.suspects} {o.category or ''} "
-                      f"({o.wall_s:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+        with contextlib.ExitStack() as stack:
+            if any(r.link_rate is not None for r in chosen):
+                S3 = stack.enter_context(s3local.server(scratch / "s3", s3local.any_port))
+            outcomes = _run_all(runs, scratch, args.jobs)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result = {
@@ -493,6 +535,20 @@ def main(argv: list[str]) -> int:
             print(f"hangbench: REGRESSION: {p}", file=sys.stderr)
         return 1 if problems else 0
     return 0
+
+
+def _run_all(runs: list[tuple[Row, str]], scratch: Path, jobs: int) -> list[Outcome]:
+    """Every (row, contender), `jobs` side by side; each outcome said as it comes."""
+    outcomes = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(run_one, r, c, scratch) for r, c in runs]
+        for f in futures:
+            o = f.result()
+            outcomes.append(o)
+            print(f"hangbench: {o.row:22} {o.contender:9} {'detected' if o.detected else 'quiet':8} "
+                  f"{o.latency_s if o.latency_s is not None else '-':>6} {o.suspects} {o.category or ''} "
+                  f"({o.wall_s:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+    return outcomes
 
 
 def _versions() -> dict[str, str]:

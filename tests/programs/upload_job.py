@@ -39,6 +39,7 @@ def upload() -> None:
     """With s3fs (an asyncio loop of its own, as the main thread waits for it)."""
     # s3fs gives up on an answer after 15 s, counted while the body is still being sent: a slow link needs longer
     fs = s3fs.S3FileSystem(skip_instance_cache=True, config_kwargs={"read_timeout": 300})
+    print(f"rank {rank}: pausing to upload {SIZE} bytes", flush=True)  # (the hang benchmark's onset)
     started = time.monotonic()
     fs.pipe(KEY, os.urandom(SIZE))
     print(f"rank {rank}: uploaded {SIZE} bytes in {time.monotonic() - started:.0f} s", flush=True)
@@ -51,6 +52,7 @@ def upload_at_exit() -> None:
 
     client = botocore.session.get_session().create_client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"])
     bucket, key = KEY.split("/", 1)
+    print(f"rank {rank}: pausing to upload {SIZE} bytes", flush=True)  # (the hang benchmark's onset)
     started = time.monotonic()
     client.put_object(Bucket=bucket, Key=key, Body=os.urandom(SIZE))
     print(f"rank {rank}: uploaded {SIZE} bytes in {time.monotonic() - started:.0f} s", flush=True)
