@@ -162,8 +162,11 @@ class Episodes:
         sockets under the others' collection, and a waiting rank of theirs raises "connection closed" — the bundle
         then holds that teardown, not the hang. Their collection waits at most the dump timeout for their ranks'
         answers; no node says when it is done, so this node waits that long, and a little more, once."""
-        coord, others = self.coord, (self.topology.nnodes - 1 if self.topology is not None else 0)
-        if coord is None or coord.status != "connected" or others < 1:
+        coord, nodes = self.coord, (self.topology.nnodes if self.topology is not None else 1)
+        if coord is None or coord.status != "connected":
+            return
+        others = nodes - 1 - len(coord.silent)  # a silent node (its supervisor gone, its host cut off) takes nothing
+        if others < 1:
             return
         wait = min(self.ctx.cfg.dump_timeout + OTHERS_EXTRA_S, self.ctx.cfg.collect_budget)
         self.ctx.event("await_other_nodes", seconds=wait, nodes=others)
