@@ -106,6 +106,10 @@ def test_a_stall_on_one_node_is_collected_on_both(tmp_path: Path) -> None:
     rows = {r["rank"]: r for r in merged["ranks"]}
     assert sorted(rows) == [0, 1, 2, 3]
     assert rows[3]["node"].endswith("node1") and rows[0]["node"].endswith("node0"), rows
+    # each node waited for the other's evidence before ending its part: no rank raised the teardown's "connection
+    # closed" into either bundle
+    assert all("waiting 8 s for the other 1 node(s) to take their evidence" in err for _, err in results), results
+    assert not [r for r in merged["ranks"] if r["state"] == "exception"], merged["ranks"]
     # one node's bundle alone names the node that is missing
     alone = " ".join(f["text"] for f in report(bundles[0][0])["findings"])
     assert "node(s) 1 of 2 have no bundle among those given" in alone and "ranks 2-3 of 4" in alone, alone
