@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import s3fs
 import torch
@@ -23,7 +24,9 @@ STEPS = int(os.environ.get("BB_STEPS", "6"))
 SIZE = int(os.environ.get("BB_UPLOAD_BYTES", str(6 << 20)))
 KEY = os.environ["BB_UPLOAD_KEY"]
 
-dist.init_process_group("gloo")
+# BB_PG_TIMEOUT_S: the timeout a team sets in its own init_process_group (the hang benchmark's PyTorch contender)
+pg_timeout = os.environ.get("BB_PG_TIMEOUT_S")
+dist.init_process_group("gloo", **({"timeout": timedelta(seconds=float(pg_timeout))} if pg_timeout else {}))
 rank = dist.get_rank()
 model = DistributedDataParallel(torch.nn.Linear(16, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
