@@ -26,6 +26,7 @@ class PySpyResult:
     pid: int
     threads: Optional[list[dict[str, Any]]]  # py-spy's JSON: [{thread_id, thread_name, owns_gil, frames: [...]}]
     error: Optional[str]  # one sentence, with the fix where there is one
+    refused: bool = False  # ptrace (or reading the process's memory) was refused: no CAP_SYS_PTRACE, seccomp, Yama
 
 
 ENV_PYSPY = "BLACKBOX_PYSPY"  # the py-spy executable to use
@@ -66,9 +67,8 @@ def dump(pid: int, *, native: bool = False, locals: bool = False, timeout: float
         return PySpyResult(pid, None, f"py-spy could not be run: {exc.strerror}")
     if out.returncode != 0:
         text = failure(out.stderr or out.stdout) or f"exit code {out.returncode}"
-        if any(word in text.lower() for word in ("permission", "not permitted", "ptrace")):
-            text = f"{text} ({PTRACE_HINT})"
-        return PySpyResult(pid, None, f"py-spy failed: {text}")
+        refused = any(word in text.lower() for word in ("permission", "not permitted", "ptrace"))
+        return PySpyResult(pid, None, f"py-spy failed: {text}" + (f" ({PTRACE_HINT})" if refused else ""), refused)
     try:
         threads = json.loads(out.stdout)
     except ValueError:
@@ -77,11 +77,6 @@ def dump(pid: int, *, native: bool = False, locals: bool = False, timeout: float
 
 
 REFUSED = "could not be suspended (ptrace refused)"  # said of the processes read without suspending them instead
-
-
-def refused(error: Optional[str]) -> bool:
-    """Whether py-spy failed because ptrace (or reading the process's memory) was refused."""
-    return error is not None and PTRACE_HINT in error
 
 
 def failure(output: str) -> str:

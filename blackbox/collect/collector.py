@@ -260,7 +260,7 @@ class Collector:
             left = self._left(deadline, per_process)
             result = pyspy.dump(p.pid, native=self.options.native and not held, locals=self.options.locals,
                                 timeout=left, exe=exe, nonblocking=held is not None)  # fmt: skip
-            if held is None and pyspy.refused(result.error) and time.monotonic() < deadline:
+            if held is None and result.refused and time.monotonic() < deadline:
                 # ptrace refused (no CAP_SYS_PTRACE in a pod, a seccomp profile, Yama): its memory may still be
                 # readable (/proc/PID/mem), without suspending it
                 held = pyspy.REFUSED
