@@ -261,6 +261,17 @@ class JobProcess:
                 if pid not in mine:
                     procfs.signal_if_same(pid, ticks, signal.SIGTERM)
 
+    def follow_node_ending(self) -> None:
+        """The task that watched this node ended the job after a stall, took its evidence and handed the watch over
+        (Slurm, one supervisor per node): this task's ranks dying now are that ending, not a new incident, and one
+        still alive after the grace period is killed, as the task that ended the job would have."""
+        if self.ending_since is not None:
+            return
+        self.ending_since = time.monotonic()
+        self.terminating = True
+        self.kill_deadline = self.ending_since + self.ctx.cfg.kill_grace
+        self.ctx.event("end_job", reason="the node's supervisor ended the job after a stall", followed=True)
+
     def kill_when_due(self, now: float) -> None:
         """The grace period after blackbox's SIGTERM is over: SIGKILL to every job process."""
         if self.kill_deadline is not None and now >= self.kill_deadline:

@@ -235,6 +235,8 @@ class Supervisor:
         before = node.before
         ctx.event("watch_taken", task=task.rank, pid=os.getpid(), previous_task=before.get("task"),
                   previous_pid=before.get("pid"), handed_over=not node.took_over_from_dead())  # fmt: skip
+        if node.stall_ended():  # the task before ended the job after a stall: this is its teardown
+            self.process.follow_node_ending()
         if node.took_over_from_dead():
             ctx.say(f"the blackbox supervisor of this node's ranks (task {before.get('task')}, pid "
                     f"{before.get('pid')}) ended without handing over; task {task.rank} (pid {os.getpid()}) "
@@ -589,7 +591,8 @@ class Supervisor:
         if ctx.watching:
             with contextlib.suppress(Exception):
                 self._poll_guarded()  # deaths at the very end still get their record
-        if code != 0 and not ctx.bundles and ctx.watching and not process.interrupted and not process.preempted:
+        asked = process.interrupted or process.preempted or process.ending_since is not None  # an end asked for
+        if code != 0 and not ctx.bundles and ctx.watching and not asked:
             if self.watch.known or self.watch.spawned:
                 self.episodes.collect(Trigger("exit"), None)
             else:  # it started no process (a bad option, say): nothing to collect, its own words say why

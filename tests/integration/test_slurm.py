@@ -338,11 +338,11 @@ def task_env(task: int, port: int, fail_when: Path, **extra: str) -> dict[str, s
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), BB_FAIL_WHEN=str(fail_when), **extra)  # fmt: skip
 
 
-def start_task(tmp: Path, task: int, port: int, run_dir: Path) -> subprocess.Popen[str]:
+def start_task(tmp: Path, task: int, port: int, run_dir: Path, then: str = "") -> subprocess.Popen[str]:
     # srun's task is the process itself: SLURM_TASK_PID is its own pid (exec keeps it)
     cmd = ["bash", "-c", 'export SLURM_TASK_PID=$$; exec "$@"', "task", *BLACKBOX, "run", "--run-dir",
-           str(run_dir), "--stall-timeout", "4", "--poll-interval", "0.5", "--kill-grace", "3", "--", PY,
-           str(TRAIN), "data-hang", "1"]  # fmt: skip
+           str(run_dir), "--stall-timeout", "4", "--poll-interval", "0.5", "--kill-grace", "3", "--",
+           *(["bash", "-c", f'"$0" "$@"; {then}'] if then else []), PY, str(TRAIN), "data-hang", "1"]  # fmt: skip
     return subprocess.Popen(cmd, cwd=tmp, env=task_env(task, port, tmp / "fail-now"), text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
 
@@ -376,3 +376,26 @@ def test_a_killed_node_supervisor_hands_its_watch_to_another_task(tmp_path: Path
     assert rep["verdict"]["category"] == "hang.data_loading" and rep["verdict"]["suspect_ranks"] == [1]
     assert sorted(r["rank"] for r in rep["ranks"]) == [0, 1]  # the dead supervisor's rank was still watched
     tasks[dead].communicate(timeout=10)
+
+
+def test_a_task_still_running_after_the_leaders_ending_takes_the_watch_as_that_ending(tmp_path: Path) -> None:
+    port, run_dir = free_port(), tmp_path / "run"
+    # task 0 leads; task 1 runs its rank from a script that cleans up for 20 s after it: task 0 ends the job (both
+    # ranks die), and hands the watch over to task 1, still running, which finds every rank dead
+    tasks = [start_task(tmp_path, 0, port, run_dir)]
+    wait_for(lambda: holder(run_dir), 60, "task 0 to lead")
+    tasks.append(start_task(tmp_path, 1, port, run_dir, then="sleep 20"))
+    wait_for(lambda: len(named(run_dir, "first_step")) == 2, 90, "both ranks to step")
+    (tmp_path / "fail-now").touch()
+    (code0, err0), (code1, err1) = finish(tasks[0]), finish(tasks[1])
+    assert (code0, code1) == (86, 86), err0[-3000:] + err1[-3000:]
+    taken = named(run_dir, "watch_taken")
+    assert [(e["pid"], e["handed_over"]) for e in taken] == [(tasks[1].pid, True)], taken
+    # what follows is the ending task 0 began: one bundle, no second incident, no words of task 1's own; its
+    # script is ended after the grace period, as task 0 would have ended it
+    bundles = sorted((run_dir / "bundles").glob("*.tar.gz"))
+    assert len(bundles) == 1 and "-stall" in bundles[0].name, err0[-3000:] + err1[-3000:]
+    assert [e.get("followed", False) for e in named(run_dir, "end_job")] == [False, True], events(run_dir)
+    assert named(run_dir, "kill") and all(e.get("expected") for e in named(run_dir, "rank_death")), events(run_dir)
+    assert "evidence bundle:" not in err1 and "rank death" not in err1, err1[-3000:]
+    assert [e["exit_code"] for e in named(run_dir, "end") + named(run_dir, "task_end")] == [86, 86]
