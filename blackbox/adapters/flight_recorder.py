@@ -101,6 +101,50 @@ def pg_status(rank: int, dump: dict[str, Any]) -> list[GroupStatus]:
     return out
 
 
+def newer_than(dump: dict[str, Any], t_ns: int) -> int:
+    """How many of the dump's entries were created after `t_ns` (blackbox's collection began then): the rank moved
+    on once collected — its dump signal ends a native sleep early — and its dump was written later than that."""
+    return sum(1 for e in dump.get("entries") or [] if isinstance(e, dict) and _created(e) > t_ns)
+
+
+def _created(e: dict[str, Any]) -> int:
+    t = e.get("time_created_ns")
+    return t if isinstance(t, int) and not isinstance(t, bool) else -1
+
+
+def as_of(dump: dict[str, Any], t_ns: int, waiting: bool) -> dict[str, Any]:
+    """The dump as it stood at `t_ns`: the entries created later left out, and each group they belonged to counted
+    again from the entries kept — its last collective enqueued, still pending when the rank was `waiting` in a
+    collective then (gloo records no completion time: another source says whether the rank was inside it); its
+    point-to-point counters, which entries cannot restore, dropped."""
+    entries = [e for e in dump.get("entries") or [] if isinstance(e, dict)]
+    later = [e for e in entries if _created(e) > t_ns]
+    if not later:
+        return dump
+    kept = [e for e in entries if _created(e) <= t_ns]
+    status = dict(dump["pg_status"]) if isinstance(dump.get("pg_status"), dict) else {}
+    pending: set[int] = set()  # ids of the entries still pending then
+    for group in {_group_of(e) for e in later}:
+        own = [e for e in kept if in_group(e, group) and not e.get("is_p2p")]
+        last = max((_seq(e, "collective_seq_id") for e in own), default=-1)
+        old = status.get(group)
+        started = _seq(old, "last_started_collective") if isinstance(old, dict) else -1
+        status[group] = {"last_enqueued_collective": last, "last_started_collective": min(started, last),
+                         "last_completed_collective": last - 1 if waiting and last >= 0 else last}  # fmt: skip
+        if waiting:
+            pending.update(id(e) for e in own if _seq(e, "collective_seq_id") == last)
+    kept = [{**e, "retired": False, "state": "scheduled"} if id(e) in pending else e for e in kept]
+    return {**dump, "entries": kept, "pg_status": status}
+
+
+def _group_of(e: dict[str, Any]) -> str:
+    """The `pg_status` key of an entry's group: its `pg_id` where it has one, else its group's name."""
+    if e.get("pg_id") is not None:
+        return str(e.get("pg_id"))
+    pg = e.get("process_group")
+    return str(pg[0]) if isinstance(pg, (tuple, list)) and pg else ""
+
+
 P2P = "/p2p"  # the suffix of a pair's point-to-point stream, counted apart from its collectives
 
 
@@ -217,12 +261,7 @@ def _user_frame(entry: dict[str, Any]) -> Optional[str]:
 def in_group(e: Any, group: str) -> bool:
     """Whether an entry belongs to the group `pg_status` keys as `group`: by its `pg_id` where it has one (the key is
     the id; a subgroup's name may be a hash), else by its group's name."""
-    if not isinstance(e, dict):
-        return False
-    if e.get("pg_id") is not None:
-        return str(e.get("pg_id")) == group
-    pg = e.get("process_group")
-    return isinstance(pg, (tuple, list)) and bool(pg) and str(pg[0]) == group
+    return isinstance(e, dict) and _group_of(e) == group
 
 
 def entry(dump: dict[str, Any], group: str, seq: int) -> Optional[dict[str, Any]]:

@@ -11,7 +11,7 @@ from .._recorder import protocol as P
 from ..adapters import flight_recorder as fr
 from ..adapters import stacks
 from ..bundle import layout as L
-from ..bundle.reader import Bundle, integer
+from ..bundle.reader import Bundle, integer, number
 
 
 def newest(bundle: Bundle, rank: int, pattern: str) -> Optional[str]:
@@ -43,8 +43,12 @@ def main_stack(bundle: Bundle, rank: int) -> tuple[Optional[stacks.ThreadStack],
     return None, None
 
 
-def flight_recorder_dumps(bundle: Bundle) -> tuple[dict[int, dict[str, Any]], list[str]]:
-    """Every rank's flight-recorder dump, read with the restricted loader; and what could not be read."""
+def flight_recorder_dumps(bundle: Bundle) -> tuple[dict[int, dict[str, Any]], list[str], dict[int, int]]:
+    """Every rank's flight-recorder dump, read with the restricted loader, as it stood when the collection began; what
+    could not be read; and the ranks whose dump was written after they moved on (a rank that blackbox's dump signal
+    woke from a native sleep trains on for a moment, and its peers with it: its dump, written then, would put it
+    collectives ahead of the moment of the hang): rank -> how many entries were newer. Those entries are left out,
+    and the dump whole when whether the rank was inside a collective then is unknown (no detection names it)."""
     dumps: dict[int, dict[str, Any]] = {}
     errors: list[str] = []
     for name in sorted(bundle.files):
@@ -56,7 +60,42 @@ def flight_recorder_dumps(bundle: Bundle) -> tuple[dict[int, dict[str, Any]], li
                 dumps[rank] = fr.load_dump(bundle.files[name])
         except fr.FlightRecorderError as exc:
             errors.append(f"{name}: {exc}")
-    return dumps, errors
+    moved: dict[int, int] = {}
+    inside = _inside_a_collective(bundle)
+    for rank, dump in sorted(dumps.items()):
+        started = collection_started(bundle, rank)
+        t_ns = int(started * 1e9) if started is not None else None
+        moved[rank] = fr.newer_than(dump, t_ns) if t_ns is not None else 0
+        if not moved[rank]:
+            del moved[rank]
+        elif rank in inside and t_ns is not None:
+            dumps[rank] = fr.as_of(dump, t_ns, inside[rank])
+        else:
+            del dumps[rank]
+    return dumps, errors, moved
+
+
+def collection_started(bundle: Bundle, rank: int) -> Optional[float]:
+    """When the collection of the rank's node began, on that node's clock (a merged bundle keeps each node's)."""
+    nodes = bundle.manifest.get("nodes")
+    if not isinstance(nodes, list):
+        return number(bundle.section("collection").get("started"))
+    where = bundle.manifest.get("rank_nodes")
+    node = where.get(str(rank)) if isinstance(where, dict) else None
+    return next((number(n.get("collection_started")) for n in nodes if isinstance(n, dict) and n.get("node") == node
+                 and node is not None), None)  # fmt: skip
+
+
+def _inside_a_collective(bundle: Bundle) -> dict[int, bool]:
+    """Per rank the detection names, whether it was inside a collective when the hang was detected."""
+    detection = bundle.json(L.DETECTION)
+    findings = detection.get("findings") if isinstance(detection, dict) else None
+    out: dict[int, bool] = {}
+    for f in findings if isinstance(findings, list) else []:
+        rank = integer(f.get("rank")) if isinstance(f, dict) else None
+        if rank is not None:
+            out[rank] = f.get("phase") == "collective"
+    return out
 
 
 def hosts(bundle: Bundle) -> int:

@@ -107,9 +107,17 @@ def _collective_findings(
 ) -> tuple[dict[int, dict[str, Any]], list[fr.Unjoined], list[fr.Mismatch], list[Finding], JobEvidence]:
     """The flight recorder's dumps (and the NCCL watchdog's lines in the console): per group, the collective it is
     stuck at and who never entered it; collectives that differ across ranks; PyTorch's own analyzer's word."""
-    dumps, errors = flight_recorder_dumps(bundle)
+    dumps, errors, moved = flight_recorder_dumps(bundle)
     findings = [Finding("observed", f"a flight-recorder trace could not be read: {e}", L.FLIGHT_RECORDER_DIR)
                 for e in errors]  # fmt: skip
+    if moved:
+        left = sorted(set(moved) - set(dumps))
+        text = (f"{plural_ranks(sorted(moved))} entered {sum(moved.values())} more collective(s) after the collection "
+                "began (the job moved on once signalled: a native call ends early when blackbox's dump signal "
+                "interrupts it); their flight-recorder traces are read as they stood when it began")  # fmt: skip
+        if left:
+            text += f", except {plural_ranks(left)}'s, left out (whether inside a collective then is unknown)"
+        findings.append(Finding("observed", text, f"{L.FLIGHT_RECORDER_DIR}: entries' time_created_ns"))
     world = bundle.section("job").get("world_size")
     ev = job_evidence(bundle, dumps, world if isinstance(world, int) and 0 < world <= 1_000_000 else len(rows))
     extra = ev.console_statuses

@@ -488,7 +488,8 @@ def merge(bundles: list[Bundle], skipped: list[str]) -> Bundle:
     for b, node in zip(bundles, _node_names(bundles)):
         nodes.append({"node": node, "bundle": b.path, "trigger": b.manifest.get("trigger"),
                       "node_rank": b.section("multinode").get("node_rank"),
-                      "incident": b.section("incident").get("id")})  # fmt: skip
+                      "incident": b.section("incident").get("id"),
+                      "collection_started": b.section("collection").get("started")})  # fmt: skip
         for name, data in b.files.items():
             if L.is_per_rank(name):
                 files[name] = data

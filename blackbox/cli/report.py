@@ -52,7 +52,7 @@ def report(paths: tuple[str, ...], fmt: str, out_path: Optional[str], fr_analyze
     bundle = merge_bundles([b for bundles in read for b in bundles])
     torch_fr = None
     if fr_analyzer:
-        dumps, _ = flight_recorder_dumps(bundle)
+        dumps, _, _ = flight_recorder_dumps(bundle)
         if len(dumps) > 1:
             torch_fr = fr.torch_analyzer({f"{FR_PREFIX}{rank}": d for rank, d in dumps.items()})
     model = Intake(bundle, lambda m: click.echo(f"blackbox: warning: {m}", err=True), index=use_index or record,

@@ -553,7 +553,7 @@ class Collector:
     ) -> CollectResult:  # fmt: skip
         """Collect and write one bundle. Never raises for a process that went away."""
         opts = self.options
-        start = time.monotonic()
+        start, started = time.monotonic(), time.time()  # the wall clock: flight-recorder entries are stamped on it
         deadline = start + opts.budget
         job = self.job
         w = BundleWriter(job.run_id, job.node, trigger)
@@ -619,8 +619,8 @@ class Collector:
                 "rule": detection.rule, "ranks": list(detection.ranks), "reason": detection.reason,
             },
             "collection": {
-                "duration_s": round(elapsed, 3), "budget_s": opts.budget, "over_budget": elapsed > opts.budget,
-                "options": opts.__dict__, "unanswered": why,
+                "started": round(started, 6), "duration_s": round(elapsed, 3), "budget_s": opts.budget,
+                "over_budget": elapsed > opts.budget, "options": opts.__dict__, "unanswered": why,
                 "evidence": evidence.of_writer(w, [r.rank for r in ranks], why),
             },
         }  # fmt: skip

@@ -9,12 +9,14 @@ not `started`) on a 1-rank group."""
 
 from __future__ import annotations
 
+import json
 import pickle
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import pytest
 
+from blackbox.adapters import flight_recorder as fr
 from blackbox.analyze.verdict import analyze
 from tests.unit.test_gpu_verdicts import AT_ITEM, COMPUTING, _exc, bundle, frame, pyspy
 
@@ -318,3 +320,55 @@ def test_a_rank_without_a_dump_is_named_only_by_elimination_or_when_its_node_was
     assert _hang_without({2, 3}) == ("hang.collective", [], "low")
     # one node's bundle of a two-node job: the other node's ranks were expected elsewhere, and are named
     assert _hang_without({2, 3}, multinode=True)[1] == [2, 3]
+
+
+# --- a job that moved on once collected: each dump read as it stood when the collection began ---------------------
+IN_ALL_REDUCE = pyspy(frame("<module>", "/job/train.py", 200), frame("train_step", "/job/train.py", 87),
+                      frame("all_reduce", "/opt/torch/distributed/distributed_c10d.py", 2810))  # fmt: skip
+
+
+def moved_on(detected: bool) -> Any:
+    """Rank 3 held the GIL in a native sleep after collective #8 while ranks 0-2 waited in #9; blackbox's dump signal
+    ended the sleep, and ranks 0-2 wrote their dumps 31 collectives later (entries 5 ms apart: #10 and after were
+    created after the collection began). Rank 3 wrote its own before it moved."""
+    frs = {r: dump(r, WORLD, done("0", 40)) for r in range(3)}
+    frs[3] = dump(3, WORLD, done("0", 8))
+    b = bundle(stacks={0: IN_ALL_REDUCE, 1: IN_ALL_REDUCE, 2: IN_ALL_REDUCE, 3: COMPUTING}, frs=frs)
+    b.manifest["collection"] = {"started": (T0 + 42_000_000) / 1e9}
+    if detected:
+        phases = {0: "collective", 1: "collective", 2: "collective", 3: "compute"}
+        b.files["detection.json"] = json.dumps({"rule": "stall", "ranks": [0, 1, 2, 3], "findings": [
+            {"rank": r, "phase": p} for r, p in phases.items()]}).encode()  # fmt: skip
+    return b
+
+
+def test_a_job_that_moved_on_once_collected_is_judged_as_it_stood_when_the_collection_began() -> None:
+    # GIVEN the detection says ranks 0-2 were inside a collective then: #9 is pending for them, rank 3 never entered
+    report = analyze(moved_on(detected=True))
+    assert (report.verdict.category, report.verdict.suspect_ranks) == ("hang.compute", [3]), report.verdict.summary
+    texts = " ".join(f.text for f in report.findings)
+    assert "rank 3 never entered allreduce #9" in texts, texts
+    assert "ranks 0-2 entered 93 more collective(s) after the collection began" in texts, texts
+    assert [c["seq"] for c in report.collectives] == [9]
+    # WITHOUT a detection (a collection on request): whether ranks 0-2 were inside #9 then is unknown, so their dumps
+    # are left out and said to be; the stacks taken before the signal still name rank 3
+    report = analyze(moved_on(detected=False))
+    assert report.verdict.suspect_ranks == [3], report.verdict.summary
+    texts = " ".join(f.text for f in report.findings)
+    assert "except ranks 0-2's, left out (whether inside a collective then is unknown)" in texts, texts
+
+
+def test_a_dump_cut_at_a_moment_keeps_what_came_before_and_counts_its_group_again() -> None:
+    full = pickle.loads(dump(0, WORLD, done("0", 12)))
+    t = T0 + 27_000_000  # entries 0-5 (#1-#6) created before it
+    assert fr.newer_than(full, t) == 6 and fr.as_of(full, T0 + 10**12, True) is full  # nothing newer: itself
+    waiting = fr.as_of(full, t, True)
+    assert [e["collective_seq_id"] for e in waiting["entries"]] == [1, 2, 3, 4, 5, 6]
+    assert fr.pg_status(0, waiting) == [fr.GroupStatus(0, "0", 6, 6, 5)]  # #6 still pending: retired no longer
+    assert waiting["entries"][-1]["retired"] is False and waiting["entries"][0]["retired"] is True
+    assert fr.p2p_status(0, waiting, {"0"}) == []  # the pair counters cannot be counted again from entries
+    assert fr.pg_status(0, fr.as_of(full, t, False)) == [fr.GroupStatus(0, "0", 6, 6, 6)]
+    # untrusted: odd times and groups are kept as they are, never raise
+    odd = {**full, "entries": [*full["entries"], {"time_created_ns": True}, {"time_created_ns": "x"}, 7],
+           "pg_status": "?"}  # fmt: skip
+    assert fr.newer_than(odd, t) == 6 and len(fr.as_of(odd, t, True)["entries"]) == 8
