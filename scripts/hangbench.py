@@ -96,11 +96,15 @@ def _scenario(name: str, truth: str, step_at: int = STEP_AT, row: Optional[str] 
                list(verdict.get("suspect_ranks") or []), shape, env)  # fmt: skip
 
 
-def _quiet(case: str, truth: str, category: Optional[str] = None, pause_s: Optional[float] = None) -> Row:
-    """A quiet-gallery case: rank 0's pause (75 s unless `pause_s`), healthy or (the cases that are not quiet) its
-    hang."""
+def _quiet(case: str, truth: str, category: Optional[str] = None, pause_s: Optional[float] = None,
+           at_start: bool = False) -> Row:  # fmt: skip
+    """A quiet-gallery case: rank 0's pause (75 s unless `pause_s`; before the first batch `at_start`), healthy or
+    (the cases that are not quiet) its hang."""
     env = {"BB_PAUSE_S": f"{pause_s:g}"} if pause_s is not None else {}
-    return Row(case, [str(QUIET), case], 2, truth, category, [0] if truth != "healthy" else [], "ddp", env)
+    if at_start:
+        env["BB_PAUSE_STEP"] = "0"
+    return Row(case + ("-at-start" if at_start else ""), [str(QUIET), case], 2, truth, category,
+               [0] if truth != "healthy" else [], "ddp", env)  # fmt: skip
 
 
 def _upload(name: str, mode: str, truth: str, rate: int) -> Row:
@@ -143,6 +147,8 @@ def rows(two_hosts: Optional[bool] = None) -> list[Row]:
     # native call, an upload from a non-daemon thread as the interpreter exits
     out += [_quiet("prep", "healthy", pause_s=150), _quiet("backoff", "healthy", pause_s=50),
             _quiet("gil-native", "healthy", pause_s=50), _quiet("exit-upload", "healthy")]  # fmt: skip
+    # ... and before the first batch, the group set up: weights read from a slow server, a pool of workers preparing
+    out += [_quiet(c, "healthy", at_start=True) for c in ("index", "scoring")]
     # root: two hosts whose link goes down at step 8; the truth as node 0 (the master's) sees it: the rank beyond it
     if netns.available() if two_hosts is None else two_hosts:
         out.append(Row("partition", [str(TRAIN), "steady", "0", "ddp"], 1, "hang", "hang.network", [1], "ddp",

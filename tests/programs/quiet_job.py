@@ -1,7 +1,9 @@
 """A healthy 2-rank DDP job (gloo, CPU) with one long, legitimate pause: after a few steps rank 0 alone does CASE for
 BB_PAUSE_S seconds (default 75: longer than the `auto` stall timeout, 60 s) while rank 1 waits for it at
-`dist.barrier()`; then both take a few more steps and exit 0. The quiet gallery (tests/integration/test_quiet.py)
-runs every case under `blackbox run` with default options: none may be called a stall.
+`dist.barrier()`; then both take a few more steps and exit 0. With BB_PAUSE_STEP=0 the pause comes before the first
+batch, once the group is set up (the start-up: weights read from a slow server, a pool of workers preparing). The
+quiet gallery (tests/integration/test_quiet.py) runs every case under `blackbox run` with default options: none may
+be called a stall.
 
     torchrun --standalone --nproc-per-node 2 tests/programs/quiet_job.py CASE
 
@@ -56,6 +58,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 CASE = sys.argv[1]
 PAUSE_S = float(os.environ.get("BB_PAUSE_S", "75"))
 STEPS_BEFORE = 8  # past `auto`'s 5 steps: its 60 s timeout is in force when the pause comes
+PAUSE_STEP = int(os.environ.get("BB_PAUSE_STEP", STEPS_BEFORE))  # 0: before the first batch, in the start-up
 CHUNK = 1 << 16
 AT_END = ("exit-upload", "exit-read", "final-barrier")  # cases whose pause comes after the training loop
 WORK = tempfile.mkdtemp(prefix="bb-quiet-")
@@ -519,6 +522,8 @@ def main() -> None:
     model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = TensorDataset(torch.randn((STEPS_BEFORE + 3) * 4, 8), torch.randn((STEPS_BEFORE + 3) * 4, 1))
+    if PAUSE_STEP == 0 and CASE not in ("compile", "prep", *AT_END):  # before the first batch: the start-up's own
+        pause(rank, model)
     for step, (x, y) in enumerate(DataLoader(data, batch_size=4), 1):
         if step == 1 and CASE == "compile":  # the first step compiles: rank 0's takes the pause, rank 1's a moment
             if rank == 0:
@@ -531,51 +536,56 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if step == STEPS_BEFORE and CASE not in ("compile", "prep", *AT_END):
-            if rank == 0:
-                print(f"rank 0: pausing ({CASE})", flush=True)  # the pause's onset, for the hang benchmark
-                started = time.monotonic()
-                deadline = started + PAUSE_S
-                work = {
-                    "save": slow_save,
-                    "forward": forward,
-                    "metrics": metrics,
-                    "index": index,
-                    "tool": tool,
-                    "captured": lambda d: tool(d, capture=True),
-                    "workers": workers,
-                    "stuck": stuck,
-                    "woken-read": woken_read,
-                    "nap": lambda d: time.sleep(max(0.0, d - time.monotonic())),
-                    "upload": upload,
-                    "polled-upload": lambda d: upload(d, poll=True),
-                    "polled-tool": polled_tool,
-                    "marker": marker,
-                    "store-poll": store_poll,
-                    "stale-lock": stale_lock,
-                    "thread-deadlock": thread_deadlock,
-                    "pool": pool,
-                    "scoring": scoring,
-                    "native": native,
-                    "stream": stream,
-                    "flush": flush,
-                    "dirty": dirty,
-                    "oversubscribed": oversubscribed,
-                    "backoff": backoff,
-                    "gil-native": gil_native,
-                }
-                if CASE in work:
-                    work[CASE](deadline)
-                else:
-                    {"loader": loader, "dcp": dcp, "ema-hang": ema_hang}[CASE](deadline, model)
-                print(f"rank 0: paused {time.monotonic() - started:.1f} s ({CASE})", flush=True)
-            dist.barrier()  # rank 1 waits here for rank 0 the whole pause
+        if step == PAUSE_STEP and CASE not in ("compile", "prep", *AT_END):
+            pause(rank, model)
     final_metrics(rank)
     print(f"rank {rank}: done", flush=True)
     dist.barrier()  # the final barrier
     dist.destroy_process_group()
     gc.collect()  # torch 2.13: a gloo group freed during finalization can abort the process
     at_exit(rank)
+
+
+def pause(rank: int, model: DistributedDataParallel) -> None:
+    """Rank 0 does CASE for the pause while rank 1 waits for it at a barrier."""
+    if rank == 0:
+        print(f"rank 0: pausing ({CASE})", flush=True)  # the pause's onset, for the hang benchmark
+        started = time.monotonic()
+        deadline = started + PAUSE_S
+        work = {
+            "save": slow_save,
+            "forward": forward,
+            "metrics": metrics,
+            "index": index,
+            "tool": tool,
+            "captured": lambda d: tool(d, capture=True),
+            "workers": workers,
+            "stuck": stuck,
+            "woken-read": woken_read,
+            "nap": lambda d: time.sleep(max(0.0, d - time.monotonic())),
+            "upload": upload,
+            "polled-upload": lambda d: upload(d, poll=True),
+            "polled-tool": polled_tool,
+            "marker": marker,
+            "store-poll": store_poll,
+            "stale-lock": stale_lock,
+            "thread-deadlock": thread_deadlock,
+            "pool": pool,
+            "scoring": scoring,
+            "native": native,
+            "stream": stream,
+            "flush": flush,
+            "dirty": dirty,
+            "oversubscribed": oversubscribed,
+            "backoff": backoff,
+            "gil-native": gil_native,
+        }
+        if CASE in work:
+            work[CASE](deadline)
+        else:
+            {"loader": loader, "dcp": dcp, "ema-hang": ema_hang}[CASE](deadline, model)
+        print(f"rank 0: paused {time.monotonic() - started:.1f} s ({CASE})", flush=True)
+    dist.barrier()  # rank 1 waits here for rank 0 the whole pause
 
 
 if __name__ == "__main__":
