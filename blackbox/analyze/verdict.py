@@ -113,8 +113,9 @@ def _collective_findings(
     if moved:
         left = sorted(set(moved) - set(dumps))
         text = (f"{plural_ranks(sorted(moved))} entered {sum(moved.values())} more collective(s) after the collection "
-                "began (the job moved on once signalled: a native call ends early when blackbox's dump signal "
-                "interrupts it); their flight-recorder traces are read as they stood when it began")  # fmt: skip
+                "began (the job moved on while it was collected: it runs, or a native call ended early when blackbox's "
+                "dump signal interrupted it); their flight-recorder traces are read as they stood when it "
+                "began")  # fmt: skip
         if left:
             text += f", except {plural_ranks(left)}'s, left out (whether inside a collective then is unknown)"
         findings.append(Finding("observed", text, f"{L.FLIGHT_RECORDER_DIR}: entries' time_created_ns"))
