@@ -44,11 +44,12 @@ def main_stack(bundle: Bundle, rank: int) -> tuple[Optional[stacks.ThreadStack],
 
 
 def flight_recorder_dumps(bundle: Bundle) -> tuple[dict[int, dict[str, Any]], list[str], dict[int, int]]:
-    """Every rank's flight-recorder dump, read with the restricted loader, as it stood when the collection began; what
-    could not be read; and the ranks whose dump was written after they moved on (a rank that blackbox's dump signal
-    woke from a native sleep trains on for a moment, and its peers with it: its dump, written then, would put it
-    collectives ahead of the moment of the hang): rank -> how many entries were newer. Those entries are left out,
-    and the dump whole when whether the rank was inside a collective then is unknown (no detection names it)."""
+    """Every rank's flight-recorder dump, read with the restricted loader; what could not be read; and the ranks of a
+    detected hang whose dump was written after they moved on (a rank that blackbox's dump signal woke from a native
+    sleep trains on for a moment, and its peers with it: its dump, written then, would put it collectives ahead of
+    the hang): rank -> how many entries were newer than the collection's start. Those dumps are read as they stood
+    then, the rank inside a collective or not as the detection saw it. A collection on request (no detection) reads
+    every dump as written: the job may be running, and its order of arrival is what it is read for."""
     dumps: dict[int, dict[str, Any]] = {}
     errors: list[str] = []
     for name in sorted(bundle.files):
@@ -63,15 +64,11 @@ def flight_recorder_dumps(bundle: Bundle) -> tuple[dict[int, dict[str, Any]], li
     moved: dict[int, int] = {}
     inside = _inside_a_collective(bundle)
     for rank, dump in sorted(dumps.items()):
-        started = collection_started(bundle, rank)
-        t_ns = int(started * 1e9) if started is not None else None
-        moved[rank] = fr.newer_than(dump, t_ns) if t_ns is not None else 0
-        if not moved[rank]:
-            del moved[rank]
-        elif rank in inside and t_ns is not None:
-            dumps[rank] = fr.as_of(dump, t_ns, inside[rank])
-        else:
-            del dumps[rank]
+        started = collection_started(bundle, rank) if rank in inside else None
+        newer = fr.newer_than(dump, int(started * 1e9)) if started is not None else 0
+        if started is not None and newer:
+            moved[rank] = newer
+            dumps[rank] = fr.as_of(dump, int(started * 1e9), inside[rank])
     return dumps, errors, moved
 
 

@@ -111,13 +111,9 @@ def _collective_findings(
     findings = [Finding("observed", f"a flight-recorder trace could not be read: {e}", L.FLIGHT_RECORDER_DIR)
                 for e in errors]  # fmt: skip
     if moved:
-        left = sorted(set(moved) - set(dumps))
         text = (f"{plural_ranks(sorted(moved))} entered {sum(moved.values())} more collective(s) after the collection "
-                "began (the job moved on while it was collected: it runs, or a native call ended early when blackbox's "
-                "dump signal interrupted it); their flight-recorder traces are read as they stood when it "
-                "began")  # fmt: skip
-        if left:
-            text += f", except {plural_ranks(left)}'s, left out (whether inside a collective then is unknown)"
+                "began (a native call ended early when blackbox's dump signal interrupted it, and the job moved on); "
+                "their flight-recorder traces are read as they stood when it began")  # fmt: skip
         findings.append(Finding("observed", text, f"{L.FLIGHT_RECORDER_DIR}: entries' time_created_ns"))
     world = bundle.section("job").get("world_size")
     ev = job_evidence(bundle, dumps, world if isinstance(world, int) and 0 < world <= 1_000_000 else len(rows))
