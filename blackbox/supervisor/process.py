@@ -246,9 +246,7 @@ class JobProcess:
         if self.ending_since is not None:
             return
         assert self.launched is not None
-        self.ending_since = time.monotonic()
-        self.terminating = True
-        self.kill_deadline = self.ending_since + self.ctx.cfg.kill_grace
+        self._ending_now()
         self.ctx.say(f"ending the job ({reason}): SIGTERM to the launcher (pid {self.launched.pid}), "
                      f"SIGKILL to every job process after {self.ctx.cfg.kill_grace:g} s")  # fmt: skip
         self.ctx.event("end_job", reason=reason)
@@ -267,10 +265,14 @@ class JobProcess:
         still alive after the grace period is killed, as the task that ended the job would have."""
         if self.ending_since is not None:
             return
+        self._ending_now()
+        self.ctx.event("end_job", reason="the node's supervisor ended the job after a stall", followed=True)
+
+    def _ending_now(self) -> None:
+        """From now the job is being ended: what dies is that ending, and what lives past the grace period is killed."""
         self.ending_since = time.monotonic()
         self.terminating = True
         self.kill_deadline = self.ending_since + self.ctx.cfg.kill_grace
-        self.ctx.event("end_job", reason="the node's supervisor ended the job after a stall", followed=True)
 
     def kill_when_due(self, now: float) -> None:
         """The grace period after blackbox's SIGTERM is over: SIGKILL to every job process."""
