@@ -302,9 +302,15 @@ def _on_request(states: list[RankState], ctx: Context) -> Optional[Blame]:
             return Blame(ids, "ok", slow[0].phase, "low", summary, inferred)
         return _slowest_by_ledger(states, ctx) or Blame([], "ok", None, "low", "the job is progressing")
     stuck = any(s.where in _STUCK for s in others) or bool(waiting and others) or waits(ctx) is not None
-    if not stuck and not _odd_ops(waiting) and not ctx.mismatch:
-        return Blame([], "ok", None, "low", "no rank stands out: none waits for another, none is stopped or gone")
-    return None
+    if stuck or _odd_ops(waiting) or ctx.mismatch:
+        return None
+    unknown = sorted(s.rank for s in others if s.kind == "unknown")
+    if unknown:  # "nobody stands out" needs every rank's place: no stack and no trace is no sign of health
+        be = "is" if len(unknown) == 1 else "are"
+        return Blame(unknown, "hang.unknown", None, "low", f"no source says where {plural_ranks(unknown)} {be} (no "
+                     "stack, no place in the collectives): this collection cannot tell a hung job from a healthy "
+                     "one")  # fmt: skip
+    return Blame([], "ok", None, "low", "no rank stands out: none waits for another, none is stopped or gone")
 
 
 LEDGER_GAP = 0.25  # a rank this much less of its run waiting than the median of the others' is one they wait for

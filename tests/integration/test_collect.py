@@ -147,6 +147,11 @@ def test_py_spy_missing_still_gives_a_bundle(
     assert step["status"] == "failed" and "py-spy is not installed: pip install py-spy" in step["detail"]
     assert "ranks/0/proc.json" in files and "ranks/1/proc.json" in files and "node.json" in files
     assert b"py-spy: failed: py-spy is not installed" in res.stderr
+    # AND the report, with no stack of either rank, says it cannot tell (not that the hung job is fine)
+    rep = subprocess.run([*BLACKBOX, "report", json.loads(res.stdout)["bundle"], "--format", "json"],
+                         capture_output=True, env=job_env(), timeout=60)  # fmt: skip
+    verdict = json.loads(rep.stdout)["verdict"]
+    assert (verdict["category"], verdict["suspect_ranks"]) == ("hang.unknown", [0, 1]), verdict
     assert agent.poll() is None
 
 

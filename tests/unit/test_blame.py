@@ -240,6 +240,19 @@ def test_on_request_a_hung_job_gets_a_hang_and_a_quiet_one_ok() -> None:
     assert blame([state(0, spin), state(1, spin)], Context("manual")).category == "ok"
 
 
+def test_on_request_ranks_with_no_stack_are_unknown_not_ok() -> None:
+    # GIVEN a collection from outside whose py-spy failed (not installed, or past its time): no source places a rank
+    blind = blame([state(0), state(1)], Context("manual", progressing=None))
+    # THEN the report cannot call the job healthy: it says it cannot tell, and which ranks it could not place
+    assert (blind.category, blind.suspects, blind.confidence) == ("hang.unknown", [0, 1], "low"), blind
+    assert blind.summary.startswith("no source says where ranks 0-1 are"), blind.summary
+    spin = fact("compute", "main thread in forward (model.py:3)", STACK)
+    half = blame([state(0, spin), state(1)], Context("manual", progressing=None))
+    assert (half.category, half.suspects) == ("hang.unknown", [1]), half
+    # AND a job the heartbeats show progressing is still `ok`, whatever the stacks
+    assert blame([state(0), state(1)], Context("manual", progressing=True)).category == "ok"
+
+
 def test_on_request_with_nobody_waiting_at_the_dump_the_ledgers_name_the_slowest() -> None:
     # a job that steps: the dump came while rank 0 was outside its wait (it waits 95 % of each step)
     spin = fact("compute", "main thread in forward (model.py:3)", STACK)
