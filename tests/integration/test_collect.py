@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from blackbox.adapters.procfs import is_alive
 from blackbox.bundle.reader import read_bundle
 from blackbox.events import read_events
 from blackbox.supervisor.rundir import INJECT_DIR
+from tests import conftest
 from tests.conftest import (
     BLACKBOX,
     PROGRAMS,
@@ -28,6 +30,7 @@ from tests.conftest import (
     TORCHRUN,
     bundles,
     job_env,
+    kill_tree,
     run_blackbox,
     send,
     start_blackbox,
@@ -52,22 +55,30 @@ def collect(pid: int, out: Path, *extra: str, env: dict[str, str] | None = None)
                           env=env or job_env(), capture_output=True, timeout=120, cwd=out.parent)  # fmt: skip
 
 
-@pytest.fixture
-def plain_torchrun(tmp_path: Path) -> tuple[subprocess.Popen[bytes], list[int]]:
-    """A 2-rank gloo job started with plain torchrun, no blackbox: rank 1 hangs at step 3, rank 0 waits."""
-    markers = tmp_path / "markers"
+@pytest.fixture(scope="module")
+def plain_torchrun(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[bytes], list[int]]]:
+    """A 2-rank gloo job started with plain torchrun, no blackbox: rank 1 hangs at step 3, rank 0 waits. One job for
+    the module's collections of it: each test collects it once more and checks that it runs on, untouched."""
+    base = tmp_path_factory.mktemp("plain-torchrun")
+    markers = base / "markers"
     markers.mkdir()
     agent = subprocess.Popen([TORCHRUN, "--standalone", "--nproc-per-node", "2", GLOO_JOB, "--steps", "100000",
                               "--misbehave-rank", "1", "--at-step", "3", "--marker-dir", str(markers)],
-                             env=job_env(), cwd=tmp_path, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)  # fmt: skip
-    wait_for(lambda: (markers / "rank1.hanging").exists(), 90, "rank 1 to hang")
-    ranks = [c.pid for c in psutil.Process(agent.pid).children()]
-    assert len(ranks) == 2
-    return agent, ranks
+                             env=job_env(), cwd=base, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)  # fmt: skip
+    conftest.SERVICES.add(agent.pid)  # the reaper after each test spares it and its ranks
+    try:
+        wait_for(lambda: (markers / "rank1.hanging").exists(), 90, "rank 1 to hang")
+        ranks = [c.pid for c in psutil.Process(agent.pid).children()]
+        assert len(ranks) == 2
+        yield agent, ranks
+    finally:
+        conftest.SERVICES.discard(agent.pid)
+        kill_tree(agent)
 
 
 @pytest.mark.parametrize("via", ["agent", "rank", "rank 1"])
+@pytest.mark.xdist_group("plain-torchrun")
 def test_collect_finds_every_rank_and_leaves_the_job_running(
     tmp_path: Path, plain_torchrun: tuple[subprocess.Popen[bytes], list[int]], via: str
 ) -> None:
@@ -130,6 +141,7 @@ def test_no_signal_to_a_process_without_a_handler(tmp_path: Path) -> None:
     assert "ranks/0/py-spy.json" in files and "ranks/0/heartbeat.json" in files
 
 
+@pytest.mark.xdist_group("plain-torchrun")
 def test_py_spy_missing_still_gives_a_bundle(
     tmp_path: Path, plain_torchrun: tuple[subprocess.Popen[bytes], list[int]]
 ) -> None:

@@ -106,14 +106,15 @@ def test_without_py_spy_the_bundle_says_why(tmp_path: Path) -> None:
     assert "ranks/1/pydump-1.json" in names and not any("py-spy" in n for n in names)  # everything else is there
 
 
-def test_checkpoint_hang(tmp_path: Path) -> None:
-    run_dir, res = run_scenario(tmp_path, "ckpt-hang", 0, "--checkpoint-timeout", "3")
-    assert res.returncode == 86, res.stderr
+@pytest.mark.gallery("ckpt-hang")  # its row runs with --checkpoint-timeout 4
+def test_checkpoint_hang(gallery: Gallery) -> None:
+    run_dir, res = gallery("ckpt-hang")
+    assert res.exit_code == 86, res.stderr
     assert read_heartbeat(run_dir, 0).phase == "checkpoint"
     # torch.save opens the file from C++ holding the GIL: only the C-level dump can see it
     text = (run_dir / "ranks" / "0" / "stacks-0.txt").read_text()
     assert "in save" in text and "train.py" in text
-    err = res.stderr.decode()
+    err = res.stderr
     assert "made no progress" in err and "verdict: hang.checkpoint_io, suspect rank(s) 0, phase checkpoint" in err
 
 
@@ -134,11 +135,12 @@ def test_gil_held_in_c_still_dumps_on_sigusr1(gallery: Gallery) -> None:
     assert hb[1]["alive"] and hb[1]["liveness_age_s"] > 2.5 > hb[0]["liveness_age_s"]
 
 
-def test_a_stopped_rank_is_read_from_outside_and_not_waited_for(tmp_path: Path) -> None:
+@pytest.mark.gallery("ddp-stopped")  # its row runs with --dump-timeout 30: a wait for the stopped rank would show
+def test_a_stopped_rank_is_read_from_outside_and_not_waited_for(gallery: Gallery) -> None:
     # GIVEN a job whose rank 1 stops itself (SIGSTOP, as a job-control stop leaves it) while rank 0 waits for it
-    run_dir, res = run_scenario(tmp_path, "stopped", 1, "--dump-timeout", "30")
+    run_dir, res = gallery("ddp-stopped")
     # WHEN blackbox collects the stall
-    assert res.returncode == 86, res.stderr
+    assert res.exit_code == 86, res.stderr
     (bundle,) = bundles(run_dir)
     files = read_bundle(str(bundle)).files
     manifest = json.loads(files["manifest.json"])
@@ -153,7 +155,7 @@ def test_a_stopped_rank_is_read_from_outside_and_not_waited_for(tmp_path: Path) 
     assert detail.startswith("1/2 rank(s) wrote their dump; the dump signal to rank(s) [0]"), detail
     assert "rank(s) [1] stopped: not asked" in detail and "no answer within" not in detail, detail
     assert steps["rank dumps"]["duration_s"] < 10 and manifest["collection"]["duration_s"] < 25, steps
-    assert "verdict: hang.stopped, suspect rank(s) 1" in res.stderr.decode(), res.stderr[-2000:]
+    assert "verdict: hang.stopped, suspect rank(s) 1" in res.stderr, res.stderr[-2000:]
     # AND the manifest says what the bundle holds of each rank, and why the stopped one wrote nothing of its own —
     # as the report reads it again from the members
     held = manifest["collection"]["evidence"]
@@ -304,11 +306,12 @@ def test_a_stopped_ddp_ranks_place_in_the_collectives_is_torchs_count_in_its_rin
     assert "evidence: 2/2 rank(s) with a stack and their place in the collectives" in texts
 
 
-def test_a_rank_in_uninterruptible_sleep_is_read_by_py_spy_without_waiting_to_suspend_it(tmp_path: Path) -> None:
+@pytest.mark.gallery("ddp-kernel-hang")  # its row runs with --dump-timeout 30
+def test_a_rank_in_uninterruptible_sleep_is_read_by_py_spy_without_waiting_to_suspend_it(gallery: Gallery) -> None:
     # GIVEN a job whose rank 1's main thread sleeps uninterruptibly in the kernel (D: a vfork whose child never
     # execs, as a hung mount would hold it), under a dump timeout long enough to show any wait for it
-    run_dir, res = run_scenario(tmp_path, "kernel-hang", 1, "--dump-timeout", "30")
-    assert res.returncode == 86, res.stderr
+    run_dir, res = gallery("ddp-kernel-hang")
+    assert res.exit_code == 86, res.stderr
     (bundle,) = bundles(run_dir)
     files = read_bundle(str(bundle)).files
     steps = {s["name"]: s for s in json.loads(files["manifest.json"])["steps"]}
@@ -319,7 +322,7 @@ def test_a_rank_in_uninterruptible_sleep_is_read_by_py_spy_without_waiting_to_su
     threads = json.loads(files["ranks/1/py-spy.json"])
     frames = [(f["name"], f["filename"].rsplit("/", 1)[-1]) for t in threads for f in t["frames"]]
     assert ("vfork_and_wait", "train.py") in frames, threads
-    assert "verdict: hang.kernel, suspect rank(s) 1" in res.stderr.decode(), res.stderr[-2000:]
+    assert "verdict: hang.kernel, suspect rank(s) 1" in res.stderr, res.stderr[-2000:]
 
 
 def test_a_rank_killed_inside_a_collective_leaves_its_place_in_its_ring(tmp_path: Path) -> None:
