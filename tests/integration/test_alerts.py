@@ -1,7 +1,7 @@
-"""Raising the alarm: `--on-incident` runs once per bundle with the verdict in its environment, `--notify-url`
-POSTs one JSON per incident to a real local HTTP server, and neither a failing command nor an unreachable URL
-changes the job's exit code. The periodic status line shows each rank and (through the fake GPU adapter) each
-GPU's temperature and utilisation."""
+"""Raising the alarm: `--on-incident` runs once per bundle with the verdict in its environment, apart from the job,
+`--notify-url` POSTs one JSON per incident to a real local HTTP server, and neither a failing command nor an
+unreachable URL changes the job's exit code. The periodic status line shows each rank and (through the fake GPU
+adapter) each GPU's temperature and utilisation."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from tests.conftest import (
     start_blackbox,
     wait_for,
 )
+from tests.integration.test_run import heartbeat_pids
 from tests.ports import free_port
 
 GLOO_JOB = str(PROGRAMS / "gloo_job.py")
@@ -52,12 +53,13 @@ class _Hook(BaseHTTPRequestHandler):
 
 
 def test_one_webhook_and_one_command_per_incident(tmp_path: Path, run_dir: Path) -> None:
-    # GIVEN a local webhook and an on-incident command that records its environment
+    # GIVEN a local webhook and an on-incident command that records its environment, then runs on while blackbox ends
+    # the job after the stall
     _Hook.received = []
     server = HTTPServer(("127.0.0.1", 0), _Hook)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    seen = tmp_path / "incident.env"
-    cmd = f"env | grep ^BLACKBOX_ >> {seen}"
+    seen, done = tmp_path / "incident.env", tmp_path / "done"
+    cmd = f"env | grep ^BLACKBOX_ >> {seen}; sleep 4; echo finished > {done}; exit 7"
     try:
         url = f"http://127.0.0.1:{server.server_port}/hook"
         res = run_blackbox(["run", "--run-dir", str(run_dir), *STALL, "--on-incident", cmd, "--notify-url", url,
@@ -73,6 +75,11 @@ def test_one_webhook_and_one_command_per_incident(tmp_path: Path, run_dir: Path)
     env = dict(line.split("=", 1) for line in seen.read_text().splitlines())
     assert env["BLACKBOX_BUNDLE"] == str(bundle) and env["BLACKBOX_SUSPECTS"] == "1"
     assert env["BLACKBOX_CATEGORY"] == "hang.compute" and env["BLACKBOX_TRIGGER"] == "stall"
+    # AND the command is not part of the job: neither killed with the job's processes nor reaped by blackbox's loop,
+    # it finished, and its own exit code is the one recorded
+    assert done.read_text() == "finished\n"
+    (ran,) = [e for e in read_events(str(run_dir / "events.jsonl")) if e["event"] == "on_incident"]
+    assert ran["exit_code"] == 7, ran
 
 
 def test_failing_command_and_unreachable_url_leave_the_exit_code_alone(tmp_path: Path, run_dir: Path) -> None:
@@ -89,10 +96,16 @@ def test_status_line_shows_ranks_and_gpus(tmp_path: Path, run_dir: Path) -> None
     fake = tmp_path / "gpus.json"
     fake.write_text(json.dumps([{"index": 0, "name": "H100", "temperature_c": 71, "utilization_pct": 99,
                                  "memory_used_mib": 1000, "memory_total_mib": 81559}]))  # fmt: skip
+    # (torchrun as `python -m torch.distributed.run`: the launcher is found in that form too)
     res = run_blackbox(["run", "--run-dir", str(run_dir), "--status-interval", "1", "--poll-interval", "0.25", "--",
-                        TORCHRUN, "--standalone", "--nproc-per-node", "2", GLOO_JOB, "--steps", "300",
-                        "--step-sleep", "0.02"], tmp_path, BLACKBOX_FAKE_GPUS=str(fake))  # fmt: skip
+                        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                        GLOO_JOB, "--steps", "300", "--step-sleep", "0.02"], tmp_path,
+                       BLACKBOX_FAKE_GPUS=str(fake))  # fmt: skip
     assert res.returncode == 0, res.stderr
+    ranks = heartbeat_pids(run_dir)
+    assert sorted(ranks) == [0, 1] and not bundles(run_dir)
+    launcher = int(next(e for e in read_events(str(run_dir / "events.jsonl")) if e["event"] == "launched")["pid"])
+    assert launcher not in ranks.values()
     lines = [line for line in res.stderr.decode().splitlines() if line.startswith("blackbox: status: ")]
     assert lines, res.stderr
     assert any("rank 0 step" in line and "rank 1 step" in line and "/s)" in line for line in lines), lines
@@ -177,17 +190,3 @@ def test_a_throttling_gpu_is_an_event_and_a_finding(tmp_path: Path, run_dir: Pat
                          env=job_env(), timeout=60)  # fmt: skip
     assert any("GPU 0 throttled its clocks (hw_thermal); hottest reading 93.0C" in f["text"]
                for f in json.loads(rep.stdout)["findings"])  # fmt: skip
-
-
-def test_the_on_incident_command_is_not_part_of_the_job(tmp_path: Path, run_dir: Path) -> None:
-    # GIVEN an on-incident command still running while blackbox ends the job after a stall
-    done = tmp_path / "done"
-    cmd = f"sleep 4; echo finished > {done}; exit 7"
-    res = run_blackbox(["run", "--run-dir", str(run_dir), *STALL, "--on-incident", cmd, "--", *stalling_job(tmp_path)],
-                       tmp_path)  # fmt: skip
-    assert res.returncode == 86, res.stderr
-    # THEN it was neither killed with the job's processes nor reaped by blackbox's loop: it finished, and its own
-    # exit code is the one recorded
-    assert done.read_text() == "finished\n"
-    (ran,) = [e for e in read_events(str(run_dir / "events.jsonl")) if e["event"] == "on_incident"]
-    assert ran["exit_code"] == 7, ran

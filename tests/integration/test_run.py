@@ -376,15 +376,6 @@ def test_ranks_in_another_pid_namespace_are_said_unwatchable_never_dead(tmp_path
     assert not bundles(run_dir) and not events(run_dir, "stall")
 
 
-def test_python_m_torch_distributed_run(tmp_path: Path, run_dir: Path) -> None:
-    res = run_blackbox(["run", "--run-dir", str(run_dir), "--", sys.executable, "-m", "torch.distributed.run",
-                        "--standalone", "--nproc-per-node", "2", GLOO_JOB, "--steps", "5"], tmp_path)  # fmt: skip
-    assert res.returncode == 0, res.stderr
-    assert sorted(heartbeat_pids(run_dir)) == [0, 1]
-    launcher = int(events(run_dir, "launched")[0]["pid"])  # type: ignore[call-overload]
-    assert launcher not in heartbeat_pids(run_dir).values() and not bundles(run_dir)
-
-
 def test_ctrl_c_at_the_terminal_is_the_users_decision_not_a_crash(tmp_path: Path, run_dir: Path) -> None:
     # GIVEN an interactive run (blackbox on a terminal, as a user's shell starts it) of a 2-rank DDP job
     import fcntl
