@@ -13,6 +13,7 @@ import sys
 import tarfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import psutil
 import pytest
@@ -187,22 +188,21 @@ def test_recorder_in_ranks_only(tmp_path: Path, run_dir: Path) -> None:
 
 
 # --- stalls ---------------------------------------------------------------------------------------------
-def test_stall_is_caught_blamed_and_ended(tmp_path: Path, run_dir: Path) -> None:
-    # GIVEN a 2-rank job whose rank 1 stops stepping at step 4 while rank 0 waits in all_reduce
-    timeout, poll = 3.0, 0.5
-    res = run_blackbox(["run", "--run-dir", str(run_dir), "--stall-timeout", str(timeout), "--poll-interval",
-                        str(poll), "--kill-grace", "5", "--",
-                        *gloo_cmd(tmp_path, "--steps", "100000", "--misbehave-rank", "1", "--at-step", "4")],
-                       tmp_path)  # fmt: skip
+@pytest.mark.gallery("skip-allreduce")
+def test_stall_is_caught_blamed_and_ended(gallery: Callable[[str], tuple[Path, Any]]) -> None:
+    # GIVEN the gallery's 2-rank job whose rank 1 never enters an all_reduce while rank 0 waits in it (its row runs
+    # with --stall-timeout 4 --poll-interval 0.5 --kill-grace 3)
+    timeout, poll = 4.0, 0.5
+    run_dir, res = gallery("skip-allreduce")
     # THEN blackbox ended the job with its own code, named rank 1 alone, and bundled the evidence
-    assert res.returncode == 86, res.stderr
+    assert res.exit_code == 86, res.stderr
     (stall,) = events(run_dir, "stall")
     assert stall["ranks"] == [0, 1]  # the rule says who stalled; the blame comes from the evidence
     idle = {f["rank"]: f["idle_s"] for f in stall["findings"]}  # type: ignore[union-attr, index]
     assert idle[1] <= timeout + 2 * poll
     (verdict,) = events(run_dir, "verdict")
     assert verdict["suspect_ranks"] == [1] and verdict["category"] == "hang.compute"
-    err = res.stderr.decode()
+    err = res.stderr
     assert "stall: ranks 0-1 made no progress" in err and "while rank 0 waits for it in all_reduce #" in err
     assert "evidence bundle:" in err and "exit code will be 86" in err
     assert "verdict: hang.compute, suspect rank(s) 1" in err  # the report's one-screen verdict, under the path
