@@ -8,6 +8,7 @@ import mmap
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -137,8 +138,9 @@ def test_chains_the_users_sitecustomize(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(170)
 def test_a_short_lived_rank_always_exits_cleanly_on_a_busy_machine(tmp_path: Path) -> None:
-    # GIVEN a machine whose cores are busy (two spinning processes), as during a large job's start
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    # GIVEN a machine whose cores are busy, as during a large job's start: a spinning process for each core idle now
+    # (none beside the suite's other jobs, that keep both cores busy already; one per core when the test runs alone)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(idle_cores())]
     try:
         # WHEN 200 ranks start with the recorder and exit at once (its liveness thread still in its first ticks,
         # loading the redactor, while the interpreter tears itself down: a crash there once hit about one in ten)
@@ -153,6 +155,20 @@ def test_a_short_lived_rank_always_exits_cleanly_on_a_busy_machine(tmp_path: Pat
             b.wait()
     # THEN every one exits 0: never a SIGSEGV or an abort of the job's exit
     assert codes == [0] * len(codes), sorted(set(codes))
+
+
+def idle_cores(over_s: float = 1.0) -> int:
+    """How many of the machine's cores sat idle over the last `over_s` (/proc/stat), rounded."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, all
+
+    idle0, total0 = sample()
+    time.sleep(over_s)
+    idle1, total1 = sample()
+    return round((os.cpu_count() or 1) * (idle1 - idle0) / max(1, total1 - total0))
 
 
 def test_a_recorder_that_cannot_start_leaves_the_job_alone(tmp_path: Path) -> None:
