@@ -4,17 +4,19 @@ Imports the stdlib and blackbox's host side; never prints (it reports progress).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from typing import Callable, Protocol
 
 from .._recorder import protocol as P
-from ..adapters import procfs
+from ..adapters import nccl_pipe, procfs
 from ..heartbeat_reader import HeartbeatState
 from .job import RankTarget
 
 QUIET_WAIT_S = 2.0  # the quiet request's own time, before the ranks that did not answer are signalled
 FROZEN_MIN_S = 3.0  # a liveness thread this still (and four of its intervals) cannot serve a request
+PIPE_WAIT_S = 3.0  # torch's watchdog reads its debug pipe about once a second, then writes the dump
 
 
 class Table(Protocol):
@@ -56,6 +58,9 @@ class Asking:
         self.frozen: dict[int, float] = {}  # rank -> seconds its liveness thread had not run
         self.signalled: list[int] = []
         self.notes: list[str] = []
+        self.env = env
+        self.piped: dict[int, tuple[str, float, float]] = {}  # rank -> (its dump's path, wall, monotonic time asked)
+        self.by_watchdog: list[int] = []  # ranks whose flight recorder torch's watchdog dumped through the pipe
 
     def run(self, wait: float) -> tuple[str, str]:
         """Ask, signal and wait at most `wait` s; (status, detail) of the step."""
@@ -89,7 +94,7 @@ class Asking:
         late = False  # the ranks still pending at the end of the quiet wait were signalled
         while time.monotonic() < end:
             self.read_answers()
-            if not set(self.pending) - set(self.frozen):
+            if not set(self.pending) - set(self.frozen) and not self.pipe_pending():
                 return  # every rank left cannot answer: do not wait out the rest
             if not self.job_ends and not late and time.monotonic() > quiet_end:
                 late = True
@@ -110,10 +115,38 @@ class Asking:
             elif now - hb.liveness_time > self.frozen_after and hb.rank not in self.frozen:
                 self.frozen[hb.rank] = now - hb.liveness_time
                 self.signal([self.able[hb.rank]])
+                self.ask_watchdog(self.able[hb.rank])
         for r in self.able.values():
             if r.rank in self.pending and not procfs.is_alive(r.pid, r.start_ticks):
                 del self.pending[r.rank]
                 self.gone.append(r.rank)
+
+    def ask_watchdog(self, r: RankTarget) -> None:
+        """A rank that cannot run Python may still have torch's NCCL watchdog, a C++ thread: its debug pipe asks that
+        thread for the rank's flight recorder (nccl_pipe)."""
+        pipe = nccl_pipe.pipe_path(self.env, r.rank)
+        fr_dir = self.env.get(P.ENV_FR_DIR)
+        if pipe is None or not fr_dir:
+            return
+        dump = nccl_pipe.dump_path(self.env, os.path.join(fr_dir, P.FR_PREFIX), r.rank)
+        asked_at = time.time()
+        why = nccl_pipe.poke(r.pid, pipe)
+        if why is None:
+            self.piped[r.rank] = (dump, asked_at, time.monotonic())
+        elif why:
+            self.notes.append(f"rank {r.rank}: {why}")
+
+    def pipe_pending(self) -> bool:
+        """Whether a watchdog asked through the debug pipe may still write its dump (found ones move to by_watchdog)."""
+        waiting = False
+        for rank, (dump, asked_at, asked) in list(self.piped.items()):
+            if nccl_pipe.written_since(dump, asked_at):
+                self.by_watchdog.append(rank)
+                del self.piped[rank]
+                time.sleep(0.2)  # torch writes the dump in one go: a few MB at most
+            elif time.monotonic() - asked < PIPE_WAIT_S:
+                waiting = True
+        return waiting
 
     def unanswered(self) -> dict[int, str]:
         """Why each rank that wrote no dump of its own did not (the manifest's collection.unanswered): stopped,
@@ -133,11 +166,19 @@ class Asking:
             out += f"; rank(s) {self.stopped} stopped: not asked (a stopped process runs nothing; read from outside)"
         if self.frozen:
             ages = ", ".join(f"rank {rank}: {age:.0f} s" for rank, age in sorted(self.frozen.items()))
+            source = "the dump signal" if set(self.frozen) <= set(self.signalled) else "outside (py-spy)"
             out += (f"; not waited for: the liveness thread of rank(s) {sorted(self.frozen)} does not run ({ages}: "
-                    "the GIL is held or the process is stuck), its stacks come from the dump signal")  # fmt: skip
+                    f"the GIL is held or the process is stuck), its stacks come from {source}")  # fmt: skip
         waited = sorted(set(self.pending) - set(self.frozen))
         if waited:
             out += f"; no answer within {wait:g} s from rank(s) {waited}"
         if self.gone:
             out += f"; rank(s) {sorted(self.gone)} ended before answering"
+        self.pipe_pending()
+        if self.by_watchdog:
+            out += (f"; the flight recorder of rank(s) {sorted(self.by_watchdog)} written by torch's NCCL watchdog, "
+                    "asked through its debug pipe")  # fmt: skip
+        if self.piped:
+            out += (f"; rank(s) {sorted(self.piped)}: asked through the debug pipe, torch's watchdog wrote no flight "
+                    f"recorder within {PIPE_WAIT_S:g} s")  # fmt: skip
         return out

@@ -58,7 +58,10 @@ def flight_recorder_env(run_dir: str, env: Mapping[str, str]) -> dict[str, str]:
     wanted = {
         P.ENV_FR_DIR: fr_dir,
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        # the debug pipe through which the collector asks NCCL's watchdog for the flight recorder of a rank whose
+        # Python cannot run (adapters.nccl_pipe): the name each torch release reads (an unread one changes nothing)
         "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": os.path.join(fr_dir, "pipe_"),
+        "TORCH_FR_DEBUG_INFO_PIPE_FILE": os.path.join(fr_dir, "pipe_"),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",
     }
     return {name: env.get(name) or value for name, value in wanted.items()}

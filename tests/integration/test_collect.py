@@ -119,26 +119,41 @@ def test_collect_finds_every_rank_and_leaves_the_job_running(
     assert oct(Path(outcome["bundle"]).stat().st_mode & 0o777) == "0o600"
 
 
-def test_no_signal_to_a_process_without_a_handler(tmp_path: Path) -> None:
-    # GIVEN a process under the recorder that cannot answer (GIL held in C) and has no handler for the dump signal
+def test_a_rank_that_cannot_run_python_is_not_signalled_and_its_watchdog_dumps_through_the_debug_pipe(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a process under the recorder that cannot answer (GIL held in C), with no handler for the dump signal, and
+    # torch's debug pipe, read by a thread that needs no GIL (on NCCL, torch's watchdog; here a child in its place:
+    # tests/programs/watchdog_rank.py), beside a regular file where another rank's pipe would be
     run_dir = tmp_path / "run"
     (run_dir / "ranks").mkdir(parents=True)
+    fr_dir = run_dir / P.FR_DIR
+    fr_dir.mkdir(mode=0o700)
     ready = tmp_path / "ready"
-    env = job_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", PYTHONPATH=INJECT_DIR,
-                  **{P.ENV_RUN_DIR: str(run_dir)})  # fmt: skip
-    shell = subprocess.Popen(["sh", "-c", f'"{sys.executable}" "{PROGRAMS / "gil_holder.py"}" "{ready}"; true'],
-                             env=env)  # fmt: skip
-    wait_for(ready.exists, 30, "the process to hold the GIL")
-    (target,) = psutil.Process(shell.pid).children()
+    env = job_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", PYTHONPATH=INJECT_DIR, TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(
+        fr_dir / "pipe_"), **{P.ENV_RUN_DIR: str(run_dir), P.ENV_FR_DIR: str(fr_dir)})  # fmt: skip
+    shell = subprocess.Popen(["sh", "-c", f'"{sys.executable}" "{PROGRAMS / "watchdog_rank.py"}" "{ready}" '
+                              f'"{tmp_path / "rendezvous"}"; true'], env=env)  # fmt: skip
+    wait_for(ready.exists, 60, "the process to hold the GIL")
+    (target,) = [p for p in psutil.Process(shell.pid).children() if p.name() != "sh"]
+    time.sleep(4)  # its liveness thread still for longer than a rank that can answer ever is (rank_dumps.FROZEN_MIN_S)
     # WHEN blackbox collect asks it for a dump
-    res = collect(target.pid, tmp_path / "out", "--dump-timeout", "2")
+    res = collect(target.pid, tmp_path / "out", "--dump-timeout", "5")
     assert res.returncode == 0, res.stderr
     files = members(Path(json.loads(res.stdout)["bundle"]))
     # THEN it was asked the quiet way, not signalled, and it is alive; py-spy still saw it
     step = manifest_step(files, "rank dumps")
-    assert step["status"] == "partial" and "dump signal is not registered, not signalled" in step["detail"]
+    assert step["status"] == "partial" and "dump signal is not registered, not signalled" in step["detail"], step
     assert target.is_running() and target.status() != psutil.STATUS_ZOMBIE
     assert "ranks/0/py-spy.json" in files and "ranks/0/heartbeat.json" in files
+    # AND its flight recorder came through the pipe, said so, and is the rank's place in the collectives
+    said = "the flight recorder of rank(s) [0] written by torch's NCCL watchdog, asked through its debug pipe"
+    assert said in step["detail"] and step["duration_s"] < 5, step
+    assert f"{P.FR_DIR}/{P.FR_PREFIX}0" in files
+    rep = subprocess.run([*BLACKBOX, "report", json.loads(res.stdout)["bundle"], "--format", "json", "--no-index"],
+                         capture_output=True, env=job_env(), timeout=60)  # fmt: skip
+    (held,) = json.loads(rep.stdout)["evidence"]
+    assert held["rank"] == 0 and "flight recorder" in held["position"], held
 
 
 @pytest.mark.xdist_group("plain-torchrun")
