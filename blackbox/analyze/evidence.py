@@ -1,7 +1,7 @@
 """What each rank's evidence is, in the report's words: one finding for the world, one for each rank that lacks a
 stack or a place in the collectives (bundle.evidence), and, for a suspect with no flight-recorder trace, what its
 own ring says it last did. Pure: reads the Bundle only (untrusted). Imports the stdlib, the bundle's layout, reader
-and evidence, and the report's model."""
+and evidence, the analysis' sources and the report's model."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any, Optional
 from ..bundle import layout as L
 from ..bundle.evidence import RankEvidence, describe, ring
 from ..bundle.reader import Bundle, integer, number
+from . import sources
 from .model import Finding
 
 LISTED = 8  # ranks with something missing named one by one; the others counted
@@ -30,13 +31,27 @@ def findings(bundle: Bundle, evidence: list[RankEvidence], suspects: list[int]) 
     if len(lacking) > LISTED:
         out.append(Finding("observed", f"{len(lacking) - LISTED} more rank(s) lack a stack or a place in the "
                            "collectives", "ranks/*"))  # fmt: skip
+    detected = sources.detected(bundle)
     for e in evidence:
         if e.rank in suspects and "flight recorder" not in e.position and "its ring" in e.position:
-            line = last_edges(ring(bundle, e.rank))
+            # a detected hang's rank is read as it stood when the collection began, as its flight recorder would be
+            started = sources.collection_started(bundle, e.rank) if e.rank in detected else None
+            edges, later = as_of(ring(bundle, e.rank), started)
+            line = last_edges(edges)
+            if line and later:
+                line += f"; {later} edge(s) after the collection began left out (the dump signal woke it)"
             if line:
                 out.append(Finding("observed", f"rank {e.rank}'s own record (its ring): {line}",
                                    L.rank_member(e.rank, L.HEARTBEAT)))  # fmt: skip
     return out
+
+
+def as_of(ring: list[dict[str, Any]], started: Optional[float]) -> tuple[list[dict[str, Any]], int]:
+    """The ring's edges up to `started` (wall clock; None: all of them), and how many came later."""
+    if started is None:
+        return ring, 0
+    kept = [e for e in ring if (number(e.get("start_wall")) or 0.0) <= started]
+    return kept, len(ring) - len(kept)
 
 
 def _unread(bundle: Bundle) -> list[Finding]:

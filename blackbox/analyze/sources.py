@@ -62,7 +62,7 @@ def flight_recorder_dumps(bundle: Bundle) -> tuple[dict[int, dict[str, Any]], li
         except fr.FlightRecorderError as exc:
             errors.append(f"{name}: {exc}")
     moved: dict[int, int] = {}
-    inside = _inside_a_collective(bundle)
+    inside = detected(bundle)
     for rank, dump in sorted(dumps.items()):
         started = collection_started(bundle, rank) if rank in inside else None
         newer = fr.newer_than(dump, int(started * 1e9)) if started is not None else 0
@@ -83,7 +83,7 @@ def collection_started(bundle: Bundle, rank: int) -> Optional[float]:
                  and node is not None), None)  # fmt: skip
 
 
-def _inside_a_collective(bundle: Bundle) -> dict[int, bool]:
+def detected(bundle: Bundle) -> dict[int, bool]:
     """Per rank the detection names, whether it was inside a collective when the hang was detected."""
     detection = bundle.json(L.DETECTION)
     findings = detection.get("findings") if isinstance(detection, dict) else None

@@ -7,7 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from blackbox.analyze.evidence import findings
 from blackbox.analyze.verdict import analyze
+from blackbox.bundle.evidence import per_rank
 from blackbox.bundle.reader import read_bundle
 from tests.unit.test_hostile_bundles import members, write
 
@@ -56,6 +58,39 @@ def test_a_rank_that_could_not_answer_is_named_with_what_it_has_and_why(tmp_path
     assert report.verdict.suspect_ranks == [2]
     assert ("rank 2's own record (its ring): last entered broadcast #3 at 08:05:03 UTC, never left; in phase "
             "collective since 08:05:03 UTC, at step 41") in texts  # fmt: skip
+
+
+def test_a_detected_hangs_ring_is_read_as_it_stood_when_the_collection_began(tmp_path: Path) -> None:
+    # GIVEN the stopped culprit's ring, with two edges written after the collection of the detected hang began (a
+    # rank that blackbox's dump signal woke from a native sleep moves on for a moment)
+    def woken(files: dict[str, bytes]) -> None:
+        stopped_rank_2(files)
+        hb = json.loads(files["ranks/2/heartbeat.json"])
+        hb["ring"] += [edge(11, "compute", 5, step=41), edge(12, "collective", 6, "all_reduce", 813, step=42)]
+        files["ranks/2/heartbeat.json"] = json.dumps(hb).encode()
+        manifest = json.loads(files["manifest.json"])
+        manifest["collection"]["started"] = T0 + 4.0
+        files["manifest.json"] = json.dumps(manifest).encode()
+
+    path = bundle_with(tmp_path, woken)
+    texts = [f.text for f in analyze(read_bundle(str(path))).findings]
+    # THEN its place is where the hang held it, and the later edges are said to be left out
+    assert ("rank 2's own record (its ring): last entered broadcast #3 at 08:05:03 UTC, never left; in phase "
+            "collective since 08:05:03 UTC, at step 41; 2 edge(s) after the collection began left out (the dump "
+            "signal woke it)") in texts, texts  # fmt: skip
+
+    # AND a collection on request (no detection) reads the ring as written: the job may be running
+    def on_request(files: dict[str, bytes]) -> None:
+        woken(files)
+        del files["detection.json"]
+        manifest = json.loads(files["manifest.json"])
+        manifest["trigger"] = "manual"
+        files["manifest.json"] = json.dumps(manifest).encode()
+
+    b = read_bundle(str(bundle_with(tmp_path, on_request)))
+    said = [f.text for f in findings(b, per_rank(b, [0, 1, 2, 3]), [2]) if f.text.startswith("rank 2's own record")]
+    assert said == ["rank 2's own record (its ring): last entered all_reduce #813 at 08:05:06 UTC, never left; in "
+                    "phase collective since 08:05:06 UTC, at step 42"], said  # fmt: skip
 
 
 def test_a_rank_with_no_stack_and_no_place_is_listed(tmp_path: Path) -> None:
