@@ -5,12 +5,13 @@ Never prints. Imports the stdlib and blackbox's host side."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from . import movers
+from . import movers, safeopen
 from ._recorder import protocol as P
 from ._recorder.redact import redact_argv
 from .adapters import gpu, procfs, proctree
@@ -65,6 +66,11 @@ class Rendezvous:
     not_arrived: list[int]  # alive here, with a heartbeat, and not yet in it
     elsewhere: int  # ranks of the world with no heartbeat here: another node's, or not started
     still_s: float  # how long the waiting ranks have been still (the least of them)
+    # multi-node: of those, the ones another node's blackbox holds (host -> ranks), and the nodes not joined yet
+    elsewhere_on: dict[str, list[int]] = field(default_factory=dict)
+    nodes_not_joined: int = 0
+    nnodes: int = 1
+    coordination: Optional[str] = None  # the coordination's address, where the other nodes' blackbox joins
 
 
 @dataclass
@@ -238,26 +244,51 @@ def read_status(run_dir: str, table: HeartbeatTable, previous: Optional[RunStatu
                             "temperature_c": g.temperature_c, "memory_used_mib": g.memory_used_mib,
                             "memory_total_mib": g.memory_total_mib} for g in gpus],
         stragglers=stragglers, incidents=_incidents(events),
-        rendezvous=_rendezvous(ranks, max((hb.world_size for hb in pages), default=0)),
+        rendezvous=_rendezvous(ranks, max((hb.world_size for hb in pages), default=0), _nodes(run_dir)),
         launcher_waiting=_launcher_waiting(events) if not ranks and why is None else None,
     )  # fmt: skip
 
 
-def _rendezvous(ranks: list[RankStatus], world_size: int) -> Optional[Rendezvous]:
+def _rendezvous(ranks: list[RankStatus], world_size: int, nodes: dict[str, Any]) -> Optional[Rendezvous]:
     """Who waits in init_process_group and who has not arrived there, while some rank has waited there, still, for
-    MOVING_S or more and some has not arrived (a rendezvous that takes a moment is not worth a line)."""
+    MOVING_S or more and some has not arrived (a rendezvous that takes a moment is not worth a line); in a
+    multi-node job, which node holds the ranks not here, and how many nodes have not joined (`nodes`)."""
     alive = [r for r in ranks if r.alive]
     waiting = [r for r in alive if r.join == "joining"]
     if not waiting:
         return None
     not_arrived = [r.rank for r in alive if r.join == ""]
-    elsewhere = max(0, world_size - len({r.rank for r in ranks}))
+    here = {r.rank for r in ranks}
+    elsewhere = max(0, world_size - len(here))
     if not not_arrived and not elsewhere:
         return None
     still = min(r.moved_s for r in waiting)
     if still < MOVING_S:
         return None
-    return Rendezvous(world_size, [r.rank for r in waiting], not_arrived, elsewhere, still)
+    on: dict[str, list[int]] = {}
+    hosts = nodes.get("hosts")
+    for info in hosts.values() if isinstance(hosts, dict) else []:
+        listed = info.get("ranks") if isinstance(info, dict) else None
+        held = [r for r in listed if isinstance(r, int) and r not in here and 0 <= r < world_size] if isinstance(
+            listed, list) else []  # fmt: skip
+        if held:
+            on.setdefault(str(info.get("host"))[:100], []).extend(held)
+    nnodes, joined = nodes.get("nnodes"), nodes.get("joined")
+    missing = nnodes - joined if isinstance(nnodes, int) and isinstance(joined, int) and nnodes > joined else 0
+    address = nodes.get("address")
+    return Rendezvous(world_size, [r.rank for r in waiting], not_arrived, elsewhere, still,
+                      {h: sorted(set(rs)) for h, rs in on.items()}, missing, nnodes if isinstance(nnodes, int) else 1,
+                      str(address)[:200] if address else None)  # fmt: skip
+
+
+def _nodes(run_dir: str) -> dict[str, Any]:
+    """The run dir's nodes.json (the supervisor's word on the other nodes of a multi-node job); {} when absent."""
+    try:
+        owner: Optional[int] = os.stat(run_dir).st_uid
+        data = json.loads(safeopen.read_file(os.path.join(run_dir, P.NODES_FILE), owner, 4 << 20))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def open_table(run_dir: str) -> HeartbeatTable:

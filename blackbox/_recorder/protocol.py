@@ -23,6 +23,7 @@ RANKS_DIR = "ranks"  # <run dir>/ranks/<rank>/: each rank's own directory, writt
 CONSOLE_LOG = "console.log"  # <run dir>/: the job's output (the supervisor's tee), then console.tail.log
 EVENTS_LOG = "events.jsonl"  # <run dir>/: the supervisor's event log
 BUNDLES_DIR = "bundles"  # <run dir>/bundles/: the bundles of the run
+NODES_FILE = "nodes.json"  # <run dir>/: the other nodes of a multi-node job, as the coordination knows them
 COLLECT_REQUEST = "collect-request.json"  # <run dir>/: what `blackbox collect` asks the supervisor beside SIGUSR1
 # in a rank's directory ("%d": a number, the dump request or the count)
 RANK_HEARTBEAT = "heartbeat"  # the mapped page (layout below)

@@ -188,6 +188,14 @@ class Coordination:
             "silent": dict(self.silent), "unanswered_since": self.unanswered_since, "rank_hosts": self.rank_hosts(),
         }  # fmt: skip
 
+    def nodes(self) -> dict[str, Any]:
+        """The job's nodes as the coordination knows them now, for `blackbox status` (the run dir's nodes.json):
+        how many there are, how many joined, and which ranks live on each node that has said so."""
+        hosts = {str(k): {"host": str(v.get("host")), "ranks": [r for r in v.get("ranks") or [] if isinstance(r, int)]}
+                 for k, v in self.hosts.items() if isinstance(v, dict)}  # fmt: skip
+        return {"status": self.status, "address": self.topo.address, "node": self.label, "nnodes": self.topo.nnodes,
+                "joined": self.joined, "hosts": hosts}  # fmt: skip
+
     def rank_hosts(self) -> dict[str, str]:
         """rank -> the host it lives on, as every node's supervisor told the coordination."""
         out: dict[str, str] = {}

@@ -113,8 +113,18 @@ def rendezvous_words(s: RunStatus) -> str:
              f"{printable(by_rank[n].phase)}" for n in z.not_arrived[:8]]  # fmt: skip
     if len(z.not_arrived) > 8:
         named.append(f"{len(z.not_arrived) - 8} more here have not")
-    if z.elsewhere:
-        named.append(f"{z.elsewhere} have no heartbeat here (another node's, or not started)")
+    for host, ranks in sorted(z.elsewhere_on.items(), key=lambda kv: kv[1])[:8]:
+        named.append(f"{plural_ranks(ranks)} on {printable(host)} (`blackbox status` there says which have not "
+                     "called it)")  # fmt: skip
+    unplaced = z.elsewhere - sum(len(r) for r in z.elsewhere_on.values())
+    if unplaced > 0 and z.nodes_not_joined:
+        at = f" at {printable(z.coordination)}" if z.coordination else ""
+        named.append(
+            f"{unplaced} on the {z.nodes_not_joined} of {z.nnodes} node(s) that have not joined blackbox's "
+            f"coordination{at} (their launcher or `blackbox run` has not started, or cannot reach it)"
+        )
+    elif unplaced > 0:
+        named.append(f"{unplaced} have no heartbeat here (another node's, or not started)")
     return out + ": " + "; ".join(named)
 
 

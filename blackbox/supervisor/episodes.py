@@ -53,6 +53,7 @@ class Episodes:
         self._incidents: dict[str, str] = {}  # incident id -> the bundle this node wrote for it
         self._local_incidents = 0
         self.on_stall_end: Optional[Callable[[], None]] = None  # told before the job is ended after a stall
+        self._nodes_written: Optional[dict[str, object]] = None  # the last nodes.json written (write_nodes)
 
     # --- the rules ------------------------------------------------------------------------------------------
     def evaluate(self, views: list[RankView], now: float) -> None:
@@ -340,10 +341,26 @@ class Episodes:
                 "quiet_s": round(max(0.0, now - v.hb.last_progress), 1)} for v in views},
                 "moved_s": None if moved is None else round(max(0.0, now - moved), 1)})  # fmt: skip
 
+    def write_nodes(self) -> None:
+        """The job's nodes as the coordination knows them, for `blackbox status` here (it names the ranks another
+        node holds, and the nodes not joined): rewritten when that changes."""
+        if self.coord is None:
+            return
+        nodes = self.coord.nodes()
+        if nodes == self._nodes_written:
+            return
+        path = os.path.join(self.ctx.run_dir, P.NODES_FILE)
+        fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(nodes, f)
+        os.replace(path + ".tmp", path)
+        self._nodes_written = nodes
+
     def on_coordination(self) -> None:
         if self.coord is None:
             return
         ctx = self.ctx
+        self.write_nodes()
         for msg in self.coord.take():
             node = msg.get("node")
             if msg["ev"] == "silent":

@@ -231,3 +231,37 @@ def test_who_has_not_joined_while_others_wait_in_the_rendezvous(tmp_path: Path) 
         assert after.rendezvous is None and [r.stage for r in after.ranks] == ["startup", "startup"], after
     finally:
         table.close()
+
+
+def test_the_ranks_of_other_nodes_are_named_with_their_host_and_the_nodes_not_joined_counted(tmp_path: Path) -> None:
+    # GIVEN a 3-node job of 4 ranks, seen from node 0 (ranks 0 and 1, both inside init_process_group for 42 s): node 1
+    # (host-b) has joined blackbox's coordination and holds rank 2; node 2 has not joined (rank 3 nowhere)
+    run = make_run(tmp_path, os.getpid())
+    pages = []
+    for rank in (0, 1):
+        hb = HeartbeatWriter(str(run / "ranks" / str(rank) / "heartbeat"), pid=os.getpid(), start_ticks=0, rank=rank,
+                             local_rank=rank, world_size=4, mode="rank")  # fmt: skip
+        now = time.monotonic()
+        hb.progress(0, now - 42, 0.0, 0.0)
+        hb.liveness(1, now)
+        hb.join(P.JOIN_JOINING)
+        pages.append(hb)
+    (run / P.NODES_FILE).write_text(json.dumps({
+        "status": "connected", "address": "host-a:29400", "node": "0", "nnodes": 3, "joined": 2,
+        "hosts": {"0": {"host": "host-a", "ranks": [0, 1]}, "1": {"host": "host-b", "ranks": [2]}}}))  # fmt: skip
+    table = open_table(str(run))
+    try:
+        s = read_status(str(run), table, gpus=[])
+        z = s.rendezvous
+        assert z is not None and (z.elsewhere, z.elsewhere_on, z.nodes_not_joined) == (2, {"host-b": [2]}, 1), z
+        out = io.StringIO()
+        render_status(s, out, width=400)
+        assert ("for 2 of 4 ranks: rank 2 on host-b (`blackbox status` there says which have not called it); 1 on the "
+                "1 of 3 node(s) that have not joined blackbox's coordination at host-a:29400 (their launcher or "
+                "`blackbox run` has not started, or cannot reach it)") in out.getvalue(), out.getvalue()  # fmt: skip
+        # AND a nodes.json that is not the job's (hostile, torn) changes nothing but the naming
+        (run / P.NODES_FILE).write_text('{"hosts": {"1": {"host": "x", "ranks": "2"}}, "nnodes": "3"')
+        torn = read_status(str(run), table, gpus=[]).rendezvous
+        assert torn is not None and (torn.elsewhere, torn.elsewhere_on, torn.nodes_not_joined) == (2, {}, 0), torn
+    finally:
+        table.close()
