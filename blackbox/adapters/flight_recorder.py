@@ -102,9 +102,23 @@ def pg_status(rank: int, dump: dict[str, Any]) -> list[GroupStatus]:
 
 
 def newer_than(dump: dict[str, Any], t_ns: int) -> int:
-    """How many of the dump's entries were created after `t_ns` (blackbox's collection began then): the rank moved
-    on once collected — its dump signal ends a native sleep early — and its dump was written later than that."""
-    return sum(1 for e in dump.get("entries") or [] if isinstance(e, dict) and _created(e) > t_ns)
+    """How many collectives the dump shows after `t_ns` (blackbox's collection began then): the rank moved on once
+    collected — its dump signal ends a native sleep early — and its dump was written later than that. Its entries
+    created later, and, in a group whose count of enqueued collectives runs ahead of its newest entry (the dump was
+    taken as the rank entered its next collective, counted before recorded), those too."""
+    entries = [e for e in dump.get("entries") or [] if isinstance(e, dict)]
+    return sum(1 for e in entries if _created(e) > t_ns) + sum(_ahead(dump, entries).values())
+
+
+def _ahead(dump: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, int]:
+    """Per group that has entries, how far its `last_enqueued_collective` runs ahead of its newest entry."""
+    status = dump.get("pg_status")
+    out: dict[str, int] = {}
+    for group, st in status.items() if isinstance(status, dict) else []:
+        own = [_seq(e, "collective_seq_id") for e in entries if in_group(e, str(group)) and not e.get("is_p2p")]
+        if own and isinstance(st, dict) and _seq(st, "last_enqueued_collective") > max(own):
+            out[str(group)] = _seq(st, "last_enqueued_collective") - max(own)
+    return out
 
 
 def _created(e: dict[str, Any]) -> int:
@@ -113,18 +127,19 @@ def _created(e: dict[str, Any]) -> int:
 
 
 def as_of(dump: dict[str, Any], t_ns: int, waiting: bool) -> dict[str, Any]:
-    """The dump as it stood at `t_ns`: the entries created later left out, and each group they belonged to counted
-    again from the entries kept — its last collective enqueued, still pending when the rank was `waiting` in a
+    """The dump as it stood at `t_ns`: the entries created later left out, and each group they belonged to (or whose
+    enqueued count ran ahead of its entries) counted again from the entries kept — its last collective enqueued, still pending when the rank was `waiting` in a
     collective then (gloo records no completion time: another source says whether the rank was inside it); its
     point-to-point counters, which entries cannot restore, dropped."""
     entries = [e for e in dump.get("entries") or [] if isinstance(e, dict)]
     later = [e for e in entries if _created(e) > t_ns]
-    if not later:
+    groups = {_group_of(e) for e in later} | set(_ahead(dump, entries))
+    if not groups:
         return dump
     kept = [e for e in entries if _created(e) <= t_ns]
     status = dict(dump["pg_status"]) if isinstance(dump.get("pg_status"), dict) else {}
     pending: set[int] = set()  # ids of the entries still pending then
-    for group in {_group_of(e) for e in later}:
+    for group in groups:
         own = [e for e in kept if in_group(e, group) and not e.get("is_p2p")]
         last = max((_seq(e, "collective_seq_id") for e in own), default=-1)
         old = status.get(group)

@@ -358,6 +358,25 @@ def test_a_job_that_moved_on_once_collected_is_judged_as_it_stood_when_the_colle
     assert "after the collection began" not in texts and "rank 3 never entered" not in texts, texts
 
 
+def test_a_rank_whose_dump_counts_a_collective_it_has_no_entry_for_yet_is_read_as_it_stood() -> None:
+    # GIVEN rank 3's dump written as it entered #9 once woken: its group counts #9 enqueued, its entries end at #8 (a
+    # quiet-gallery run of gil-hang: the rank counted as waiting, the verdict every rank in a collective)
+    b = moved_on(detected=True)
+    d3 = pickle.loads(b.files["flight_recorder/fr_trace_3"])
+    d3["pg_status"]["0"]["last_enqueued_collective"] = 9
+    b.files["flight_recorder/fr_trace_3"] = pickle.dumps(d3)
+    assert fr.newer_than(d3, T0 + 10**12) == 1 and [g.last_enqueued for g in fr.pg_status(3, d3)] == [9]
+    # THEN it is read as it stood: #8 its last, so it never entered #9, and it is the one the others wait for
+    report = analyze(b)
+    assert (report.verdict.category, report.verdict.suspect_ranks) == ("hang.compute", [3]), report.verdict.summary
+    assert "rank 3 never entered allreduce #9" in " ".join(f.text for f in report.findings)
+    # AND a dump whose count and entries agree is itself; one with no entries keeps its count (nothing to recount)
+    assert fr.as_of(pickle.loads(b.files["flight_recorder/fr_trace_0"]), T0 + 10**12, True)["pg_status"] == (
+        pickle.loads(b.files["flight_recorder/fr_trace_0"])["pg_status"])  # fmt: skip
+    bare = {**d3, "entries": []}
+    assert fr.newer_than(bare, 0) == 0 and fr.as_of(bare, 0, False) is bare
+
+
 def test_a_dump_cut_at_a_moment_keeps_what_came_before_and_counts_its_group_again() -> None:
     full = pickle.loads(dump(0, WORLD, done("0", 12)))
     t = T0 + 27_000_000  # entries 0-5 (#1-#6) created before it

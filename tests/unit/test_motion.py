@@ -27,6 +27,7 @@ from blackbox._recorder.heartbeat_writer import HeartbeatWriter
 from blackbox.adapters import procfs
 from blackbox.heartbeat_reader import decode
 from blackbox.supervisor import iowatch
+from tests.conftest import wait_for
 
 
 class FakeRecorder:
@@ -713,7 +714,9 @@ def test_the_thread_a_waiting_main_thread_is_as_alive_as_is_named(tmp_path: Path
     finally:
         stop.set()
         worker.join(5)
-    # AND a thread gone keeps nothing alive: no words
+    # AND a thread gone keeps nothing alive: no words (gone from the kernel: join() returns as its Python part ends,
+    # a moment before its task leaves /proc — under load the words below were once read in that moment)
+    wait_for(lambda: not os.path.exists(f"/proc/self/task/{worker.native_id}"), 10, "the thread's task to end")
     assert movers.describe(str(tmp_path), 0, os.getpid(), time.monotonic(), start) == ""
 
 
