@@ -128,9 +128,9 @@ def _created(e: dict[str, Any]) -> int:
 
 def as_of(dump: dict[str, Any], t_ns: int, waiting: bool) -> dict[str, Any]:
     """The dump as it stood at `t_ns`: the entries created later left out, and each group they belonged to (or whose
-    enqueued count ran ahead of its entries) counted again from the entries kept — its last collective enqueued, still pending when the rank was `waiting` in a
-    collective then (gloo records no completion time: another source says whether the rank was inside it); its
-    point-to-point counters, which entries cannot restore, dropped."""
+    enqueued count ran ahead of its entries) counted again from the entries kept — its last collective enqueued,
+    still pending when the rank was `waiting` in a collective then (gloo records no completion time: another source
+    says whether the rank was inside it); its point-to-point counters, which entries cannot restore, dropped."""
     entries = [e for e in dump.get("entries") or [] if isinstance(e, dict)]
     later = [e for e in entries if _created(e) > t_ns]
     groups = {_group_of(e) for e in later} | set(_ahead(dump, entries))
