@@ -72,6 +72,7 @@ class StoreProcess:
         self.roster: list[str] = []
         self.peers: dict[str, dict[str, Any]] = {}  # hosting node only: node -> {"beat", "changed"}
         self.silent: dict[str, Any] = {}  # the last `silent` read from the store
+        self.joined = 0  # the nodes that have joined, as last said (`peers`)
         self.hosts_set = False  # this node's hosts/<node> written
         self.hosts: dict[str, Any] = {}  # node -> {"host", "ranks"}, as read from the store
         self.host_roster: list[str] = []  # the roster as read for the hosts
@@ -210,9 +211,12 @@ class StoreProcess:
             emit("silent", node=node, **silent[node])
         for node in self.silent.keys() - silent.keys():
             emit("back", node=node)
-        if silent != self.silent or self.beat == 1:
-            self.silent = silent
-            emit("peers", joined=int(store.add("roster", 0)))
+        nnodes = self.cfg.get("nnodes")
+        counting = self.joined < nnodes if isinstance(nnodes, int) else self.beat == 1  # until every node has joined
+        joined = int(store.add("roster", 0)) if counting or silent != self.silent else self.joined
+        if silent != self.silent or joined != self.joined or self.beat == 1:
+            self.silent, self.joined = silent, joined
+            emit("peers", joined=joined)
 
     def read(self, key: str) -> Any:
         """A steering key's value as JSON, None when it is not the job's (or not JSON)."""
