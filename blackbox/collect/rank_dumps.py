@@ -138,15 +138,13 @@ class Asking:
 
     def pipe_pending(self) -> bool:
         """Whether a watchdog asked through the debug pipe may still write its dump (found ones move to by_watchdog)."""
-        waiting = False
-        for rank, (dump, asked_at, asked) in list(self.piped.items()):
-            if nccl_pipe.written_since(dump, asked_at):
-                self.by_watchdog.append(rank)
-                del self.piped[rank]
-                time.sleep(0.2)  # torch writes the dump in one go: a few MB at most
-            elif time.monotonic() - asked < PIPE_WAIT_S:
-                waiting = True
-        return waiting
+        found = [rank for rank, (dump, asked_at, _) in self.piped.items() if nccl_pipe.written_since(dump, asked_at)]
+        if found:
+            time.sleep(0.2)  # torch writes the dump in one go: a few MB at most
+        for rank in found:
+            self.by_watchdog.append(rank)
+            del self.piped[rank]
+        return any(time.monotonic() - asked < PIPE_WAIT_S for _, _, asked in self.piped.values())
 
     def unanswered(self) -> dict[int, str]:
         """Why each rank that wrote no dump of its own did not (the manifest's collection.unanswered): stopped,
