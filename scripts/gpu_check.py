@@ -42,6 +42,8 @@ ROWS: dict[str, Row] = {
     "nccl-watchdog": Row("nccl-watchdog", 1, ["--stall-timeout", "90"],
                          {"category": "crash.comm_timeout", "suspect_ranks": [0]}, "flight_recorder/"),
     # CPU time is not progress: rank 1 spins in a host sync while its kernel runs, rank 0 waits in the all_reduce
+    # the GIL held in C: the recorder cannot answer; the watchdog, asked through the debug pipe, writes the recorder
+    "nccl-gil": Row("nccl-gil", 1, HANG, {"category": "hang.compute", "suspect_ranks": [0]}, "flight_recorder/"),
     "gpu-spin": Row("gpu-spin", 2, HANG, {"category": "hang.compute", "suspect_ranks": [1]}, None),
     "loader-hang": Row("loader-hang", 2, HANG,
                        {"category": "hang.data_loading", "suspect_ranks": [1], "phase": "data"}, None),

@@ -12,11 +12,14 @@ Cases (N ranks, backend):
                  waits in the all_reduce
   loader-hang    (2, gloo) rank 1's DataLoader __getitem__ blocks opening a FIFO (a dead mount)
   stopped        (2, gloo) rank 1 stops itself with SIGSTOP
+  nccl-gil       (1, nccl) rank 0 holds the GIL in a C call (its recorder cannot answer): torch's NCCL watchdog, asked
+                 through the debug pipe, writes its flight recorder
   oom            (1, nccl) rank 0 asks for more memory than the GPU has: a real CUDA out-of-memory error
   busy           (N, nccl) multiplies matrices for BB_BUSY_S seconds (60 by default), then exits
 MODEL (default plain) reduces the gradients as scripts/scenarios/models.py does."""
 
 import argparse
+import ctypes
 import os
 import signal
 import sys
@@ -31,7 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "scenarios"))
 from models import wrap  # shared with the CPU gallery's job
 
-CASES = ("nccl-queued", "nccl-watchdog", "gpu-spin", "loader-hang", "stopped", "oom", "busy")
+CASES = ("nccl-queued", "nccl-watchdog", "nccl-gil", "gpu-spin", "loader-hang", "stopped", "oom", "busy")
 GLOO = ("gpu-spin", "loader-hang", "stopped")
 STEP_AT = 3
 KERNEL_S = 300.0  # the long kernel: longer than any row of the check may take
@@ -103,6 +106,9 @@ def main() -> None:
             print(f"rank {rank}: failing now", flush=True)
         if failing and CASE == "stopped":
             os.kill(os.getpid(), signal.SIGSTOP)
+        if failing and CASE == "nccl-gil":
+            torch.cuda.synchronize()
+            ctypes.PyDLL(None).sleep(int(KERNEL_S))  # PyDLL keeps the GIL across the call
         if failing and CASE in ("nccl-queued", "nccl-watchdog", "gpu-spin"):
             long_kernel(device)  # everything after it on this stream waits, the all_reduce below included
         loss = torch.nn.functional.mse_loss(model(x), y)
