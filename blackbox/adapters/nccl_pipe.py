@@ -1,7 +1,7 @@
 """torch's debug pipe (`TORCH_NCCL_DEBUG_INFO_PIPE_FILE`, `TORCH_FR_DEBUG_INFO_PIPE_FILE` on newer releases): the FIFO
 `<prefix><global rank>.pipe` that the watchdog of a rank's default NCCL group creates and polls (about once a second
 with `TORCH_NCCL_DUMP_ON_TIMEOUT`); a byte written to it makes that C++ thread, which needs no GIL, write the rank's
-flight recorder to `<dump prefix><rank>`. Imports the stdlib only."""
+flight recorder to `<dump prefix><rank>`. Imports the stdlib and proctree."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import os
 import stat
 from collections.abc import Mapping
 from typing import Optional
+
+from . import proctree
 
 PIPE_NAMES = ("TORCH_FR_DEBUG_INFO_PIPE_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")  # the names torch reads, newest first
 DUMP_NAMES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
@@ -40,7 +42,7 @@ def poke(pid: int, path: str) -> Optional[str]:
         return ""
     except OSError as exc:
         return f"its debug pipe cannot be read ({exc.strerror})"
-    if not stat.S_ISFIFO(st.st_mode) or not _held_by(pid, st):
+    if not stat.S_ISFIFO(st.st_mode) or not proctree.holds(pid, st.st_dev, st.st_ino, os.path.basename(path)):
         return "its debug pipe is not a FIFO the rank holds open: not written"
     try:
         fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -60,22 +62,6 @@ def poke(pid: int, path: str) -> Optional[str]:
     finally:
         os.close(fd)
     return None
-
-
-def _held_by(pid: int, st: os.stat_result) -> bool:
-    """Whether process `pid` has the file `st` open."""
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for name in names:
-        try:
-            held = os.stat(f"/proc/{pid}/fd/{name}")
-        except OSError:
-            continue
-        if (held.st_dev, held.st_ino) == (st.st_dev, st.st_ino):
-            return True
-    return False
 
 
 def written_since(path: str, since: float) -> bool:

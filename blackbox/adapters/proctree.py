@@ -227,21 +227,28 @@ def holders(dev: int, ino: int, name: str, limit: int = 8) -> list[int]:
     except OSError:
         return out
     for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")[:MAX_WAIT_FDS]
-        except OSError:
-            continue
-        for fd in fds:
-            target = fd_target(pid, int(fd)) if fd.isdigit() else None
-            if target is None or not target.endswith(name):
-                continue
-            try:
-                st = os.stat(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if (st.st_dev, st.st_ino) == (dev, ino):
-                out.append(pid)
-                break
+        if holds(pid, dev, ino, name):
+            out.append(pid)
         if len(out) >= limit:
             break
     return out
+
+
+def holds(pid: int, dev: int, ino: int, name: str) -> bool:
+    """Whether process `pid` holds a file open: a descriptor whose target ends in `name` and that is the same file
+    (device and inode), among its first MAX_WAIT_FDS."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")[:MAX_WAIT_FDS]
+    except OSError:
+        return False
+    for fd in fds:
+        target = fd_target(pid, int(fd)) if fd.isdigit() else None
+        if target is None or not target.endswith(name):
+            continue
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == (dev, ino):
+            return True
+    return False

@@ -74,6 +74,7 @@ class Asking:
         if self.job_ends:
             self.signal(self.able.values())
         self.wait(wait)
+        self.pipe_pending()  # a watchdog's dump that came as the wait ended
         if self.signalled:
             time.sleep(0.2)  # faulthandler writes from the signal handler: a fraction of a millisecond
         return ("ok" if not self.pending else "partial"), self.detail(wait)
@@ -172,7 +173,6 @@ class Asking:
             out += f"; no answer within {wait:g} s from rank(s) {waited}"
         if self.gone:
             out += f"; rank(s) {sorted(self.gone)} ended before answering"
-        self.pipe_pending()
         if self.by_watchdog:
             out += (f"; the flight recorder of rank(s) {sorted(self.by_watchdog)} written by torch's NCCL watchdog, "
                     "asked through its debug pipe")  # fmt: skip

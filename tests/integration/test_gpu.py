@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from blackbox.bundle.reader import read_bundle
-from tests.conftest import PROGRAMS, TORCHRUN, bundles, run_blackbox
+from tests.conftest import PROGRAMS, ROOT, TORCHRUN, bundles, run_blackbox
 
 pytestmark = pytest.mark.gpu
 
@@ -45,9 +45,10 @@ def test_gpu_facts_come_from_nvml_or_nvidia_smi() -> None:
 
 def test_a_rank_holding_the_gil_on_nccl_has_its_flight_recorder_from_the_watchdog(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    res = run_blackbox(["run", "--run-dir", str(run_dir), "--stall-timeout", "4", "--kill-grace", "3", "--", TORCHRUN,
-                        "--standalone", "--nproc-per-node", "1", str(PROGRAMS / "nccl_gil_rank.py")], tmp_path,
-                       timeout=240)  # fmt: skip
+    job = [TORCHRUN, "--standalone", "--nproc-per-node", "1", str(ROOT / "scripts" / "gpu_scenarios.py"), "--case",
+           "nccl-gil"]  # fmt: skip  # the GPU check's row of the same name
+    res = run_blackbox(["run", "--run-dir", str(run_dir), "--stall-timeout", "4", "--kill-grace", "3", "--", *job],
+                       tmp_path, timeout=240)  # fmt: skip
     assert res.returncode == 86, res.stderr[-3000:]
     (bundle,) = bundles(run_dir)
     if os.environ.get("BB_GPU_FIXTURES"):
