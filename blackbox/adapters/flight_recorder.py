@@ -112,12 +112,17 @@ def newer_than(dump: dict[str, Any], t_ns: int) -> int:
 
 def _ahead(dump: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, int]:
     """Per group that has entries, how far its `last_enqueued_collective` runs ahead of its newest entry."""
+    newest: dict[str, int] = {}  # group -> its newest entry's sequence number: one pass over the entries
+    for e in entries:
+        if not e.get("is_p2p"):
+            group = _group_of(e)
+            newest[group] = max(newest.get(group, -1), _seq(e, "collective_seq_id"))
     status = dump.get("pg_status")
     out: dict[str, int] = {}
     for group, st in status.items() if isinstance(status, dict) else []:
-        own = [_seq(e, "collective_seq_id") for e in entries if in_group(e, str(group)) and not e.get("is_p2p")]
-        if own and isinstance(st, dict) and _seq(st, "last_enqueued_collective") > max(own):
-            out[str(group)] = _seq(st, "last_enqueued_collective") - max(own)
+        last = newest.get(str(group))
+        if last is not None and isinstance(st, dict) and _seq(st, "last_enqueued_collective") > last:
+            out[str(group)] = _seq(st, "last_enqueued_collective") - last
     return out
 
 
