@@ -15,6 +15,8 @@ from . import proctree
 
 PIPE_NAMES = ("TORCH_FR_DEBUG_INFO_PIPE_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE")  # the names torch reads, newest first
 DUMP_NAMES = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+BUFFER_NAMES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+TORCH_DUMP_PREFIX = "/tmp/nccl_trace_rank_"  # torch's own, where the job names none
 
 
 def _first(env: Mapping[str, str], names: tuple[str, ...]) -> Optional[str]:
@@ -25,6 +27,12 @@ def pipe_path(env: Mapping[str, str], rank: int) -> Optional[str]:
     """The rank's debug pipe, where its environment names a prefix (blackbox run sets one)."""
     prefix = _first(env, PIPE_NAMES)
     return f"{prefix}{rank}.pipe" if prefix else None
+
+
+def recording(env: Mapping[str, str]) -> bool:
+    """Whether the job's environment turns torch's flight recorder on (its buffer holds entries)."""
+    size = _first(env, BUFFER_NAMES) or "0"
+    return size.strip().isdigit() and int(size) > 0
 
 
 def dump_path(env: Mapping[str, str], default_prefix: str, rank: int) -> str:

@@ -50,6 +50,14 @@ def is_stopped(pid: int) -> bool:
     return st is not None and st.state in ("T", "t")
 
 
+def started(start_ticks: int) -> Optional[float]:
+    """The wall time a process started, from its start in clock ticks after boot."""
+    try:
+        return psutil.boot_time() + start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, RuntimeError):
+        return None
+
+
 def unsuspendable(pid: int) -> Optional[str]:
     """Why py-spy could not suspend `pid` to read it, or None: stopped (it cannot be suspended again), or a thread
     in uninterruptible sleep (D: a hung mount, a vfork — the attach waits until the kernel lets it go, which may be

@@ -384,34 +384,43 @@ class Collector:
         w.step("/proc", "ok" if not gone else "partial", t,
                f"{len(procs) - len(gone)}/{len(procs)} process(es)" + (f"; gone: {gone}" if gone else ""))  # fmt: skip
 
-    def request_dumps(self, ranks: list[RankTarget], w: BundleWriter, deadline: float) -> dict[int, str]:
-        """Every live recorded rank's own dump, from those that can give it (collect.rank_dumps). Returns why
-        each rank that wrote none did not."""
+    def request_dumps(
+        self, ranks: list[RankTarget], w: BundleWriter, deadline: float
+    ) -> tuple[dict[int, str], dict[int, str]]:
+        """Every live recorded rank's own dump, from those that can give it (collect.rank_dumps); where no rank
+        runs the recorder, torch's own flight recorder. Returns why each rank that wrote none did not, and the dumps
+        torch wrote where the job chose (rank -> path)."""
         t = time.monotonic()
         live = [r for r in ranks if r.alive and r.hb is not None]
         if self.table is None or not live:
-            if ranks:
-                w.step("rank dumps", "skipped", t, "no rank runs the recorder: stacks come from py-spy and /proc")
-            return {}
+            if not ranks:
+                return {}, {}
+            status, detail, dumps = rank_dumps.from_watchdogs(ranks, self.job.env, self.progress)
+            w.step("rank dumps", status, t, detail)
+            return {}, dumps
         wait = self._left(deadline, self.options.dump_timeout)
         asking = rank_dumps.Asking(self.table, live, self.job.env, self.options.job_ends, self.progress)
         status, detail = asking.run(wait)
         w.step("rank dumps", status, t, detail)
-        return asking.unanswered()
+        return asking.unanswered(), {}
 
-    def rank_files(self, ranks: list[RankTarget], w: BundleWriter, error_files: dict[int, str]) -> None:
+    def rank_files(self, ranks: list[RankTarget], w: BundleWriter, error_files: dict[int, str],
+                   torch_dumps: dict[int, str]) -> None:  # fmt: skip
+        """The recorder's files in the run dir, and the files the job chose (torchelastic's error file, torch's own
+        flight-recorder dumps): only the job's own, read as its user."""
         t = time.monotonic()
         run = RunDir(self.job.run_dir, self.job.owner) if self.job.run_dir else None
         files = [(src, arc, True) for src, arc in _rank_files(run, [r.rank for r in ranks])] if run else []
-        for rank, error_file in sorted(error_files.items()):  # a path the job chose: only the job's own file
+        for rank, error_file in sorted(error_files.items()):
             if os.path.lexists(error_file):
                 files.append((error_file, L.rank_member(rank, L.TORCHELASTIC_ERROR), False))
+        files += [(dump, f"{L.FLIGHT_RECORDER_DIR}{P.FR_PREFIX}{rank}", False) for rank, dump in torch_dumps.items()]
         if not files:
             return
         self.progress(f"copying {len(files)} recorder file(s)")
         copied, failed = 0, []
         for src, arc, in_run in files:
-            binary = src.endswith(".pickle") or os.path.basename(src).startswith(P.FR_PREFIX)
+            binary = src.endswith(".pickle") or L.is_flight_recorder_dump(arc)
             cap = BINARY_FILE_CAP if binary else RANK_FILE_CAP
             try:
                 data = run.read(src, cap + 1) if in_run and run else read_file(src, self.job.owner, cap + 1)
@@ -566,13 +575,14 @@ class Collector:
             procs.append(_Proc(None, job.agent_pid, False))
         node_pool = ThreadPoolExecutor(max_workers=7, thread_name_prefix="blackbox-node")
         unanswered: dict[int, str] = {}  # why a rank wrote no dump of its own
+        torch_dumps: dict[int, str] = {}
         try:
             node = self.node_facts(node_pool)
             taken = self.pyspy_stacks(procs, w, deadline)  # first: from outside, before any signal changes a rank
             self.native_where_ambiguous(procs, taken, w, deadline)
             polls = self.poll_checks(procs, taken, w, deadline)
             self.proc_state(procs, w, polls)
-            unanswered = self.request_dumps(ranks, w, deadline)
+            unanswered, torch_dumps = self.request_dumps(ranks, w, deadline)
             now = time.monotonic()
             t = now
             recorded = [r for r in ranks if r.hb is not None]
@@ -586,7 +596,7 @@ class Collector:
                 w.add_json(L.COORDINATION, job.coordination)
             if recorded:
                 w.step("heartbeats", "ok", t, f"{len(recorded)} rank(s)")
-            self.rank_files(ranks, w, error_files)
+            self.rank_files(ranks, w, error_files, torch_dumps)
             t = time.monotonic()
             console, where = self._console_source()
             if console is not None:

@@ -180,3 +180,57 @@ class Asking:
             out += (f"; rank(s) {sorted(self.piped)}: asked through the debug pipe, torch's watchdog wrote no flight "
                     f"recorder within {PIPE_WAIT_S:g} s")  # fmt: skip
         return out
+
+
+def from_watchdogs(
+    ranks: list[RankTarget], env: dict[str, str], progress: Callable[[str], None]
+) -> tuple[str, str, dict[int, str]]:
+    """The flight recorders of ranks that run no recorder (a job not started under `blackbox run`), from torch
+    itself: each live rank's NCCL watchdog is asked through its debug pipe where the job's environment names one,
+    and a dump torch wrote since the rank started (on a timeout, with TORCH_NCCL_DUMP_ON_TIMEOUT) is taken too.
+    (status, detail, rank -> its dump: a file the job chose, to read as the job's user)."""
+    none = "no rank runs the recorder: stacks come from py-spy and /proc"
+    if not nccl_pipe.recording(env):
+        return "skipped", (f"{none}; torch's flight recorder is off in the job's environment (set "
+                           "TORCH_NCCL_TRACE_BUFFER_SIZE=2000 and TORCH_NCCL_DEBUG_INFO_PIPE_FILE=/tmp/nccl_pipe_ "
+                           "before a job starts to read an NCCL job's record from outside)"), {}  # fmt: skip
+    dumps = {r.rank: nccl_pipe.dump_path(env, nccl_pipe.TORCH_DUMP_PREFIX, r.rank) for r in ranks}
+    asked_at, notes = time.time(), []
+    asked = []
+    for r in ranks:
+        why = nccl_pipe.poke(r.pid, pipe) if r.alive and (pipe := nccl_pipe.pipe_path(env, r.rank)) else ""
+        if why is None:
+            asked.append(r.rank)
+        elif why:
+            notes.append(f"rank {r.rank}: {why}")
+    if asked:
+        progress(f"asking the NCCL watchdog of {len(asked)} rank(s) for its flight recorder")
+    piped = _written(asked, dumps, asked_at)
+    earlier = [r.rank for r in ranks if r.rank not in piped and (since := procfs.started(r.start_ticks)) is not None
+               and nccl_pipe.written_since(dumps[r.rank], since)]  # fmt: skip
+    out = [none]
+    if piped:
+        out.append(f"the flight recorder of rank(s) {piped} written by torch's NCCL watchdog, asked through its "
+                   "debug pipe")  # fmt: skip
+    if earlier:
+        out.append(f"the flight recorder of rank(s) {earlier} as torch wrote it before the collection (a timeout's "
+                   "dump)")  # fmt: skip
+    if missing := sorted(set(asked) - set(piped)):
+        out.append(f"rank(s) {missing}: asked through the debug pipe, torch's watchdog wrote no flight recorder "
+                   f"within {PIPE_WAIT_S:g} s")  # fmt: skip
+    if not asked and not earlier and not notes:
+        out.append("no debug pipe is named in the job's environment (TORCH_NCCL_DEBUG_INFO_PIPE_FILE) and torch "
+                   "wrote no flight recorder of its own")  # fmt: skip
+    taken = {rank: dumps[rank] for rank in sorted(piped + earlier)}
+    return ("ok" if taken else "skipped"), "; ".join(out + notes), taken
+
+
+def _written(asked: list[int], dumps: dict[int, str], asked_at: float) -> list[int]:
+    """The ranks of `asked` whose watchdog wrote its dump within PIPE_WAIT_S."""
+    end = time.monotonic() + PIPE_WAIT_S
+    while time.monotonic() < end and not all(nccl_pipe.written_since(dumps[rank], asked_at) for rank in asked):
+        time.sleep(0.1)
+    done = [rank for rank in asked if nccl_pipe.written_since(dumps[rank], asked_at)]
+    if done:
+        time.sleep(0.2)  # torch writes the dump in one go: a few MB at most
+    return done

@@ -156,6 +156,37 @@ def test_a_rank_that_cannot_run_python_is_not_signalled_and_its_watchdog_dumps_t
     assert held["rank"] == 0 and "flight recorder" in held["position"], held
 
 
+def test_a_job_not_under_blackbox_gives_its_flight_recorder_through_torchs_debug_pipe(tmp_path: Path) -> None:
+    # GIVEN a rank started without blackbox, torch's flight recorder and debug pipe named in its environment as a
+    # user sets them, its Python stuck with the GIL held in C (tests/programs/watchdog_rank.py: a child stands in for
+    # NCCL's watchdog thread)
+    ready = tmp_path / "ready"
+    env = job_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", TORCH_NCCL_TRACE_BUFFER_SIZE="2000",
+                  TORCH_NCCL_DEBUG_INFO_TEMP_FILE=str(tmp_path / "nccl_trace_rank_"),
+                  TORCH_NCCL_DEBUG_INFO_PIPE_FILE=str(tmp_path / "nccl_pipe_"))  # fmt: skip
+    rank = subprocess.Popen([sys.executable, str(PROGRAMS / "watchdog_rank.py"), str(ready),
+                             str(tmp_path / "rendezvous")], env=env)  # fmt: skip
+    try:
+        wait_for(ready.exists, 60, "the process to hold the GIL")
+        # WHEN blackbox collect is pointed at it
+        res = collect(rank.pid, tmp_path / "out")
+        assert res.returncode == 0, res.stderr
+        files = members(Path(json.loads(res.stdout)["bundle"]))
+        # THEN torch's watchdog was asked through the pipe, said so, and its dump is the rank's flight recorder
+        step = manifest_step(files, "rank dumps")
+        said = "the flight recorder of rank(s) [0] written by torch's NCCL watchdog, asked through its debug pipe"
+        assert step["status"] == "ok" and said in step["detail"], step
+        assert files[f"{P.FR_DIR}/{P.FR_PREFIX}0"] == (tmp_path / "nccl_trace_rank_0").read_bytes()
+        rep = subprocess.run([*BLACKBOX, "report", json.loads(res.stdout)["bundle"], "--format", "json",
+                              "--no-index"], capture_output=True, env=job_env(), timeout=60)  # fmt: skip
+        (held,) = json.loads(rep.stdout)["evidence"]
+        assert held["rank"] == 0 and "flight recorder" in held["position"], held
+        assert rank.poll() is None  # and it runs on, untouched
+    finally:
+        rank.kill()
+        rank.wait()
+
+
 @pytest.mark.xdist_group("plain-torchrun")
 def test_py_spy_missing_still_gives_a_bundle(
     tmp_path: Path, plain_torchrun: tuple[subprocess.Popen[bytes], list[int]]

@@ -8,7 +8,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from blackbox.adapters import nccl_pipe
+from blackbox.adapters import nccl_pipe, procfs
+from blackbox.collect import rank_dumps
+from blackbox.collect.job import RankTarget
 from tests.conftest import wait_for
 
 
@@ -53,3 +55,39 @@ def test_names_and_paths_follow_the_torch_release() -> None:
     assert nccl_pipe.pipe_path({}, 3) is None
     assert nccl_pipe.dump_path({}, "/run/fr/fr_trace_", 3) == "/run/fr/fr_trace_3"
     assert nccl_pipe.dump_path({"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/mine/t_"}, "/run/fr/fr_trace_", 3) == "/mine/t_3"
+
+
+def test_a_job_not_under_blackbox_gives_torchs_own_record(tmp_path: Path) -> None:
+    # GIVEN ranks that run no recorder: rank 0 (this process) whose torch wrote its dump on a timeout, rank 1 whose
+    # path holds a dump from before it started (a previous job's), rank 2 whose watchdog reads its debug pipe
+    me = procfs.proc_stat(os.getpid())
+    assert me is not None
+    (tmp_path / "trace_0").write_bytes(b"dump of rank 0")
+    (tmp_path / "trace_1").write_bytes(b"an older job's dump")
+    os.utime(tmp_path / "trace_1", (946684800, 946684800))
+    pipe = tmp_path / "pipe_2.pipe"
+    os.mkfifo(pipe, 0o600)
+    watchdog = subprocess.Popen(["sh", "-c", f'exec 3<>"{pipe}"; read -r x <&3; printf "dump of rank 2" > '
+                                 f'"{tmp_path}/trace_2"; exec sleep 30'])  # fmt: skip
+    try:
+        wait_for(lambda: os.path.exists(f"/proc/{watchdog.pid}/fd/3"), 10, "the watchdog to open its pipe")
+        other = procfs.proc_stat(watchdog.pid)
+        assert other is not None
+        ranks = [RankTarget(0, os.getpid(), me.start_ticks, True), RankTarget(1, os.getpid(), me.start_ticks, True),
+                 RankTarget(2, watchdog.pid, other.start_ticks, True)]  # fmt: skip
+        env = {"TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"{tmp_path}/trace_",
+               "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{tmp_path}/pipe_"}  # fmt: skip
+        # WHEN the collection asks torch itself
+        said: list[str] = []
+        status, detail, dumps = rank_dumps.from_watchdogs(ranks, env, said.append)
+    finally:
+        watchdog.kill()
+        watchdog.wait()
+    # THEN rank 2's watchdog was asked and wrote, rank 0's own dump is taken, rank 1's stale one is not
+    assert status == "ok" and dumps == {0: f"{tmp_path}/trace_0", 2: f"{tmp_path}/trace_2"}, (detail, dumps)
+    assert "the flight recorder of rank(s) [2] written by torch's NCCL watchdog, asked through its debug pipe" in detail
+    assert "the flight recorder of rank(s) [0] as torch wrote it before the collection (a timeout's dump)" in detail
+    assert said == ["asking the NCCL watchdog of 1 rank(s) for its flight recorder"]
+    # AND a job whose flight recorder is off gets the advice, and nothing is asked
+    status, detail, dumps = rank_dumps.from_watchdogs(ranks, {}, said.append)
+    assert (status, dumps) == ("skipped", {}) and "set TORCH_NCCL_TRACE_BUFFER_SIZE=2000" in detail, detail
