@@ -27,6 +27,7 @@ class PySpyResult:
     threads: Optional[list[dict[str, Any]]]  # py-spy's JSON: [{thread_id, thread_name, owns_gil, frames: [...]}]
     error: Optional[str]  # one sentence, with the fix where there is one
     refused: bool = False  # ptrace (or reading the process's memory) was refused: no CAP_SYS_PTRACE, seccomp, Yama
+    timed_out: bool = False  # py-spy was ended at its time limit (a busy machine: it may finish given longer)
 
 
 ENV_PYSPY = "BLACKBOX_PYSPY"  # the py-spy executable to use
@@ -62,7 +63,7 @@ def dump(pid: int, *, native: bool = False, locals: bool = False, timeout: float
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        return PySpyResult(pid, None, f"py-spy did not finish within {timeout:g} s")
+        return PySpyResult(pid, None, f"py-spy did not finish within {timeout:g} s", timed_out=True)
     except OSError as exc:
         return PySpyResult(pid, None, f"py-spy could not be run: {exc.strerror}")
     if out.returncode != 0:

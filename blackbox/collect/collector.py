@@ -251,21 +251,28 @@ class Collector:
         per_process = self.options.dump_timeout * (3 if self.options.native else 1)
         done = 0
         still: dict[str, list[int]] = {}  # processes read without suspending them, by why
+        retried: list[int] = []  # processes py-spy did not finish in time, read once more
+
+        def read(p: _Proc, held: Optional[str], cap: float) -> pyspy.PySpyResult:
+            return pyspy.dump(p.pid, native=self.options.native and not held, locals=self.options.locals,
+                              timeout=self._left(deadline, cap), exe=exe, nonblocking=held is not None)  # fmt: skip
 
         def one(p: _Proc) -> pyspy.PySpyResult:
             nonlocal done
             if time.monotonic() >= deadline:
                 return pyspy.PySpyResult(p.pid, None, "not started: the collection budget was spent")
             held = p.unsuspendable  # read without suspending it: it cannot be suspended (soon)
-            left = self._left(deadline, per_process)
-            result = pyspy.dump(p.pid, native=self.options.native and not held, locals=self.options.locals,
-                                timeout=left, exe=exe, nonblocking=held is not None)  # fmt: skip
+            result = read(p, held, per_process)
             if held is None and result.refused and time.monotonic() < deadline:
                 # ptrace refused (no CAP_SYS_PTRACE in a pod, a seccomp profile, Yama): its memory may still be
                 # readable (/proc/PID/mem), without suspending it
                 held = pyspy.REFUSED
-                result = pyspy.dump(p.pid, locals=self.options.locals, timeout=self._left(deadline, per_process),
-                                    exe=exe, nonblocking=True)  # fmt: skip
+                result = read(p, held, per_process)
+            if result.timed_out and deadline - time.monotonic() > per_process:
+                # a machine too busy for py-spy to finish in time (the job's own ranks on every core): the stack
+                # from outside may be the only one, so it gets one more try, twice as long, within the budget
+                retried.append(p.pid)
+                result = read(p, held, 2 * per_process)
             if held is not None:
                 still.setdefault(str(held), []).append(p.pid)
             done += 1
@@ -292,6 +299,8 @@ class Collector:
             detail += ", --native"
         for held, pids in sorted(still.items()):
             detail += f"; pids {sorted(pids)} {held}: read without suspending them (--nonblocking, no native frames)"
+        if retried:
+            detail += f"; pids {sorted(retried)}: py-spy did not finish within {per_process:g} s, read once more"
         detail += "".join(f"; pids {pids}: {error}" for error, pids in errors.items())
         w.step("py-spy", status, t, detail)
         return got

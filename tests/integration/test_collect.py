@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from blackbox._recorder import protocol as P
+from blackbox.adapters import pyspy
 from blackbox.adapters.procfs import is_alive
 from blackbox.bundle.reader import read_bundle
 from blackbox.events import read_events
@@ -185,6 +186,33 @@ def test_a_job_not_under_blackbox_gives_its_flight_recorder_through_torchs_debug
     finally:
         rank.kill()
         rank.wait()
+
+
+@pytest.mark.xdist_group("plain-torchrun")
+def test_a_py_spy_too_slow_for_its_time_is_run_once_more(
+    tmp_path: Path, plain_torchrun: tuple[subprocess.Popen[bytes], list[int]]
+) -> None:
+    agent, ranks = plain_torchrun
+    # GIVEN a machine too busy for py-spy's first read of each process to finish within --dump-timeout (played by a
+    # py-spy whose first run per process outlasts it; the second is the real one)
+    real, _ = pyspy.find()
+    slow = tmp_path / "py-spy"
+    slow.write_text(f"""#!/bin/sh
+pid=; prev=; for arg in "$@"; do [ "$prev" = --pid ] && pid=$arg; prev=$arg; done
+[ -e "{tmp_path}/read-$pid" ] || {{ : > "{tmp_path}/read-$pid"; exec sleep 30; }}
+exec "{real}" "$@"
+""")
+    slow.chmod(0o755)
+    # WHEN blackbox collect reads the job
+    res = collect(agent.pid, tmp_path / "out", "--dump-timeout", "3", env=job_env(BLACKBOX_PYSPY=str(slow)))
+    assert res.returncode == 0, res.stderr
+    files = members(Path(json.loads(res.stdout)["bundle"]))
+    # THEN each process was read once more, given twice as long, and every stack is in the bundle
+    step = manifest_step(files, "py-spy")
+    assert step["status"] == "ok", step
+    assert f"pids {sorted([agent.pid, *ranks])}: py-spy did not finish within 3 s, read once more" in step["detail"]
+    assert "ranks/0/py-spy.json" in files and "ranks/1/py-spy.json" in files and "agent/py-spy.json" in files
+    assert agent.poll() is None
 
 
 @pytest.mark.xdist_group("plain-torchrun")
