@@ -269,16 +269,18 @@ class Episodes:
     # --- incidents ------------------------------------------------------------------------------------------
     def collect(self, trigger: Trigger, detection: Optional[Detection], job_ends: bool = False,
                 incident: Optional[dict[str, object]] = None, budget: Optional[float] = None,
-                written_then: Optional[Callable[[], None]] = None, alert: bool = True) -> Optional[Report]:  # fmt: skip
+                written_then: Optional[Callable[[], None]] = None,
+                preemption: bool = False) -> Optional[Report]:  # fmt: skip
         """Bundle this node's evidence for an incident. `incident`: another node's, which this node collects for;
         otherwise this node's trigger is posted to every node first. `budget`: the collection's seconds, when fewer
         than its own budget (a preemption's grace); `written_then`: called once the bundle is written (or could not
-        be), before it is analysed. A preempted job's bundle raises no alarm (nor one taken with `alert` False: a
-        preStop hook's): no incident."""
+        be), before it is analysed. `preemption`: this node is being ended from outside (a preStop hook, a SIGTERM):
+        the bundle is this node's alone — not posted (every node being ended gets its own signal; one pod deleted is
+        no incident of the others') — and, as any preempted job's, raises no alarm: no incident."""
         ctx = self.ctx
         own = incident is None
         if incident is None:
-            incident, own = self._post_incident(trigger, detection)
+            incident, own = self._incident(trigger, detection, post=not preemption)
         iid = str(incident.get("id"))
         if iid in self._incidents:  # joined an incident this node has already collected for
             ctx.event("same_episode", rule=trigger.name, incident=iid, bundle=self._incidents[iid])
@@ -296,11 +298,11 @@ class Episodes:
         self._incidents[iid] = written.path
         ctx.event("bundle", path=written.path, trigger=trigger.name, incident=iid)
         ctx.say(f"evidence bundle: {written.path}")
-        return self.evidence.take_in(written, trigger, alert=alert and own and not self.process.preempted)
+        return self.evidence.take_in(written, trigger, alert=own and not (preemption or self.process.preempted))
 
-    def _post_incident(self, trigger: Trigger, detection: Optional[Detection]) -> tuple[dict[str, object], bool]:
-        """Tell every node (each collects its own evidence under the same incident id); or, alone, an id of
-        this node's own. (incident, whether this node is the one that posted it)."""
+    def _incident(self, trigger: Trigger, detection: Optional[Detection], post: bool) -> tuple[dict[str, object], bool]:
+        """This node's incident: with `post`, told to every node (each collects its own evidence under the same
+        id); otherwise, or alone, an id of this node's own. (incident, whether this node is the one that posted it)."""
         rule = detection.rule if detection is not None else trigger.rule
         body: dict[str, object] = {
             "trigger": trigger.name, "triggered_by": trigger.to_json(), "rule": rule, "kind": incident_kind(rule),
@@ -308,7 +310,7 @@ class Episodes:
             "reason": detection.reason if detection is not None else trigger.name,
             "ranks": list(detection.ranks) if detection is not None else [],
         }  # fmt: skip
-        if self.coord is not None:
+        if post and self.coord is not None:
             posted = self.coord.post(body)
             if posted is not None:
                 return posted[0], posted[1]

@@ -205,7 +205,7 @@ def forge(port: int, job_key: str, key: str, value: dict[str, Any]) -> None:
     PrefixStore(f"blackbox/{job_key}/", base).set(key, json.dumps(value))
 
 
-def test_a_forged_stall_from_outside_the_job_is_rejected_and_the_job_runs_on(tmp_path: Path) -> None:
+def test_a_forged_stall_is_rejected_and_one_nodes_prestop_is_its_own(tmp_path: Path) -> None:
     # GIVEN a two-node job whose nodes share a secret, both stepping
     port = free_port(also=1000)
     secret = tmp_path / "job-secret"
@@ -231,6 +231,15 @@ def test_a_forged_stall_from_outside_the_job_is_rejected_and_the_job_runs_on(tmp
     assert all(p.poll() is None for p in nodes), [p.poll() for p in nodes]
     assert not any(sorted((d / "bundles").glob("*.tar.gz")) for d in dirs)
     assert not any(has_event(d, "remote_incident") or has_event(d, "node_silent") for d in dirs)
+    # WHEN node 0's pod alone is being deleted (a drain): its preStop hook, `blackbox collect --preemption`
+    res = subprocess.run([*BLACKBOX, "collect", "--preemption", str(nodes[0].pid), "--format", "json"],
+                         env=job_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    # THEN node 0 took its own evidence, and node 1 was not made to collect: one pod's ending is not the others'
+    # incident (every node being ended gets a hook of its own)
+    (prestop,) = (dirs[0] / "bundles").glob("*-signal-prestop.tar.gz")
+    time.sleep(4 * POLL_S)  # a posted incident is collected within a poll
+    assert not sorted((dirs[1] / "bundles").glob("*.tar.gz")) and not has_event(dirs[1], "remote_incident")
     # and a real stall afterwards is still posted, signed, and collected on both nodes as one incident
     (tmp_path / "fail-now").touch()
     results = [finish(p) for p in nodes]
@@ -238,7 +247,7 @@ def test_a_forged_stall_from_outside_the_job_is_rejected_and_the_job_runs_on(tmp
         assert code == 86, err[-3000:]
         assert "rejected a post to the coordination store" in err and "the job goes on" in err
         assert "is unauthenticated" not in err and "a-secret-only-the-job-has" not in err
-    bundles = [sorted((d / "bundles").glob("*.tar.gz")) for d in dirs]
+    bundles = [sorted(set((d / "bundles").glob("*.tar.gz")) - {prestop}) for d in dirs]
     assert [len(b) for b in bundles] == [1, 1], results[0][1][-2000:] + results[1][1][-2000:]
     assert manifest(bundles[0][0])["incident"]["id"] == manifest(bundles[1][0])["incident"]["id"] != "forged-i1"
     assert report(bundles[0][0], bundles[1][0])["verdict"]["suspect_ranks"] == [3]
