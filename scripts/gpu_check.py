@@ -51,8 +51,9 @@ ROWS: dict[str, Row] = {
     "cuda-oom": Row("oom", 1, ["--stall-timeout", "60", "--cuda-memory-history", "100000"],
                     {"category": "crash.oom", "suspect_ranks": [0]}, "memory-snapshot-oom"),
 }  # fmt: skip
-EXTRA = ("nvml-status", "doctor")  # rows that are not a verdict
-NEEDS_CUDA = (*ROWS, "nvml-status")
+EXTRA = ("nvml-status", "doctor", "nccl-gil-collect")  # rows that are not a verdict
+NEEDS_CUDA = (*ROWS, "nvml-status", "nccl-gil-collect")
+COLLECTED = "written by torch's NCCL watchdog, asked through its debug pipe"  # the rank dumps step's words
 
 
 class Result(NamedTuple):
@@ -166,6 +167,42 @@ def nvml_row(tmp: Path, budget_s: float) -> tuple[bool, str]:
         keep(run_dir, "nvml-status")
 
 
+def collect_row(tmp: Path, budget_s: float) -> tuple[bool, str]:
+    """`blackbox collect` of the nccl-gil job started without blackbox, torch's flight recorder and debug pipe named
+    in its environment as a user names them: torch's NCCL watchdog, asked through the pipe, writes the rank's record
+    while its Python holds the GIL."""
+    work = tmp / "nccl-gil-collect"
+    work.mkdir()
+    job_env = {**env(), "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE":
+               f"{work}/nccl_trace_rank_", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": f"{work}/nccl_pipe_"}  # fmt: skip
+    log = work / "job.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                                 "1", str(JOB), "--case", "nccl-gil"], cwd=work, env=job_env, stdout=out,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + budget_s / 2
+        while "failing now" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        if "failing now" not in log.read_text():
+            return False, f"the job did not reach its hang: {log.read_text()[-300:]!r}"
+        time.sleep(5)  # its liveness thread (none here: no recorder) and py-spy see the GIL held a while
+        res = subprocess.run([*BB, "collect", str(proc.pid), "--out", str(work / "out"), "--format", "json"],
+                             capture_output=True, text=True, env=env(), timeout=budget_s / 2)  # fmt: skip
+        if res.returncode != 0:
+            return False, f"blackbox collect failed: {res.stderr.strip()[-300:]}"
+        outcome = json.loads(res.stdout)
+        (step,) = [s for s in outcome["steps"] if s["name"] == "rank dumps"]
+        if os.environ.get("OUT"):
+            Path(os.environ["OUT"], "nccl-gil-collect").mkdir(parents=True, exist_ok=True)
+            shutil.copy2(outcome["bundle"], Path(os.environ["OUT"], "nccl-gil-collect"))
+        return COLLECTED in step["detail"], f"rank dumps: {step['status']}: {step['detail'][:240]}"
+    except (subprocess.TimeoutExpired, ValueError, KeyError) as e:
+        return False, f"no collection ({type(e).__name__})"
+    finally:
+        stop(proc)
+
+
 def doctor_row(tmp: Path, budget_s: float) -> tuple[bool, str]:
     """`blackbox doctor`: what this machine lets blackbox capture; the row holds each check's status."""
     try:
@@ -207,6 +244,8 @@ def expected_of(name: str) -> str:
         return "GPU utilisation and memory via NVML"
     if name == "doctor":
         return "each check's status"
+    if name == "nccl-gil-collect":
+        return "blackbox collect, no blackbox run: the watchdog's flight recorder through the debug pipe"
     return short(ROWS[name].want) + (f" + {ROWS[name].member}" if ROWS[name].member else "")
 
 
@@ -227,8 +266,8 @@ def one(name: str, tmp: Path, budget_s: float, cuda: bool) -> Result:
     if name == "doctor":
         ok, got = doctor_row(tmp, budget_s)
         return Result(name, expected_of(name), got, "ok" if ok else "DIFFERS")
-    if name == "nvml-status":
-        ok, got = nvml_row(tmp, budget_s)
+    if name in ("nvml-status", "nccl-gil-collect"):
+        ok, got = (nvml_row if name == "nvml-status" else collect_row)(tmp, budget_s)
         return Result(name, expected_of(name), got, "ok" if ok else "DIFFERS")
     verdict, err = run_row(name, tmp, budget_s)
     res = judge(name, verdict)
@@ -238,7 +277,12 @@ def one(name: str, tmp: Path, budget_s: float, cuda: bool) -> Result:
 
 
 def main(argv: list[str]) -> int:
-    names = argv or ["doctor", *ROWS, "nvml-status"]  # doctor first: what gVisor allows, even if a row hangs
+    names = argv or [
+        "doctor",
+        *ROWS,
+        "nvml-status",
+        "nccl-gil-collect",
+    ]  # doctor first: what gVisor allows, even if a row hangs
     unknown = [n for n in names if n not in ROWS and n not in EXTRA]
     if unknown:
         print(f"gpu_check: unknown row(s) {unknown}; rows: {[*ROWS, *EXTRA]}", file=sys.stderr)

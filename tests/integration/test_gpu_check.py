@@ -15,7 +15,17 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.slow
 
-GPU_ROWS = ("nccl-queued", "nccl-watchdog", "nccl-gil", "gpu-spin", "loader-hang", "stopped", "cuda-oom", "nvml-status")
+GPU_ROWS = (
+    "nccl-queued",
+    "nccl-watchdog",
+    "nccl-gil",
+    "gpu-spin",
+    "loader-hang",
+    "stopped",
+    "cuda-oom",
+    "nvml-status",
+    "nccl-gil-collect",
+)
 
 
 def test_gpu_check_reaches_its_table_without_cuda(tmp_path: Path) -> None:
@@ -39,6 +49,6 @@ def test_gpu_check_reaches_its_table_without_cuda(tmp_path: Path) -> None:
     for row in GPU_ROWS:
         assert "NOT RUN: no CUDA" in lines[row], lines.get(row)
     assert lines["doctor"].endswith("ok") and "py-spy" in lines["doctor"]
-    assert "FAILED: 8 of 9" in res.stderr
+    assert "FAILED: 9 of 10" in res.stderr
     assert (out / "gpu_check_table.txt").read_text().splitlines()[0].split() == ["row", "expected", "got", "result"]
     assert (out / "doctor.json").stat().st_size > 0
