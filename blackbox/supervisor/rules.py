@@ -153,6 +153,7 @@ class Rules:
         self._pause_reported: Optional[float] = None  # the job's last step when its slow phase was noted
         self._elsewhere: Optional[tuple[float, str]] = None  # another node moved after every rank here: when, which
         self._whole_world = False  # every rank of the job is among the views (a single-node job, all started)
+        self.due: Optional[float] = None  # when the next rank's stall timeout runs out if nothing moves (monotonic)
 
     def _timeout(self, v: RankView, begun: bool) -> tuple[float, str]:
         """stall_timeout for this rank where it is now, its leaf included."""
@@ -177,6 +178,7 @@ class Rules:
         waits for a rank of another node that works is waiting too."""
         out = self._crashes(views, now)
         live = [v for v in views if v.alive and v.hb.state in LIVE_STATES]
+        self.due = None
         if not live:
             return out
         newest = max(v.hb.last_progress for v in live)
@@ -190,10 +192,17 @@ class Rules:
         self._whole_world = len({v.rank for v in views}) >= max(v.hb.world_size for v in views)
         out.extend(self._frozen(live, now, moved, newest))
         out.extend(self._stall(live, now, moved, newest, begun))
+        self.due = self._due(live, moved, begun)
         out.extend(self._busy(live, now))
         still = any(now - moved > self._timeout(v, begun)[0] for v in live)
         out.extend(self._slow_phase(live, now, moved, begun, still))
         return out
+
+    def _due(self, live: list[RankView], moved: float, begun: bool) -> Optional[float]:
+        """When the first rank not yet reported stalls if nothing moves: the watch polls then, not up to a poll
+        interval later (a hang is caught at its timeout, whatever the poll's phase)."""
+        timeouts = [self._timeout(v, begun)[0] for v in live if v.rank not in self._stall_reported]
+        return moved + min(timeouts) if timeouts else None
 
     def _crashes(self, views: list[RankView], now: float) -> list[Detection]:
         out: list[Detection] = []

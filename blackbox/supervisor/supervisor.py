@@ -49,6 +49,9 @@ from .watch import Watch
 
 PRESTOP_WINDOW_S = 120.0  # a SIGTERM this soon after a preStop hook's collection is the one the hook came before
 RACES_TOLERATED = 3  # polls in a row cut short by a process of the job ending under it, before it counts as a bug
+DUE_AFTER_S = (
+    0.05  # the poll for a stall timeout that runs out comes this long after it (the rule asks for more than it)
+)
 LAUNCHER_TAIL_BYTES = 4096  # the end of the launcher's output read for its last line, when it fails before any rank
 RECORD_S = 5.0  # what Slurm says of a SIGTERM it sent is asked within this, again while it refuses (its KillWait,
 # 30 s by default, must leave the supervisor time to end after it: the record is joined before the run ends)
@@ -357,7 +360,7 @@ class Supervisor:
             now = time.monotonic()
             if now >= next_poll:
                 self._poll_guarded()
-                next_poll = time.monotonic() + ctx.cfg.poll_interval
+                next_poll = self._next_poll(time.monotonic())
             process.kill_when_due(now)
             deadline = next_poll if process.kill_deadline is None else min(next_poll, process.kill_deadline)
             timeout = max(0.0, deadline - time.monotonic())
@@ -366,6 +369,13 @@ class Supervisor:
                 if ready:
                     with contextlib.suppress(BlockingIOError, InterruptedError):
                         os.read(wakeup_fd, 512)
+
+    def _next_poll(self, now: float) -> float:
+        """A poll interval from now, or sooner where a rank's stall timeout runs out before (just after it)."""
+        due = self.episodes.rules.due
+        if due is not None and now < due + DUE_AFTER_S < now + self.ctx.cfg.poll_interval:
+            return due + DUE_AFTER_S
+        return now + self.ctx.cfg.poll_interval
 
     def _guarded(self, where: str, step: Callable[[], None]) -> None:
         try:

@@ -60,6 +60,21 @@ def test_stall_when_nothing_moves_names_the_ranks_and_leaves_the_blame_to_the_an
     assert d.message() == "stall: ranks 0-1 made no progress of any kind for 6 s (stall timeout 5 s)"
 
 
+def test_the_watch_is_told_when_the_next_stall_timeout_runs_out() -> None:
+    # GIVEN nothing moving since t=100, rank 1 on a FIFO (30 s) and rank 0 in all_reduce (the start-up timeout)
+    rules = Rules(cfg())
+    views = [waiting(0, 110.0, step=0), live(hb(1, step=0, phase="data"), 110.0, leaf="fifo")]
+    # THEN the first timeout to run out is rank 1's, at t=130, whatever the phase of the polls
+    assert rules.evaluate(views, now=110.0) == [] and rules.due == 130.0
+    (d,) = rules.evaluate(views, now=130.05)
+    assert d.ranks == (1,)
+    # AND once rank 1 is reported, the next is rank 0's start-up timeout
+    assert rules.due == 100.0 + 1800.0
+    # AND with no rank alive there is nothing to wait for
+    rules.evaluate([], now=131.0)
+    assert rules.due is None
+
+
 def test_a_rank_waiting_for_a_peer_that_moves_is_not_stalled_whatever_moves() -> None:
     # GIVEN rank 1 waiting at a barrier since t=100 (auto: 60 s), and rank 0 at work without a step, moving only by
     # one signal at a time: its I/O (a checkpoint written), its stack (metrics in Python), its forward calls (an
