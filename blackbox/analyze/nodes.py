@@ -1,5 +1,6 @@
 """What a bundle says about the job's other nodes: those whose supervisor fell silent, a coordinator that stopped
-answering, nodes with no bundle among those given, and the ranks on hosts a node lost when the job stopped. Pure;
+answering, nodes with no bundle among those given, a node being ended from outside (preempted) before the incident,
+and the ranks on hosts a node lost when the job stopped. Pure;
 imports the stdlib, the bundle's layout and reader, the report model and analyze.sources."""
 
 from __future__ import annotations
@@ -96,9 +97,23 @@ def node_findings(bundle: Bundle) -> list[Finding]:
                            "killed, its host down, or the network to it cut); that node was not watched from here and "
                            "wrote no bundle for this incident (any of its own is on that host)"
                            + (f"; last seen: {seen}" if seen else ""), source))  # fmt: skip
+    out.extend(_after_preemption(bundle))
     lost = [n for n in missing if n not in silent]
     if lost:
         out.append(Finding("observed", f"node(s) {', '.join(lost)} of {nnodes} have no bundle among those given: "
                            "each node writes its own under its run directory's bundles/ — give them all",
                            "manifest.json: multinode"))  # fmt: skip
     return out
+
+
+def _after_preemption(bundle: Bundle) -> list[Finding]:
+    """The node that was being ended from outside (its pod deleted or drained) just before this incident, as this
+    node's supervisor was told (manifest.json: incident.after_peer_preemption): what failed here followed it."""
+    peer = bundle.section("incident").get("after_peer_preemption")
+    if not isinstance(peer, dict):
+        return []
+    when = _number(peer.get("time"))
+    at = f" at {strftime('%H:%M:%S', gmtime(when))} UTC" if when is not None and 0 < when < 1e11 else ""
+    return [Finding("observed", f"node {str(peer.get('node'))[:40]} ({str(peer.get('host'))[:80]}) was being ended "
+                    f"from outside{at} ({str(peer.get('why'))[:200]}), before this: what failed here followed it (its "
+                    "ranks lost their peers; no alarm was raised)", "manifest.json: incident")]  # fmt: skip

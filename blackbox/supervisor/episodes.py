@@ -26,6 +26,7 @@ CRASH_WINDOW_S = 60.0  # after a crash was collected, further deaths within this
 OTHERS_EXTRA_S = 3.0  # past the dump timeout: how long a multi-node job's other nodes get to collect before it ends
 CONFIRM_S = 2.0  # a stall's ranks are watched this long (two polls at least) once more before it counts
 CONFIRMED = ("stall", "frozen")  # the hangs so confirmed (the busy rule's ranks move by definition)
+PEER_ENDING_S = 300.0  # what fails here this soon after another node was preempted is its consequence (no alarm)
 _WHAT = {"stall": "stall", "frozen": "frozen rank", "busy": "busy rank (no step)", "gpu_idle": "GPU idle"}
 
 
@@ -54,6 +55,8 @@ class Episodes:
         self._local_incidents = 0
         self.on_stall_end: Optional[Callable[[], None]] = None  # told before the job is ended after a stall
         self._nodes_written: Optional[dict[str, object]] = None  # the last nodes.json written (write_nodes)
+        self._peer_ended: Optional[dict[str, object]] = None  # the last preemption of another node told here
+        self._peer_ended_at = 0.0  # when it was told (monotonic)
 
     # --- the rules ------------------------------------------------------------------------------------------
     def evaluate(self, views: list[RankView], now: float) -> None:
@@ -270,17 +273,17 @@ class Episodes:
     def collect(self, trigger: Trigger, detection: Optional[Detection], job_ends: bool = False,
                 incident: Optional[dict[str, object]] = None, budget: Optional[float] = None,
                 written_then: Optional[Callable[[], None]] = None,
-                preemption: bool = False) -> Optional[Report]:  # fmt: skip
+                preemption: Optional[str] = None) -> Optional[Report]:  # fmt: skip
         """Bundle this node's evidence for an incident. `incident`: another node's, which this node collects for;
         otherwise this node's trigger is posted to every node first. `budget`: the collection's seconds, when fewer
         than its own budget (a preemption's grace); `written_then`: called once the bundle is written (or could not
-        be), before it is analysed. `preemption`: this node is being ended from outside (a preStop hook, a SIGTERM):
-        the bundle is this node's alone — not posted (every node being ended gets its own signal; one pod deleted is
-        no incident of the others') — and, as any preempted job's, raises no alarm: no incident."""
+        be), before it is analysed. `preemption`: why this node is being ended from outside (a preStop hook, a SIGTERM):
+        the other nodes only note it (every node being ended gets its own signal; one pod deleted is no incident of
+        theirs, though what fails there next is its consequence), and, as any preempted job's, it raises no alarm."""
         ctx = self.ctx
         own = incident is None
         if incident is None:
-            incident, own = self._incident(trigger, detection, post=not preemption)
+            incident, own = self._incident(trigger, detection, preemption)
         iid = str(incident.get("id"))
         if iid in self._incidents:  # joined an incident this node has already collected for
             ctx.event("same_episode", rule=trigger.name, incident=iid, bundle=self._incidents[iid])
@@ -298,19 +301,28 @@ class Episodes:
         self._incidents[iid] = written.path
         ctx.event("bundle", path=written.path, trigger=trigger.name, incident=iid)
         ctx.say(f"evidence bundle: {written.path}")
-        return self.evidence.take_in(written, trigger, alert=own and not (preemption or self.process.preempted))
+        peer = self.peer_ended
+        if own and peer is not None and not preemption:
+            ctx.say(f"  this follows node {peer['node']}'s preemption: no alarm")
+        quiet = preemption or self.process.preempted or peer is not None  # an ending's, or its consequence
+        return self.evidence.take_in(written, trigger, alert=own and not quiet)
 
-    def _incident(self, trigger: Trigger, detection: Optional[Detection], post: bool) -> tuple[dict[str, object], bool]:
-        """This node's incident: with `post`, told to every node (each collects its own evidence under the same
-        id); otherwise, or alone, an id of this node's own. (incident, whether this node is the one that posted it)."""
+    def _incident(self, trigger: Trigger, detection: Optional[Detection], preemption: Optional[str] = None
+                  ) -> tuple[dict[str, object], bool]:  # fmt: skip
+        """This node's incident, told to every node: each collects its own evidence under the same id — but for a
+        `preemption` (why this node is being ended from outside), which the others only note; alone, an id of this
+        node's own. (incident, whether this node is the one that posted it)."""
         rule = detection.rule if detection is not None else trigger.rule
         body: dict[str, object] = {
-            "trigger": trigger.name, "triggered_by": trigger.to_json(), "rule": rule, "kind": incident_kind(rule),
+            "trigger": trigger.name, "triggered_by": trigger.to_json(), "rule": rule,
+            "kind": "preemption" if preemption else incident_kind(rule),
             "node": self.ctx.node, "node_rank": self.topology.node_rank if self.topology else None,
-            "reason": detection.reason if detection is not None else trigger.name,
+            "reason": detection.reason if detection is not None else preemption or trigger.name,
             "ranks": list(detection.ranks) if detection is not None else [],
         }  # fmt: skip
-        if post and self.coord is not None:
+        if self.peer_ended is not None:
+            body["after_peer_preemption"] = self.peer_ended
+        if self.coord is not None:
             posted = self.coord.post(body)
             if posted is not None:
                 return posted[0], posted[1]
@@ -385,6 +397,9 @@ class Episodes:
                   "reason": incident.get("reason")}  # fmt: skip
         if iid in self._incidents:
             return
+        if incident.get("kind") == "preemption":
+            self._peer_preempted(incident)
+            return
         if not self.process.running or self.process.ending_since is not None or self.process.preempted:
             ctx.event("remote_incident", **fields, action="none: this node's job is ending")
             return
@@ -403,6 +418,23 @@ class Episodes:
         if ending:
             what = _WHAT.get(str(incident.get("rule")), "hang")
             self.end_after_stall(f"node {origin}'s {what}", "--" + option.replace("_", "-"))
+
+    @property
+    def peer_ended(self) -> Optional[dict[str, object]]:
+        """Another node's preemption, told within PEER_ENDING_S: what fails here meanwhile is its consequence."""
+        return self._peer_ended if time.monotonic() - self._peer_ended_at < PEER_ENDING_S else None
+
+    def _peer_preempted(self, incident: dict[str, object]) -> None:
+        """Another node is being ended from outside (a pod deleted, drained): nothing to collect here for it, but what
+        fails here in the next PEER_ENDING_S is its consequence — collected, without an alarm."""
+        origin = incident.get("origin")
+        why = str(incident.get("reason"))[:200]
+        self._peer_ended = {"node": origin, "host": incident.get("node"), "why": why, "time": incident.get("time")}
+        self._peer_ended_at = time.monotonic()
+        self.ctx.event("peer_preempted", node=origin, host=incident.get("node"), why=why, incident=incident.get("id"))
+        self.ctx.say(f"node {origin} ({incident.get('node')}) is being ended from outside ({why}): a failure here "
+                     f"within {PEER_ENDING_S / 60:.0f} minutes is its consequence (evidence kept, no "
+                     "alarm)")  # fmt: skip
 
     def close(self) -> None:
         if self.coord is not None:

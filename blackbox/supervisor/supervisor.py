@@ -459,7 +459,7 @@ class Supervisor:
 
         if ctx.watching and not prestop:
             self.episodes.collect(Trigger("signal"), None, job_ends=True, budget=budget, written_then=pass_on,
-                                  preemption=True)  # fmt: skip
+                                  preemption=cause)  # fmt: skip
         pass_on()
 
     def _ending_cause(self) -> str:
@@ -476,7 +476,8 @@ class Supervisor:
         budget = ctx.cfg.grace_budget
         ctx.event("preemption", signal="preStop", cause=self._ending_cause(), grace_budget_s=budget)
         self._prestop_at = start = time.monotonic()
-        self.episodes.collect(Trigger("signal", "prestop"), None, job_ends=True, budget=budget, preemption=True)
+        self.episodes.collect(Trigger("signal", "prestop"), None, job_ends=True, budget=budget,
+                              preemption=self._ending_cause())  # fmt: skip
         ctx.say(f"preStop hook: {self._ending_cause()}; evidence taken in {time.monotonic() - start:.1f} s "
                 f"(--grace-budget {budget:g}); the SIGTERM that follows goes to the job at once; recorded as a "
                 "preemption, not an incident")  # fmt: skip

@@ -251,3 +251,32 @@ def test_a_forged_stall_is_rejected_and_one_nodes_prestop_is_its_own(tmp_path: P
     assert [len(b) for b in bundles] == [1, 1], results[0][1][-2000:] + results[1][1][-2000:]
     assert manifest(bundles[0][0])["incident"]["id"] == manifest(bundles[1][0])["incident"]["id"] != "forged-i1"
     assert report(bundles[0][0], bundles[1][0])["verdict"]["suspect_ranks"] == [3]
+
+
+def test_a_failure_after_another_nodes_preemption_is_its_consequence_not_an_alarm(tmp_path: Path) -> None:
+    # GIVEN a two-node job, both nodes stepping, with an alarm command
+    port = free_port(also=1000)
+    alerts = tmp_path / "alerts.txt"
+    nodes = [start_node(tmp_path, i, port, 3, "--on-incident", f"echo $BLACKBOX_NODE $BLACKBOX_TRIGGER >> {alerts}")
+             for i in (0, 1)]  # fmt: skip
+    dirs = [tmp_path / "node0", tmp_path / "node1"]
+    for d in dirs:
+        wait_for(lambda d=d: has_event(d, "coordination", status="connected") and stepping(d), 90, f"{d} to step")
+    # WHEN node 0's pod is deleted as the kubelet does it: its preStop hook, then its SIGTERM
+    res = subprocess.run([*BLACKBOX, "collect", "--preemption", str(nodes[0].pid), "--format", "json"],
+                         env=job_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    wait_for(lambda: has_event(dirs[1], "peer_preempted", node="0"), 30, "node 1 to hear of node 0's preemption")
+    nodes[0].send_signal(signal.SIGTERM)
+    results = [finish(p) for p in nodes]
+    # THEN node 1's ranks, losing their peers, are collected as that preemption's consequence: no alarm anywhere
+    err1 = results[1][1]
+    assert "node 0 (" in err1 and "is being ended from outside" in err1, err1[-3000:]
+    assert "this follows node 0's preemption: no alarm" in err1, err1[-3000:]
+    (bundle,) = (dirs[1] / "bundles").glob("*.tar.gz")
+    assert manifest(bundle)["incident"]["after_peer_preemption"]["node"] == "0"
+    said = [f["text"] for f in report(bundle)["findings"] if "was being ended from outside" in f["text"]]
+    assert said and said[0].startswith("node 0 (") and "what failed here followed it" in said[0], said
+    assert not alerts.exists() or not alerts.read_text().strip(), alerts.read_text()
+    # AND node 0 took its own evidence once, as the preemption's
+    assert [b.name.endswith("-signal-prestop.tar.gz") for b in (dirs[0] / "bundles").glob("*.tar.gz")] == [True]

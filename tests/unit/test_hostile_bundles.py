@@ -197,7 +197,12 @@ def _case_files() -> dict[str, Callable[[Path], Path]]:
         return edit_json(f, "manifest.json", lambda m: m.update(job=[1], incident="x", multinode=7, nodes="n",
                                                                 rank_nodes=[None], created={"a": 1}))  # fmt: skip
 
+    def peer_preemption(f: Members) -> Members:  # the node preempted before the incident, made up
+        return edit_json(f, "manifest.json", lambda m: m.update(incident={"after_peer_preemption": {
+            "node": MARKUP, "host": [1], "why": MARKUP * 100, "time": 1e300}}))  # fmt: skip
+
     return {
+        "incident: a peer's preemption of markup and absurd numbers": mutate(peer_preemption),
         "tar: x header with a negative size": raw(lambda: [header("pax", b"-1000", b"x")]),
         "tar: L header with a negative size": raw(lambda: [header("long", b"-512", b"L")]),
         "tar: g header with a negative size": raw(lambda: [header("g", b"-512", b"g")]),
