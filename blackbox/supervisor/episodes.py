@@ -432,6 +432,8 @@ class Episodes:
         self._peer_ended = {"node": origin, "host": incident.get("node"), "why": why, "time": incident.get("time")}
         self._peer_ended_at = time.monotonic()
         self.ctx.event("peer_preempted", node=origin, host=incident.get("node"), why=why, incident=incident.get("id"))
+        if self.process.terminating:  # this node is being ended too (the whole job is): nothing to add
+            return
         self.ctx.say(f"node {origin} ({incident.get('node')}) is being ended from outside ({why}): a failure here "
                      f"within {PEER_ENDING_S / 60:.0f} minutes is its consequence (evidence kept, no "
                      "alarm)")  # fmt: skip

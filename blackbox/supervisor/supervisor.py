@@ -49,9 +49,7 @@ from .watch import Watch
 
 PRESTOP_WINDOW_S = 120.0  # a SIGTERM this soon after a preStop hook's collection is the one the hook came before
 RACES_TOLERATED = 3  # polls in a row cut short by a process of the job ending under it, before it counts as a bug
-DUE_AFTER_S = (
-    0.05  # the poll for a stall timeout that runs out comes this long after it (the rule asks for more than it)
-)
+DUE_AFTER_S = 0.05  # the poll for a stall timeout that runs out comes this long after it (the rule asks for more)
 LAUNCHER_TAIL_BYTES = 4096  # the end of the launcher's output read for its last line, when it fails before any rank
 RECORD_S = 5.0  # what Slurm says of a SIGTERM it sent is asked within this, again while it refuses (its KillWait,
 # 30 s by default, must leave the supervisor time to end after it: the record is joined before the run ends)
