@@ -45,16 +45,20 @@ slurm:
 # stay together: conftest.py); then the quiet gallery (its 31 jobs take about 17 GB and both cores) and the stride's
 # sub-10 ms steps, one after the other; then the Slurm cluster's module beside the throttled disks' (a cluster's
 # daemons that mostly wait, one light job at a time on a loop device: neither starves the other; beside the other
-# tests' jobs Slurm's daemons answered late). Prints the 15 slowest, the time.
+# tests' jobs Slurm's daemons answered late) — two pytest processes, not xdist: under pytest 9 xdist's groups group
+# nothing, and two workers each started a Slurm cluster whose job ids the other's collections then read. Prints the
+# 15 slowest, the time.
 TEST_WORKERS ?= 4
 PAIRED := tests/integration/test_slurm.py tests/integration/test_flush.py
 test: $(STAMP) browser services slurm
 	@start=$$(date +%s); \
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not alone" --durations=15; first=$$?; \
 	$(PY) -m pytest -m alone $(PAIRED:%=--ignore=%) --durations=3; second=$$?; \
-	$(PY) -m pytest -n 2 --dist loadgroup $(PAIRED) --durations=5; third=$$?; \
+	$(PY) -m pytest tests/integration/test_flush.py --durations=2 > .test-flush.log 2>&1 & flush=$$!; \
+	$(PY) -m pytest tests/integration/test_slurm.py --durations=5; third=$$?; \
+	wait $$flush; fourth=$$?; cat .test-flush.log; \
 	echo "make test: $$(( $$(date +%s) - start )) s"; \
-	[ $$first = 0 ] && [ $$second = 0 ] && [ $$third = 0 ]
+	[ $$first = 0 ] && [ $$second = 0 ] && [ $$third = 0 ] && [ $$fourth = 0 ]
 
 # The unit tests alone: pure logic on golden and generated bundles, no torch import, no job started (under a minute).
 test-fast: $(STAMP)
