@@ -139,10 +139,7 @@ class Asking:
 
     def pipe_pending(self) -> bool:
         """Whether a watchdog asked through the debug pipe may still write its dump (found ones move to by_watchdog)."""
-        found = [rank for rank, (dump, asked_at, _) in self.piped.items() if nccl_pipe.written_since(dump, asked_at)]
-        if found:
-            time.sleep(0.2)  # torch writes the dump in one go: a few MB at most
-        for rank in found:
+        for rank in _written({rank: (dump, asked_at) for rank, (dump, asked_at, _) in self.piped.items()}):
             self.by_watchdog.append(rank)
             del self.piped[rank]
         return any(time.monotonic() - asked < PIPE_WAIT_S for _, _, asked in self.piped.values())
@@ -205,7 +202,10 @@ def from_watchdogs(
             notes.append(f"rank {r.rank}: {why}")
     if asked:
         progress(f"asking the NCCL watchdog of {len(asked)} rank(s) for its flight recorder")
-    piped = _written(asked, dumps, asked_at)
+    waiting, end = {rank: (dumps[rank], asked_at) for rank in asked}, time.monotonic() + PIPE_WAIT_S
+    while time.monotonic() < end and len(_written(waiting, settle=False)) < len(waiting):
+        time.sleep(0.1)
+    piped = _written(waiting)
     earlier = [r.rank for r in ranks if r.rank not in piped and (since := procfs.started(r.start_ticks)) is not None
                and nccl_pipe.written_since(dumps[r.rank], since)]  # fmt: skip
     out = [none]
@@ -225,12 +225,10 @@ def from_watchdogs(
     return ("ok" if taken else "skipped"), "; ".join(out + notes), taken
 
 
-def _written(asked: list[int], dumps: dict[int, str], asked_at: float) -> list[int]:
-    """The ranks of `asked` whose watchdog wrote its dump within PIPE_WAIT_S."""
-    end = time.monotonic() + PIPE_WAIT_S
-    while time.monotonic() < end and not all(nccl_pipe.written_since(dumps[rank], asked_at) for rank in asked):
-        time.sleep(0.1)
-    done = [rank for rank in asked if nccl_pipe.written_since(dumps[rank], asked_at)]
-    if done:
-        time.sleep(0.2)  # torch writes the dump in one go: a few MB at most
+def _written(asked: dict[int, tuple[str, float]], settle: bool = True) -> list[int]:
+    """The ranks whose watchdog has written its dump since it was asked (rank -> (dump, wall time asked)); with
+    `settle`, given a moment to finish when any has (torch writes the dump in one go: a few MB at most)."""
+    done = [rank for rank, (dump, asked_at) in asked.items() if nccl_pipe.written_since(dump, asked_at)]
+    if done and settle:
+        time.sleep(0.2)
     return done
