@@ -42,12 +42,11 @@ slurm:
 
 # The suite in three runs: every test but those that need the machine (or a host-wide limit) to themselves,
 # TEST_WORKERS at a time (pytest-xdist; most tests wait on their jobs, the tests of one module fixture or gallery row
-# stay together: conftest.py); then the quiet gallery (its 31 jobs take about 17 GB and both cores) and the stride's
-# sub-10 ms steps, one after the other; then the Slurm cluster's module beside the throttled disks' (a cluster's
-# daemons that mostly wait, one light job at a time on a loop device: neither starves the other; beside the other
-# tests' jobs Slurm's daemons answered late) — two pytest processes, not xdist: under pytest 9 xdist's groups group
-# nothing, and two workers each started a Slurm cluster whose job ids the other's collections then read. Prints the
-# 15 slowest, the time.
+# stay together: conftest.py, and a test whose group does not hold fails); then the quiet gallery (its 31 jobs take
+# about 17 GB and both cores) and the stride's sub-10 ms steps, one after the other; then the Slurm cluster's module
+# beside the throttled disks' as two pytest processes (a cluster's daemons that mostly wait, one light job at a time
+# on a loop device: neither starves the other; beside the other tests' jobs Slurm's daemons answered late). Prints
+# the 15 slowest, the time.
 TEST_WORKERS ?= 4
 PAIRED := tests/integration/test_slurm.py tests/integration/test_flush.py
 test: $(STAMP) browser services slurm

@@ -48,6 +48,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         shutil.rmtree(SCRATCH, ignore_errors=True)
 
 
+@pytest.hookimpl(tryfirst=True)  # the gallery rows' groups before pytest-xdist names each grouped test by its group
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     global UNIT_ONLY
     UNIT_ONLY = bool(items) and all(UNIT in Path(str(item.fspath)).parents for item in items)
@@ -69,15 +70,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test whose xdist group does not hold fails before its fixtures, never runs a shared job twice: pytest-xdist
+    marks a grouped test by its node id, and where pytest keeps the id elsewhere (pytest 9.2 with xdist 3.8) each
+    worker that drew one of a group's tests ran the group's Slurm cluster, S3 server or gallery row side by side."""
+    if in_xdist_worker() and item.config.getvalue("loadgroup") and "@" not in item.nodeid and (
+            item.get_closest_marker("xdist_group") is not None):  # fmt: skip
+        pytest.fail("--dist loadgroup did not group this test under this pytest and pytest-xdist: install the "
+                    "versions pyproject.toml pins (`make setup`)", pytrace=False)  # fmt: skip
+
+
 def _gallery_row(item: pytest.Item) -> str:
-    """The gallery scenario a test reads (`@pytest.mark.gallery(NAME)`, or its `name` or `scenario` parameter): the
-    tests of one scenario run in one xdist worker, so that its job runs once for all of them."""
+    """The gallery job a test reads (`@pytest.mark.gallery(NAME)`, or its `name` or `scenario` parameter, and its
+    `mode` parameter: `run` or `collect`): the tests of one job run in one xdist worker, so that it runs once for all
+    of them."""
     marker = item.get_closest_marker("gallery")
     params = getattr(getattr(item, "callspec", None), "params", {})
     name = marker.args[0] if marker is not None else params.get("name", params.get("scenario"))
     if not isinstance(name, str):
         raise pytest.UsageError(f"{item.nodeid} uses the gallery: say which scenario with @pytest.mark.gallery(NAME)")
-    return name
+    return name if params.get("mode", "run") == "run" else f"{name}-{params['mode']}"
 
 
 def _has_cuda() -> bool:
