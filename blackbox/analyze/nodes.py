@@ -106,14 +106,20 @@ def node_findings(bundle: Bundle) -> list[Finding]:
     return out
 
 
-def _after_preemption(bundle: Bundle) -> list[Finding]:
-    """The node that was being ended from outside (its pod deleted or drained) just before this incident, as this
-    node's supervisor was told (manifest.json: incident.after_peer_preemption): what failed here followed it."""
+def preempted_before(bundle: Bundle) -> Optional[str]:
+    """The node that was being ended from outside (its pod deleted or drained) just before this incident, in words,
+    as this node's supervisor was told (manifest.json: incident.after_peer_preemption); None where none was."""
     peer = bundle.section("incident").get("after_peer_preemption")
     if not isinstance(peer, dict):
-        return []
+        return None
     when = _number(peer.get("time"))
     at = f" at {strftime('%H:%M:%S', gmtime(when))} UTC" if when is not None and 0 < when < 1e11 else ""
-    return [Finding("observed", f"node {str(peer.get('node'))[:40]} ({str(peer.get('host'))[:80]}) was being ended "
-                    f"from outside{at} ({str(peer.get('why'))[:200]}), before this: what failed here followed it (its "
-                    "ranks lost their peers; no alarm was raised)", "manifest.json: incident")]  # fmt: skip
+    return (f"node {str(peer.get('node'))[:40]} ({str(peer.get('host'))[:80]}) was being ended from outside{at} "
+            f"({str(peer.get('why'))[:200]})")  # fmt: skip
+
+
+def _after_preemption(bundle: Bundle) -> list[Finding]:
+    """What failed here followed another node's preemption (preempted_before)."""
+    peer = preempted_before(bundle)
+    return [Finding("observed", f"{peer}, before this: what failed here followed it (its ranks lost their peers; no "
+                    "alarm was raised)", "manifest.json: incident")] if peer else []  # fmt: skip

@@ -20,9 +20,10 @@ from ..detections import ON_REQUEST_RULES, Trigger, life_stage, plural_ranks
 from .actions import Blocked, Facts, next_actions
 from .blame import ERROR_CATEGORY, Blame, Context, blame
 from .evidence import findings as evidence_findings
+from .gpus import gpu_findings, gpu_series
 from .model import Finding, RankRow, Report, Verdict
 from .motion import findings as motion_findings
-from .nodes import node_findings, unreachable
+from .nodes import node_findings, preempted_before, unreachable
 from .sources import flight_recorder_dumps, hosts, rank_hosts
 from .stackgroups import RankStack, group, rank_stack, signature
 from .states import JobEvidence, RankState, exception_line, exception_records, job_evidence, late_arrival, read_state
@@ -293,55 +294,6 @@ def _one_rank(row: RankRow, rs: Optional[RankStack]) -> list[Finding]:
     return out
 
 
-def _gpu_samples(history: Any) -> list[tuple[str, list[dict[str, Any]]]]:
-    """The supervisor's GPU history (index -> samples), untrusted: tables only, numbers made numbers (or None)."""
-    keys = ("t", "utilization_pct", "temperature_c", "memory_used_mib", "memory_total_mib", "ecc_uncorrected")
-    out = []
-    for index, samples in sorted(history.items()) if isinstance(history, dict) else []:
-        good = [{**x, **{k: number(x.get(k)) for k in keys}} for x in samples if isinstance(x, dict)] \
-            if isinstance(samples, list) else []  # fmt: skip
-        if good:
-            out.append((str(index), good))
-    return out
-
-
-def _gpu_series(bundle: Bundle) -> list[dict[str, Any]]:
-    out = []
-    for index, samples in _gpu_samples(bundle.json(L.GPU_HISTORY)):
-        rows = [[x["t"], x["utilization_pct"], x["temperature_c"]] for x in samples if x["t"] is not None]
-        if rows:
-            out.append({"index": index, "name": str(samples[-1].get("name")), "samples": rows[-500:]})
-    return out
-
-
-def _gpu_findings(bundle: Bundle, findings: list[Finding]) -> None:
-    """From the supervisor's GPU history: each GPU's last reading, how long it sat at 0 %, and any throttling,
-    heat or ECC errors seen."""
-    source = L.GPU_HISTORY
-    for index, samples in _gpu_samples(bundle.json(source)):
-        last = samples[-1]
-        idle = 0
-        for x in reversed(samples):
-            if x["utilization_pct"] != 0:
-                break
-            idle += 1
-        span = ""
-        if idle > 1 and samples[-idle]["t"] is not None and last["t"] is not None:
-            span = f", at 0 % for the last {last['t'] - samples[-idle]['t']:.0f} s"
-        findings.append(Finding("observed", f"GPU {index} ({last.get('name')}): {last['utilization_pct']} % "
-                                f"utilisation, {last['temperature_c']}C, {last['memory_used_mib']} of "
-                                f"{last['memory_total_mib']} MiB{span}", source))  # fmt: skip
-        throttled = {str(x["throttle"]) for x in samples if x.get("throttle")}
-        if throttled:
-            hottest = max(x["temperature_c"] or 0 for x in samples)
-            findings.append(Finding("observed", f"GPU {index} throttled its clocks ({', '.join(sorted(throttled))}); "
-                                    f"hottest reading {hottest}C", source))  # fmt: skip
-        ecc = [x["ecc_uncorrected"] or 0 for x in samples]
-        if ecc and max(ecc) > min(ecc):
-            findings.append(Finding("observed", f"GPU {index}: uncorrected ECC errors rose from {min(ecc):g} to "
-                                    f"{max(ecc):g}", source))  # fmt: skip
-
-
 def _rank_states(bundle: Bundle, rank_stacks: dict[int, RankStack], rows: list[RankRow],
                  ev: JobEvidence) -> list[RankState]:  # fmt: skip
     """Every rank's state from every source (analyze.states), in rank order."""
@@ -483,7 +435,7 @@ def _evidence(bundle: Bundle, rows: list[RankRow], rank_stacks: dict[int, RankSt
         if rs.waits_in == "checkpoint":
             top = rs.thread.top_user_frame()
             facts.checkpoint_frame = top.describe() if top else None
-    _gpu_findings(bundle, findings)
+    gpu_findings(bundle, findings)
     return findings, absent, raised
 
 
@@ -549,7 +501,8 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     rule, reason, detection = _trigger(bundle)
     options = bundle.section("collection").get("options")
     facts = Facts(node, {r.rank: r for r in rows}, hosts=rank_hosts(bundle),
-                  job_ended=isinstance(options, dict) and options.get("job_ends") is True)  # fmt: skip
+                  job_ended=isinstance(options, dict) and options.get("job_ends") is True,
+                  preempted_before=preempted_before(bundle))  # fmt: skip
     findings, absent, raised = _evidence(bundle, rows, rank_stacks, facts)
     oom_ranks = _memory_findings(bundle, list(facts.by_rank) or _rank_ids(bundle), findings, facts)
     dumps, unjoined, mismatched, fr_findings, ev = _collective_findings(bundle, torch_fr, rows)
@@ -581,7 +534,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
                   cut=unreachable(bundle, _stopped_at(bundle, rows)))  # fmt: skip
     b = blame(states, ctx)
     suspects = b.suspects
-    summary = _summary(b, rule, Trigger(bundle.trigger.rule, bundle.trigger.kind).name, reason)
+    summary = _summary(b, rule, Trigger(bundle.trigger.rule, bundle.trigger.kind).name, reason, facts.preempted_before)
     findings.extend(Finding("inferred", text, "per-rank states (analyze.states)") for text in b.inferred)
     findings = _state_findings(states, suspects) + findings
     first = b.first_exception if isinstance(b.first_exception, dict) else (raised[0] if raised else None)
@@ -612,7 +565,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
         run_id=str(m.get("run_id", "unknown")), node=node, trigger=str(m.get("trigger", "unknown")), bundle=bundle.path,
         verdict=verdict, ranks=rows, findings=findings, next_actions=next_actions(verdict, facts), console_tail=tail,
         collectives=[u.__dict__ for u in unjoined], exception=None if first is None else _exception_record(first),
-        timeline=_timeline(bundle, rows, suspects), gpus=_gpu_series(bundle), time=time,
+        timeline=_timeline(bundle, rows, suspects), gpus=gpu_series(bundle), time=time,
         evidence=[e.to_json() for e in evidence],
         stack_groups=[{"ranks": g.ranks, "waits_in": g.waits_in, "signature": g.signature, "frames": g.frames,
                        "odd": g.odd, "sources": g.sources, "describe": g.describe(),
@@ -681,10 +634,14 @@ def _mismatch(mismatched: list[fr.Mismatch], ev: JobEvidence) -> tuple[dict[int,
     return {}, ""
 
 
-def _summary(b: Blame, rule: str, trigger: str, reason: str) -> str:
-    """The verdict's sentence: how the bundle came to be, then the blame's own words."""
+def _summary(b: Blame, rule: str, trigger: str, reason: str, peer: Optional[str] = None) -> str:
+    """The verdict's sentence: how the bundle came to be, then the blame's own words; first, where another node's
+    preemption came before, that this followed it."""
     text = b.summary.rstrip(".")
     text = text[:1].upper() + text[1:]
+    if peer:
+        own = _summary(b, rule, trigger, reason)
+        return f"{peer[:1].upper()}{peer[1:]}, and what failed here followed it: {own[:1].lower()}{own[1:]}"
     if rule == "manual":
         return f"Collected on request ({trigger}): {text[:1].lower() + text[1:]}."
     if rule in ("stall", "gpu_idle"):

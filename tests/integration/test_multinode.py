@@ -277,6 +277,8 @@ def test_a_failure_after_another_nodes_preemption_is_its_consequence_not_an_alar
     assert manifest(bundle)["incident"]["after_peer_preemption"]["node"] == "0"
     said = [f["text"] for f in report(bundle)["findings"] if "was being ended from outside" in f["text"]]
     assert said and said[0].startswith("node 0 (") and "what failed here followed it" in said[0], said
+    summary = report(bundle)["verdict"]["summary"]
+    assert summary.startswith("Node 0 (") and ", and what failed here followed it: " in summary, summary
     assert not alerts.exists() or not alerts.read_text().strip(), alerts.read_text()
     # AND node 0 took its own evidence once, as the preemption's
     assert [b.name.endswith("-signal-prestop.tar.gz") for b in (dirs[0] / "bundles").glob("*.tar.gz")] == [True]

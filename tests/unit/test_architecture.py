@@ -81,7 +81,7 @@ def test_nothing_imports_the_cli() -> None:
 
 
 # analyze/ flows one way: a module may import only the modules before it here (issue 34: no circle through verdict)
-ANALYZE_ORDER = ["model", "sources", "nodes", "motion", "evidence", "timeshare", "actions", "stackgroups", "states",
+ANALYZE_ORDER = ["model", "sources", "nodes", "gpus", "motion", "evidence", "timeshare", "actions", "stackgroups", "states",
                  "blame", "verdict"]  # fmt: skip
 
 

@@ -335,3 +335,23 @@ def test_the_next_actions_name_several_suspects_of_one_host_in_plain_words() -> 
     # AND one suspect reads as before
     one = next_actions(Verdict("crash.signal", None, [1], "high", ""), Facts("vm", rows))
     assert one[0].startswith("Read the fatal.txt (faulthandler) of rank 1 on vm for a segfault or abort")
+
+
+def test_a_failure_after_another_nodes_preemption_says_so_first(tmp_path: Path) -> None:
+    # GIVEN a real bundle of a rank's exception, taken after node 0 of the job was being ended from outside
+    from tests.unit.test_hostile_bundles import GOLDEN, edit_json, members, write
+
+    peer = {"node": "0", "host": "pod-a", "why": "the pod is being deleted, preempted or drained (Kubernetes)",
+            "time": 1_700_000_000.0}  # fmt: skip
+    files = edit_json(members(GOLDEN / "raise.tar.gz"), "manifest.json",
+                      lambda m: m.setdefault("incident", {}).update(after_peer_preemption=peer))  # fmt: skip
+    r = analyze(read_bundle(str(write(tmp_path / "b.tar.gz", files))))
+    # THEN the verdict's sentence opens with that preemption, then the failure's own words; the blame is unchanged
+    said = r.verdict.summary
+    assert said == ("Node 0 (pod-a) was being ended from outside at 22:13:20 UTC (the pod is being deleted, preempted "
+                    "or drained (Kubernetes)), and what failed here followed it: rank 1 raised ValueError: bad sample "
+                    "at step 3 first."), said  # fmt: skip
+    assert (r.verdict.category, r.verdict.suspect_ranks) == ("crash.exception", [1])
+    # AND the first action sends the reader to that node's ending, the failure's own actions after it
+    assert r.next_actions[0].startswith("Start with why node 0 (pod-a) was ended (its own bundle,"), r.next_actions
+    assert r.next_actions[1].startswith("Read the exception of rank 1 on "), r.next_actions
