@@ -57,6 +57,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
         if "gallery" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group(f"gallery-{_gallery_row(item)}"))
+    items.sort(key=lambda item: "long" not in item.keywords)  # the long tests first: none of them ends the session
     alone = [item for item in items if "alone" in item.keywords]
     if in_xdist_worker() and len(alone) < len(items):  # beside other tests' jobs these fail (memory, host limits)
         skip = pytest.mark.skip(reason="needs the machine to itself: run it in a session of its own (`make test` "

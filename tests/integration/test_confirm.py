@@ -54,6 +54,7 @@ def test_a_rank_that_moves_right_after_a_stall_is_detected_is_not_ended(tmp_path
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.long
 def test_the_ranks_a_crash_leaves_are_its_episode_until_torn_down_and_a_hang_of_their_own_after_the_window(
     tmp_path: Path,
 ) -> None:

@@ -15,6 +15,7 @@ from tests.conftest import ROOT, job_env
 
 
 @pytest.mark.timeout(420)
+@pytest.mark.long
 def test_blackbox_keeps_its_recall_and_its_quiet_on_the_quick_rows() -> None:
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "hangbench.py"), "--quick", "--jobs", "3", "--check",
                           str(ROOT / "docs" / "hangbench.json")], capture_output=True, text=True, timeout=400,

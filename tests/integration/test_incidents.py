@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import BIN, BLACKBOX, ROOT, job_env
 
 TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
@@ -30,6 +32,7 @@ def cli(env: dict[str, str], *args: str) -> Any:
     return json.loads(res.stdout)
 
 
+@pytest.mark.long
 def test_an_incident_is_linked_to_its_fix_and_recognised_when_it_returns(tmp_path: Path) -> None:
     env = job_env(BLACKBOX_HOME=str(tmp_path / "home"))
     config = tmp_path / "train.yaml"

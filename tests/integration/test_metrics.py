@@ -38,6 +38,7 @@ def values(prom: Prometheus, expr: str) -> dict[str, float]:
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.long
 def test_prometheus_scrapes_a_healthy_and_a_stalled_run(tmp_path: Path) -> None:
     healthy_port, stalled_port = free_port(), free_port()
     healthy_at, stalled_at = f'instance="127.0.0.1:{healthy_port}"', f'instance="127.0.0.1:{stalled_port}"'

@@ -14,10 +14,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from blackbox.coord.topology import topology
 from tests.conftest import BIN, BLACKBOX, ROOT, job_env, wait_for
 from tests.ports import free_port
 
+pytestmark = pytest.mark.long  # two nodes' jobs, up to a minute each
 TRAIN = ROOT / "scripts" / "scenarios" / "train.py"
 STALL_S = 6.0
 POLL_S = 0.5

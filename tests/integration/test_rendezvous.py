@@ -53,6 +53,7 @@ def rendezvous_seen(run_dir: Path, procs: list[subprocess.Popen[bytes]]) -> dict
 
 
 @pytest.mark.timeout(240)
+@pytest.mark.long
 def test_status_names_the_rank_that_has_not_joined_and_its_leaf_ends_the_job(tmp_path: Path) -> None:
     # GIVEN the two nodes under `blackbox run`: rank 3 (node 1) blocks before init_process_group, ranks 0-2 wait in
     # the rendezvous

@@ -49,6 +49,7 @@ def run(mode: str, s3: S3Server, rate: int, tmp_path: Path) -> tuple[int, str, s
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mode", ["thread", "exit"])
+@pytest.mark.long
 def test_an_upload_over_plain_http_through_a_slow_link_is_work(s3: S3Server, tmp_path: Path, mode: str) -> None:
     # GIVEN rank 0 uploading 6 MiB with s3fs through a 160 kB/s link (about 40 s), from a thread its main thread
     # waits for, or from a non-daemon thread as the interpreter exits, while rank 1 waits or has exited

@@ -73,6 +73,7 @@ def top_frames(run_dir: Path) -> list[str]:
 
 
 @pytest.mark.timeout(360)
+@pytest.mark.long
 def test_stragglers_are_named_and_steady_jobs_are_not(tmp_path: Path) -> None:
     runs = {name: tmp_path / name for name in JOBS}
     procs = {name: start(name, runs[name], tmp_path) for name in JOBS}

@@ -80,6 +80,7 @@ def test_sampled_ledger_matches_what_the_ranks_timed(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.long
 def test_a_loader_that_blocks_on_an_unhooked_step_is_named(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     code, out, err = run("hang", 1500, run_dir, tmp_path, "--stall-timeout", "15")

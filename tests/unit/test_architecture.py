@@ -81,8 +81,8 @@ def test_nothing_imports_the_cli() -> None:
 
 
 # analyze/ flows one way: a module may import only the modules before it here (issue 34: no circle through verdict)
-ANALYZE_ORDER = ["model", "sources", "nodes", "gpus", "motion", "evidence", "timeshare", "actions", "stackgroups", "states",
-                 "blame", "verdict"]  # fmt: skip
+ANALYZE_ORDER = ["model", "sources", "nodes", "gpus", "motion", "evidence", "timeshare", "actions", "stackgroups",
+                 "states", "blame", "verdict"]  # fmt: skip
 
 
 def test_analysis_flows_one_way_from_states_to_the_verdict() -> None:
