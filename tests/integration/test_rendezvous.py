@@ -40,15 +40,18 @@ def start_node(tmp: Path, node: int, port: int) -> subprocess.Popen[bytes]:
                             start_new_session=True)  # fmt: skip
 
 
-def rendezvous_seen(run_dir: Path, procs: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
-    """`blackbox status --format json` of the node once it says who the rendezvous waits for."""
+def rendezvous_seen(run_dir: Path, procs: list[subprocess.Popen[bytes]],
+                    placed: bool = False) -> dict[str, Any]:  # fmt: skip
+    """`blackbox status --format json` of the node once it says who the rendezvous waits for (with `placed`, once
+    it also knows where each rank of another node lives: that comes with that node's next summary)."""
     seen: Optional[dict[str, Any]] = None
     deadline = time.monotonic() + 90
     while seen is None and time.monotonic() < deadline and all(p.poll() is None for p in procs):
         now = json.loads(status(run_dir, "--format", "json")) if (run_dir / "events.jsonl").exists() else {}
-        seen = now if now.get("rendezvous") else None
+        z = now.get("rendezvous")
+        seen = now if z and (not placed or sum(map(len, z["elsewhere_on"].values())) == z["elsewhere"]) else None
         time.sleep(0.5)
-    assert seen is not None, f"status of {run_dir.name} never said who has not joined"
+    assert seen is not None, f"status of {run_dir.name} never said who has not joined" + (" and where" * placed)
     return seen
 
 
@@ -73,8 +76,9 @@ def test_status_names_the_rank_that_has_not_joined_and_its_leaf_ends_the_job(tmp
         out = status(node1)
         assert "rendezvous: rank 2 waits in init_process_group (still for " in out, out
         assert "for 3 of 4 ranks: rank 3 (pid " in out and "has not called it — step 0, phase startup" in out, out
-        # AND node 0's names the node whose blackbox holds the ranks its own wait for (the coordination's word)
-        far = rendezvous_seen(node0, procs)["rendezvous"]
+        # AND node 0's names the node whose blackbox holds the ranks its own wait for (the coordination's word: once
+        # node 1's summary after rank 3's first heartbeat has come; before, "1 have no heartbeat here")
+        far = rendezvous_seen(node0, procs, placed=True)["rendezvous"]
         assert (far["waiting"], far["not_arrived"], far["nodes_not_joined"]) == ([0, 1], [], 0), far
         assert list(far["elsewhere_on"].values()) == [[2, 3]], far
         host = next(iter(far["elsewhere_on"]))
