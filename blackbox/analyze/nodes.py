@@ -5,13 +5,12 @@ imports the stdlib, the bundle's layout and reader, the report model and analyze
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from time import gmtime, strftime
 from typing import Any, Optional
 
 from ..bundle import layout as L
-from ..bundle.reader import Bundle, integer
+from ..bundle.reader import Bundle, integer, number
 from .model import Finding
 from .sources import rank_hosts
 
@@ -48,18 +47,13 @@ def unreachable(bundle: Bundle, stopped_at: Optional[float]) -> dict[int, Cut]:
                 r = integer(rank)
                 if r is not None:
                     host = summary.get("host") if isinstance(summary, dict) else None
-                    out[r] = Cut(str(host or hosts.get(r, "?")), _number(info.get("since")), "silent")
-        since, mine = _number(state.get("unanswered_since")), state.get("host")
+                    out[r] = Cut(str(host or hosts.get(r, "?")), number(info.get("since")), "silent")
+        since, mine = number(state.get("unanswered_since")), state.get("host")
         if since is not None and isinstance(mine, str):
             for r, host in hosts.items():
                 if host != mine:
                     out.setdefault(r, Cut(host, since, "unanswered"))
     return {r: c for r, c in out.items() if c.since is None or stopped_at is None or c.since >= stopped_at - NEAR_S}
-
-
-def _number(value: Any) -> Optional[float]:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    return float(value) if ok else None
 
 
 def node_findings(bundle: Bundle) -> list[Finding]:
@@ -112,7 +106,7 @@ def preempted_before(bundle: Bundle) -> Optional[str]:
     peer = bundle.section("incident").get("after_peer_preemption")
     if not isinstance(peer, dict):
         return None
-    when = _number(peer.get("time"))
+    when = number(peer.get("time"))
     at = f" at {strftime('%H:%M:%S', gmtime(when))} UTC" if when is not None and 0 < when < 1e11 else ""
     return (f"node {str(peer.get('node'))[:40]} ({str(peer.get('host'))[:80]}) was being ended from outside{at} "
             f"({str(peer.get('why'))[:200]})")  # fmt: skip
