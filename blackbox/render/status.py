@@ -124,7 +124,8 @@ def rendezvous_words(s: RunStatus) -> str:
             f"coordination{at} (their launcher or `blackbox run` has not started, or cannot reach it)"
         )
     elif unplaced > 0:
-        named.append(f"{unplaced} have no heartbeat here (another node's, or not started)")
+        named.append(f"{unplaced} {'has' if unplaced == 1 else 'have'} no heartbeat here (another node's, or not "
+                     "started)")  # fmt: skip
     return out + ": " + "; ".join(named)
 
 

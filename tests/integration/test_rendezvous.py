@@ -77,7 +77,7 @@ def test_status_names_the_rank_that_has_not_joined_and_its_leaf_ends_the_job(tmp
         assert "rendezvous: rank 2 waits in init_process_group (still for " in out, out
         assert "for 3 of 4 ranks: rank 3 (pid " in out and "has not called it — step 0, phase startup" in out, out
         # AND node 0's names the node whose blackbox holds the ranks its own wait for (the coordination's word: once
-        # node 1's summary after rank 3's first heartbeat has come; before, "1 have no heartbeat here")
+        # node 1's summary after rank 3's first heartbeat has come; before, "1 has no heartbeat here")
         far = rendezvous_seen(node0, procs, placed=True)["rendezvous"]
         assert (far["waiting"], far["not_arrived"], far["nodes_not_joined"]) == ([0, 1], [], 0), far
         assert list(far["elsewhere_on"].values()) == [[2, 3]], far

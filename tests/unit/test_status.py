@@ -195,15 +195,16 @@ def test_a_still_rank_says_which_child_it_waits_for(tmp_path: Path) -> None:
         parent.wait()
 
 
-def test_who_has_not_joined_while_others_wait_in_the_rendezvous(tmp_path: Path) -> None:
-    # GIVEN a world of 4 of which this node holds ranks 0 and 1: rank 0 inside init_process_group for 42 s, rank 1
-    # not yet in it (still before it, at step 0), ranks 2 and 3 with no heartbeat here
+@pytest.mark.parametrize(("world", "unseen"), [(4, "2 have"), (3, "1 has")])
+def test_who_has_not_joined_while_others_wait_in_the_rendezvous(tmp_path: Path, world: int, unseen: str) -> None:
+    # GIVEN a world of 4 (or 3) of which this node holds ranks 0 and 1: rank 0 inside init_process_group for 42 s,
+    # rank 1 not yet in it (still before it, at step 0), ranks 2 and 3 (or 2) with no heartbeat here
     run = make_run(tmp_path, os.getpid())
     pages = {}
     for rank, join in ((0, P.JOIN_JOINING), (1, P.JOIN_NOT_YET)):
         path = str(run / "ranks" / str(rank) / "heartbeat")
         hb = pages[rank] = HeartbeatWriter(path, pid=os.getpid(), start_ticks=0, rank=rank, local_rank=rank,
-                                           world_size=4, mode="rank")  # fmt: skip
+                                           world_size=world, mode="rank")  # fmt: skip
         now = time.monotonic()
         hb.progress(0, now - 42, 0.0, 0.0)
         hb.liveness(1, now)
@@ -214,13 +215,13 @@ def test_who_has_not_joined_while_others_wait_in_the_rendezvous(tmp_path: Path) 
         # THEN each rank says where it is in joining, rank 0's stage is the rendezvous, and status names who is missing
         assert [(r.join, r.stage) for r in s.ranks] == [("joining", "rendezvous"), ("", "startup")]
         z = s.rendezvous
-        assert z is not None and (z.world_size, z.waiting, z.not_arrived, z.elsewhere) == (4, [0], [1], 2), z
+        assert z is not None and (z.world_size, z.waiting, z.not_arrived, z.elsewhere) == (world, [0], [1], world - 2)
         assert 41 <= z.still_s <= 45, z
         out = io.StringIO()
         render_status(s, out, width=400)
-        assert (f"rendezvous: rank 0 waits in init_process_group (still for {z.still_s:.0f} s) for 3 of 4 ranks: "
-                f"rank 1 (pid {os.getpid()}) has not called it — step 0, phase startup; 2 have no heartbeat here "
-                "(another node's, or not started)") in out.getvalue(), out.getvalue()  # fmt: skip
+        assert (f"rendezvous: rank 0 waits in init_process_group (still for {z.still_s:.0f} s) for {world - 1} of "
+                f"{world} ranks: rank 1 (pid {os.getpid()}) has not called it — step 0, phase startup; {unseen} no "
+                "heartbeat here (another node's, or not started)") in out.getvalue(), out.getvalue()  # fmt: skip
         out = io.StringIO()
         render_status_json(s, out)
         assert json.loads(out.getvalue())["rendezvous"]["not_arrived"] == [1]
