@@ -44,7 +44,8 @@ def events(run_dir: Path, name: str) -> list[dict[str, Any]]:
 
 
 def top_frames(run_dir: Path) -> list[str]:
-    """`blackbox top` in a real pseudo-terminal: what it drew over two seconds; then `q`, which must end it."""
+    """`blackbox top` in a real pseudo-terminal: the whole frames it drew over two seconds; then `q`, which must end
+    it."""
     pid, fd = pty.fork()
     if pid == 0:  # the child: blackbox top on the pty
         os.environ.update(job_env(COLUMNS="160", LINES="40", TERM="xterm"))
@@ -69,7 +70,9 @@ def top_frames(run_dir: Path) -> list[str]:
         raise AssertionError("blackbox top did not quit on q")
     os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 0
-    return [f for f in screen.decode("utf-8", "replace").split("blackbox top (q quits)") if "rank" in f]
+    # whole frames: the rank table's bottom border drawn (the 2.5 s may end in the middle of a frame: on a loaded
+    # machine a fresh-clone run cut the last one after rank 0's row)
+    return [f for f in screen.decode("utf-8", "replace").split("blackbox top (q quits)") if "rank" in f and "└" in f]
 
 
 @pytest.mark.timeout(360)
