@@ -36,7 +36,7 @@ class Facts:
     queued: list[int] = field(default_factory=list)  # ranks whose pending collective waits behind their GPU's work
     job_ended: bool = False  # blackbox ended the job once this bundle was taken (`--on-stall kill`): no live pids
     no_start: list[str] = field(default_factory=list)  # the interpreter could not start the script: what it printed
-    preempted_before: Optional[str] = None  # "node 0 (host) was being ended from outside at … (why)"
+    preempted_node: Optional[str] = None  # "node 0 (host)": another node being ended from outside came before this
 
 
 @dataclass(frozen=True)
@@ -92,8 +92,8 @@ def next_actions(v: Verdict, facts: Facts) -> list[str]:
                        "temperature and clocks with the others'; it sets every collective's pace.")  # fmt: skip
     if not actions:
         actions.append("Compare steps and phases across ranks; the slowest rank is the first to look at.")
-    if facts.preempted_before:  # what failed here is that ending's consequence: its cause is the first thing to read
-        actions.insert(0, f"Start with why {facts.preempted_before.split(' was ', 1)[0]} was ended (its own bundle, "
+    if facts.preempted_node:  # what failed here is that ending's consequence: its cause is the first thing to read
+        actions.insert(0, f"Start with why {facts.preempted_node} was ended (its own bundle, "
                        "taken at its preStop hook or SIGTERM, and the scheduler's events): this node's ranks lost "
                        "their peers after it; the actions below are about this node's side only.")  # fmt: skip
     return actions

@@ -100,20 +100,28 @@ def node_findings(bundle: Bundle) -> list[Finding]:
     return out
 
 
-def preempted_before(bundle: Bundle) -> Optional[str]:
-    """The node that was being ended from outside (its pod deleted or drained) just before this incident, in words,
-    as this node's supervisor was told (manifest.json: incident.after_peer_preemption); None where none was."""
+@dataclass(frozen=True)
+class Ending:
+    """Another node being ended from outside before this incident: `who` ("node 0 (pod-a)") and the whole clause."""
+
+    who: str
+    words: str
+
+
+def preempted_before(bundle: Bundle) -> Optional[Ending]:
+    """The node that was being ended from outside (its pod deleted or drained) just before this incident, as this
+    node's supervisor was told (manifest.json: incident.after_peer_preemption); None where none was."""
     peer = bundle.section("incident").get("after_peer_preemption")
     if not isinstance(peer, dict):
         return None
     when = number(peer.get("time"))
     at = f" at {strftime('%H:%M:%S', gmtime(when))} UTC" if when is not None and 0 < when < 1e11 else ""
-    return (f"node {str(peer.get('node'))[:40]} ({str(peer.get('host'))[:80]}) was being ended from outside{at} "
-            f"({str(peer.get('why'))[:200]})")  # fmt: skip
+    who = f"node {str(peer.get('node'))[:40]} ({str(peer.get('host'))[:80]})"
+    return Ending(who, f"{who} was being ended from outside{at} ({str(peer.get('why'))[:200]})")
 
 
 def _after_preemption(bundle: Bundle) -> list[Finding]:
     """What failed here followed another node's preemption (preempted_before)."""
     peer = preempted_before(bundle)
-    return [Finding("observed", f"{peer}, before this: what failed here followed it (its ranks lost their peers; no "
-                    "alarm was raised)", "manifest.json: incident")] if peer else []  # fmt: skip
+    return [Finding("observed", f"{peer.words}, before this: what failed here followed it (its ranks lost their "
+                    "peers; no alarm was raised)", "manifest.json: incident")] if peer else []  # fmt: skip

@@ -500,9 +500,10 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     groups = group(list(rank_stacks.values()))
     rule, reason, detection = _trigger(bundle)
     options = bundle.section("collection").get("options")
+    ending = preempted_before(bundle)
     facts = Facts(node, {r.rank: r for r in rows}, hosts=rank_hosts(bundle),
                   job_ended=isinstance(options, dict) and options.get("job_ends") is True,
-                  preempted_before=preempted_before(bundle))  # fmt: skip
+                  preempted_node=ending.who if ending else None)  # fmt: skip
     findings, absent, raised = _evidence(bundle, rows, rank_stacks, facts)
     oom_ranks = _memory_findings(bundle, list(facts.by_rank) or _rank_ids(bundle), findings, facts)
     dumps, unjoined, mismatched, fr_findings, ev = _collective_findings(bundle, torch_fr, rows)
@@ -534,7 +535,8 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
                   cut=unreachable(bundle, _stopped_at(bundle, rows)))  # fmt: skip
     b = blame(states, ctx)
     suspects = b.suspects
-    summary = _summary(b, rule, Trigger(bundle.trigger.rule, bundle.trigger.kind).name, reason, facts.preempted_before)
+    summary = _summary(b, rule, Trigger(bundle.trigger.rule, bundle.trigger.kind).name, reason,
+                       ending.words if ending else None)
     findings.extend(Finding("inferred", text, "per-rank states (analyze.states)") for text in b.inferred)
     findings = _state_findings(states, suspects) + findings
     first = b.first_exception if isinstance(b.first_exception, dict) else (raised[0] if raised else None)
