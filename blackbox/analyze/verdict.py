@@ -536,7 +536,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     b = blame(states, ctx)
     suspects = b.suspects
     summary = _summary(b, rule, Trigger(bundle.trigger.rule, bundle.trigger.kind).name, reason,
-                       ending.words if ending else None)
+                       ending.words if ending else None)  # fmt: skip
     findings.extend(Finding("inferred", text, "per-rank states (analyze.states)") for text in b.inferred)
     findings = _state_findings(states, suspects) + findings
     first = b.first_exception if isinstance(b.first_exception, dict) else (raised[0] if raised else None)
