@@ -145,9 +145,10 @@ def rows(two_hosts: Optional[bool] = None) -> list[Row]:
     # and to a peer that takes nothing
     out += [_upload("s3-upload", "thread", "healthy", UPLOAD_RATE), _upload("s3-upload-exit", "exit", "healthy",
             UPLOAD_RATE), _upload("s3-upload-dead", "thread", "hang", 0)]  # fmt: skip
-    # the whole life, healthy: 150 s of preparation before the group, a retry's 50 s backoff, 50 s in one GIL-held
-    # native call, an upload from a non-daemon thread as the interpreter exits
+    # the whole life, healthy: 150 s of preparation before the group, a retry's 50 s backoff (doubling; full jitter),
+    # 50 s in one GIL-held native call, an upload from a non-daemon thread as the interpreter exits
     out += [_quiet("prep", "healthy", pause_s=150), _quiet("backoff", "healthy", pause_s=50),
+            _quiet("jittered-backoff", "healthy", pause_s=50),
             _quiet("gil-native", "healthy", pause_s=50), _quiet("exit-upload", "healthy")]  # fmt: skip
     # ... and before the first batch, the group set up: weights read from a slow server, a pool of workers preparing
     out += [_quiet(c, "healthy", at_start=True) for c in ("index", "scoring")]

@@ -37,10 +37,12 @@ TIMER_SLEEPS = {"x86_64": {35: None, 230: None, 23: 0, 270: 0, 7: 1, 271: 1},
                 "aarch64": {101: None, 115: None, 72: 0, 73: 1}}  # fmt: skip
 CPU_FLOOR = 0.02  # a stack change is work when its thread used this share of a CPU since the sample before ...
 POLL_S = 10.0  # ... or, for the main thread, when it has not slept on a timer for this long: a poll loop's wake-ups
-BACKOFF_GROWTH = 1.5  # a loop whose wake-ups come this much further apart than its closest two, and BACKOFF_MIN_S
-BACKOFF_MIN_S = 3.0  # or more, twice in a row, backs off (a retry's doubling timer): a sleep, not a poll. (Samples
-# 0.5 s apart jitter a steady loop's wake-ups; a sampler starved for seconds on a loaded machine may stretch one gap,
-# rarely two in a row; a wake-up missed there only makes a backoff's gaps longer.)
+BACKOFF_GROWTH = 1.5  # a loop two of whose wake-ups come surely this much further apart than its closest two may
+BACKOFF_MIN_S = 3.0  # have, and this far or more, backs off (a retry's timer, doubling or jittered): a sleep, not a
+# poll, to the loop's end — a jittered retry's wait may come short. A wake-up lies between the last sample that found
+# the thread asleep and the one that finds it woken: gaps are bounded, never taken from the samples' times alone, so a
+# sampler late on a loaded machine widens a bound and never makes a steady loop's gap look grown (nor its closest two
+# closer).
 NATIVE_SHARE = 0.25  # a main thread standing in one call while it used this share of a CPU works there (hashing, a
 # tokenizer, zlib), on a rank with no accelerator: a CUDA sync or an accelerator's wait spins a core as busily
 ACCELERATOR_MODULES = ("torch_npu", "habana_frameworks", "torch_xla")  # loaded: the rank may spin in their waits
@@ -94,11 +96,12 @@ class Motion:
         self._signature: tuple[Any, ...] = ()
         self._at = 0.0  # the sample before: when, and the main thread's CPU seconds then
         self._cpu = -1.0
-        self._slept_at = -POLL_S  # when the main thread was last seen asleep on a timer ...
-        self._polled_at = -POLL_S  # ... and having woken (used CPU) since the sample before: a loop
-        self._woke_at = -1.0  # the loop's last wake-up seen, the time since the one before, the shortest such time
-        self._shortest = float("inf")  # in this loop, and how many gaps in a row were BACKOFF_GROWTH times longer
-        self._grown = 0
+        self._slept_at = -POLL_S  # when the main thread was last seen asleep on a timer, its CPU seconds then ...
+        self._slept_cpu = -1.0
+        self._polled_at = -POLL_S  # ... and having woken (used CPU) since then: a loop
+        self._woke_in: Optional[tuple[float, float]] = None  # the loop's last wake-up: after, and by (samples' times)
+        self._closest = float("inf")  # the most two wake-ups of this loop can have been apart, at the closest
+        self._backed_off = False  # a gap of this loop grew (BACKOFF_GROWTH): it backs off, to its end
         self._was_asleep: Optional[bool] = None  # the main thread was asleep on a timer at the sample before (None:
         # not known — it was running, or waiting for a CPU on a loaded machine: asked again)
         self.waiting = P.WAIT_NONE  # what the main thread waits for (P.WAIT_*), at the last sample
@@ -160,19 +163,16 @@ class Motion:
             self.forwards_time = now
         rec.hb.motion(forwards, self.forwards_time, self.stack_changes, self.stack_time, self.mode, self.waiting)
 
-    def _woke(self, now: float) -> None:
-        """A wake-up of the main thread's timer loop: how far apart from the one before, and whether that grew."""
-        if self._woke_at >= 0:
-            interval = now - self._woke_at
-            grown = interval >= max(BACKOFF_MIN_S, BACKOFF_GROWTH * self._shortest)
-            self._grown = self._grown + 1 if grown else 0
-            self._shortest = min(self._shortest, interval)
-        self._woke_at = now
-
-    def _backing_off(self) -> bool:
-        """The loop's wake-ups grow apart (a retry's backoff, a rate limit's wait): it sleeps on a timer more than
-        it checks, and its wait is an ambiguous one (a sleep), not a poll loop's (which checks at a steady pace)."""
-        return self._grown >= 2
+    def _woke(self, after: float, by: float) -> None:
+        """A wake-up of the main thread's timer loop, after the sample at `after` and by the one at `by`: whether
+        it came surely further apart from the one before than the loop's closest two may have (BACKOFF_GROWTH) — the
+        loop backs off (a retry's backoff, a rate limit's wait): it sleeps on a timer more than it checks, and its
+        wait is an ambiguous one (a sleep), not a poll loop's (which checks at a steady pace: no gap grows so)."""
+        if self._woke_in is not None and not self._backed_off:
+            first, last = self._woke_in
+            self._backed_off = after - last >= max(BACKOFF_MIN_S, BACKOFF_GROWTH * self._closest)
+            self._closest = min(self._closest, by - first)
+        self._woke_in = (after, by)
 
     def _sample(self, now: float) -> None:
         frames = sys._current_frames()
@@ -187,23 +187,23 @@ class Motion:
             asleep = self._asleep() if before is None or sig != self._signature else before
             self._was_asleep = asleep  # a thread found running is asked again: it may be on its way into the sleep
             if asleep:
-                # it ran since the sample before, and an earlier sample found it asleep too: it woke to check, and
-                # sleeps again (a loop) — not the rest of a step before its first sleep (one long sleep is no loop)
-                if now - self._slept_at <= POLL_S and cpu > self._cpu >= 0:
+                # it ran since the last sample that found it asleep, within POLL_S: it woke to check, and sleeps
+                # again (a loop) — not the rest of a step before its first sleep (one long sleep is no loop)
+                if now - self._slept_at <= POLL_S and cpu > self._slept_cpu >= 0:
                     self._polled_at = now
-                    self._woke(now)
-                self._slept_at = now
+                    self._woke(self._slept_at, now)
+                self._slept_at, self._slept_cpu = now, cpu
         else:
             self._was_asleep = None  # it worked: not known, asked again at the next still sample
         thread_wait = bool(sig) and self._code_facts(sig[0])[2]
         sleeps = now - self._slept_at <= POLL_S
-        if not sleeps and self._woke_at >= 0:  # out of the loop: the next one's pace is its own
-            self._woke_at, self._shortest, self._grown = -1.0, float("inf"), 0
+        if not sleeps and self._woke_in is not None:  # out of the loop: the next one's pace is its own
+            self._woke_in, self._closest, self._backed_off = None, float("inf"), False
         changed = (sig != self._signature and bool(self._signature)) or running  # the first sample: nothing to differ
         moved = changed and (worked or not (sleeps or thread_wait))
         if not changed and self._cpu >= 0 and cpu - self._cpu >= NATIVE_SHARE * (now - self._at):
             moved = not self._on_accelerator()  # a native call, or one after another, that computes
-        polls = now - self._polled_at <= POLL_S and not self._backing_off()
+        polls = now - self._polled_at <= POLL_S and not self._backed_off
         self.waiting = (P.WAIT_THREAD if thread_wait else P.WAIT_NONE if not sleeps else
                         P.WAIT_POLL if polls else P.WAIT_SLEEP)  # fmt: skip
         others = self._read_others(frames) if self.waiting else {}

@@ -32,11 +32,13 @@ benchmark (scripts/hangbench.py): pool (scoring in a multiprocessing.Pool for th
 oversubscribed (evaluation while two burning processes take the CPUs), thread-deadlock (a hang: the main thread
 and a thread of its own each wait for the other's lock), and the whole life of a rank: prep (rank 0 prepares in
 pure Python for the pause before it joins the group, rank 1 waits in rendezvous), backoff (rank 0 sleeps the pause
-on a retry's doubling timer), gil-native (rank 0 holds the GIL in one native call for the pause), exit-upload
-(training is over: a non-daemon thread of rank 0 uploads to a slow peer for the pause while its interpreter
-exits; rank 1 has exited) — healthy — and two hangs at the end: exit-read (a non-daemon thread of rank 0 reads a
-pipe nobody writes: it cannot exit) and final-barrier (rank 0 writes its final metrics to a pipe nobody reads while
-rank 1 waits in the final barrier)."""
+on a retry's doubling timer), jittered-backoff (the same on a full-jitter timer, as tenacity's
+wait_random_exponential and botocore's retries wait: a random share of a doubling wait capped at 20 s — its waits from
+a fixed seed, one whose short wait after a long one the rule before 2026-12-07 took for a poll loop), gil-native
+(rank 0 holds the GIL in one native call for the pause), exit-upload (training is over: a non-daemon thread of
+rank 0 uploads to a slow peer for the pause while its interpreter exits; rank 1 has exited) — healthy — and two
+hangs at the end: exit-read (a non-daemon thread of rank 0 reads a pipe nobody writes: it cannot exit) and
+final-barrier (rank 0 writes its final metrics to a pipe nobody reads while rank 1 waits in the final barrier)."""
 
 import contextlib
 import gc
@@ -472,6 +474,18 @@ def backoff(deadline: float) -> None:
         delay *= 2
 
 
+def jittered_backoff(deadline: float) -> None:
+    """A retry's full-jitter backoff: asleep a random share of a doubling wait, capped at 20 s (0.97 s, 0.02, 2.94,
+    1.26, 15.78, 0.34, 17.59 ...), nothing else to do meanwhile."""
+    import random
+
+    rng = random.Random(15)
+    ceiling = 1.0
+    while time.monotonic() < deadline:
+        time.sleep(min(rng.uniform(0, ceiling), max(0.0, deadline - time.monotonic())))
+        ceiling = min(2 * ceiling, 20.0)
+
+
 def gil_native(deadline: float) -> None:
     """One native call that holds the GIL for the pause (a C extension that never releases it)."""
     import ctypes
@@ -578,6 +592,7 @@ def pause(rank: int, model: DistributedDataParallel) -> None:
             "dirty": dirty,
             "oversubscribed": oversubscribed,
             "backoff": backoff,
+            "jittered-backoff": jittered_backoff,
             "gil-native": gil_native,
         }
         if CASE in work:
