@@ -246,6 +246,20 @@ def run_one(row: Row, contender: str, scratch: Path) -> Outcome:
 
 Ran = tuple[Optional[int], float, "Lines", "Lines", Optional[float]]  # exit code, end, stdout, stderr, onset
 S3: Optional[s3local.S3Server] = None  # the upload rows' server, one for the run (main)
+_LIVE: set[subprocess.Popen[bytes]] = set()  # every job started and not yet stopped: none outlives the benchmark
+_LIVE_LOCK = threading.Lock()
+_STOPPING = threading.Event()  # the benchmark was interrupted: no job starts any more
+
+
+def _start(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    """A job in a session of its own (its process group is what _stop ends), known until it is stopped."""
+    with _LIVE_LOCK:
+        if _STOPPING.is_set():
+            raise KeyboardInterrupt
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                                **kwargs)  # fmt: skip
+        _LIVE.add(proc)
+    return proc
 
 
 def _s3_address() -> tuple[str, int]:
@@ -256,8 +270,7 @@ def _s3_address() -> tuple[str, int]:
 
 
 def _one_host(row: Row, contender: str, work: Path, link: Optional[s3local.Link] = None) -> Ran:
-    proc = subprocess.Popen(_command(row, contender, work), cwd=work, env=_env(row, contender, work, link),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    proc = _start(_command(row, contender, work), cwd=work, env=_env(row, contender, work, link))
     out, err = Lines(proc.stdout), Lines(proc.stderr)
     try:
         code: Optional[int] = proc.wait(timeout=CAP_S)
@@ -288,8 +301,7 @@ def _two_hosts(row: Row, contender: str, work: Path, link: Optional[s3local.Link
         for n, a in enumerate(argv):
             if n and row.late_s:
                 time.sleep(row.late_s)
-            procs.append(subprocess.Popen(a, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          start_new_session=True))  # fmt: skip
+            procs.append(_start(a, cwd=work, env=env))
         streams = [(Lines(p.stdout), Lines(p.stderr)) for p in procs]
         onset: list[float] = []
         cutter = threading.Thread(target=_cut_at_mark, args=(procs[0], streams[0][0], ns[1], onset), daemon=True)
@@ -321,16 +333,33 @@ def _cut_at_mark(proc: subprocess.Popen[bytes], out: Lines, ns: str, onset: list
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=10)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    try:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(timeout=10)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(proc)
+
+
+def _stop_all() -> None:
+    """Interrupted (Ctrl-C, SIGTERM): every job the benchmark started is ended, and none starts after."""
+    with _LIVE_LOCK:
+        _STOPPING.set()
+        live = list(_LIVE)
+    for proc in live:
+        _stop(proc)
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # SIGTERM as Ctrl-C: the jobs are ended and the S3 server stopped on the way out
 
 
 def _latency(at: Optional[float], onset: Optional[float], fallback: float) -> Optional[float]:
@@ -505,6 +534,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, help="write the JSON result here")
     ap.add_argument("--markdown", type=Path, help="write the Markdown tables here")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupted)
     table = rows()
     names = set(QUICK) if args.quick else set(args.rows.split(",")) if args.rows else {r.name for r in table}
     unknown = names - {r.name for r in table}
@@ -524,6 +554,9 @@ def main(argv: list[str]) -> int:
             if any(r.link_rate is not None for r in chosen):
                 S3 = stack.enter_context(s3local.server(scratch / "s3", s3local.any_port))
             outcomes = _run_all(runs, scratch, args.jobs)
+    except KeyboardInterrupt:
+        print("hangbench: interrupted: its jobs and its S3 server were stopped; no result written", file=sys.stderr)
+        return 130
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result = {
@@ -553,12 +586,18 @@ def _run_all(runs: list[tuple[Row, str]], scratch: Path, jobs: int) -> list[Outc
     outcomes = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [pool.submit(run_one, r, c, scratch) for r, c in runs]
-        for f in futures:
-            o = f.result()
-            outcomes.append(o)
-            print(f"hangbench: {o.row:22} {o.contender:9} {'detected' if o.detected else 'quiet':8} "
-                  f"{o.latency_s if o.latency_s is not None else '-':>6} {o.suspects} {o.category or ''} "
-                  f"({o.wall_s:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+        try:
+            for f in futures:
+                o = f.result()
+                outcomes.append(o)
+                print(f"hangbench: {o.row:22} {o.contender:9} {'detected' if o.detected else 'quiet':8} "
+                      f"{o.latency_s if o.latency_s is not None else '-':>6} {o.suspects} {o.category or ''} "
+                      f"({o.wall_s:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+        except BaseException:  # interrupted: the jobs running are ended, those waiting never start
+            for f in futures:
+                f.cancel()
+            _stop_all()
+            raise
     return outcomes
 
 
