@@ -91,6 +91,7 @@ class Motion:
         self.rec = rec
         self.main: Any = None
         self._syscall = ""
+        self._status = ""
         self.watch(threading.main_thread())
         self._sleeps = TIMER_SLEEPS.get(os.uname().machine, {})
         self._signature: tuple[Any, ...] = ()
@@ -98,6 +99,7 @@ class Motion:
         self._cpu = -1.0
         self._slept_at = -POLL_S  # when the main thread was last seen asleep on a timer, its CPU seconds then ...
         self._slept_cpu = -1.0
+        self._slept_switches = -1  # (and how many times it had switched out: a wake-up is counted once it slept again)
         self._polled_at = -POLL_S  # ... and having woken (used CPU) since then: a loop
         self._woke_in: Optional[tuple[float, float]] = None  # the loop's last wake-up: after, and by (samples' times)
         self._closest = float("inf")  # the most two wake-ups of this loop can have been apart, at the closest
@@ -125,6 +127,7 @@ class Motion:
         """Take `thread` for the main thread (the job's; a test's stand-in)."""
         self.main = thread.ident
         self._syscall = "/proc/self/task/%s/syscall" % thread.native_id
+        self._status = "/proc/self/task/%s/status" % thread.native_id
 
     def watch_compile(self, torch: Any) -> None:
         """Wrap `torch.compile` (the function, as the job and `nn.Module.compile` call it) to learn that the job
@@ -163,6 +166,46 @@ class Motion:
             self.forwards_time = now
         rec.hb.motion(forwards, self.forwards_time, self.stack_changes, self.stack_time, self.mode, self.waiting)
 
+    def _still(self, now: float, sig: tuple[Any, ...], cpu: float) -> None:
+        """A sample of a main thread that did no work since the one before: whether it sleeps on a timer, and whether
+        it woke meanwhile and sleeps again (a loop's wake-up)."""
+        # the same instruction of the same frames as the sample before, and no CPU time since: the same call as then
+        # — asleep on a timer or not — without asking the kernel again (a still rank's sample stays cheap). A thread
+        # that used CPU is asked: woken from its sleep, it stands at the same instruction until it runs Python again
+        # (waiting for the GIL, or for a CPU on a loaded machine)
+        before = self._was_asleep
+        if before is None or sig != self._signature or cpu != self._cpu:
+            asleep, switches = self._asleep(), self._switches()
+        else:
+            asleep, switches = before, self._slept_switches  # no CPU time: no switch either
+        self._was_asleep = asleep  # a thread found running is asked again: it may be on its way into the sleep
+        if not asleep:
+            return
+        # it ran since the last sample that found it asleep, within POLL_S: it woke to check and sleeps again (a
+        # loop) — not the rest of a step before its first sleep (one long sleep is no loop). Asleep again means
+        # switched out again (voluntarily): a thread woken but not yet run stands in its sleep's system call too, and
+        # is counted once it has slept again (counted then and again after, its wake-up made two)
+        if now - self._slept_at <= POLL_S and cpu > self._slept_cpu >= 0:
+            if 0 <= switches == self._slept_switches:
+                return  # woken, not asleep again yet: the last sample that found it asleep stays the bound
+            self._polled_at = now
+            self._woke(self._slept_at, now)
+        self._slept_at, self._slept_cpu, self._slept_switches = now, cpu, switches
+
+    def _switches(self) -> int:
+        """How many times the main thread has given up its CPU to wait (voluntary context switches); -1 where that
+        cannot be read."""
+        try:
+            fd = os.open(self._status, os.O_RDONLY)
+            try:
+                text = os.read(fd, 4096)
+            finally:
+                os.close(fd)
+            at = text.index(b"\nvoluntary_ctxt_switches:") + 26
+            return int(text[at : text.index(b"\n", at)])
+        except (OSError, ValueError):
+            return -1
+
     def _woke(self, after: float, by: float) -> None:
         """A wake-up of the main thread's timer loop, after the sample at `after` and by the one at `by`: whether
         it came surely further apart from the one before than the loop's closest two may have (BACKOFF_GROWTH) — the
@@ -181,18 +224,7 @@ class Motion:
         floor = CPU_FLOOR * (now - self._at)
         worked = cpu < 0 or (self._cpu >= 0 and cpu - self._cpu >= floor)  # unreadable: every change counts
         if not worked:
-            # the same instruction of the same frames as the sample before, and no work since: the same call as
-            # then — asleep on a timer or not — without asking the kernel again (a still rank's sample stays cheap)
-            before = self._was_asleep
-            asleep = self._asleep() if before is None or sig != self._signature else before
-            self._was_asleep = asleep  # a thread found running is asked again: it may be on its way into the sleep
-            if asleep:
-                # it ran since the last sample that found it asleep, within POLL_S: it woke to check, and sleeps
-                # again (a loop) — not the rest of a step before its first sleep (one long sleep is no loop)
-                if now - self._slept_at <= POLL_S and cpu > self._slept_cpu >= 0:
-                    self._polled_at = now
-                    self._woke(self._slept_at, now)
-                self._slept_at, self._slept_cpu = now, cpu
+            self._still(now, sig, cpu)
         else:
             self._was_asleep = None  # it worked: not known, asked again at the next still sample
         thread_wait = bool(sig) and self._code_facts(sig[0])[2]

@@ -839,3 +839,44 @@ def test_a_steady_loop_polls_though_its_sampler_comes_late(tmp_path: Path, monke
     # THEN from its first wake-up seen to its end, it polls: a late sample widens what is known of a gap, never grows it
     polled = seen.index(P.WAIT_POLL)
     assert set(seen[polled:]) == {P.WAIT_POLL} and len(seen) - polled >= 50, seen
+
+
+def test_a_wakeup_seen_while_the_thread_waits_for_the_gil_counts_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN (at a tenth of the production scale) a main thread that checks every 0.5 s, and a sample taken while it
+    # has woken from its sleep but waits for the GIL (the sampler's thread holds it): its frames stand at the sleep's
+    # instruction, its CPU time moved
+    monkeypatch.setattr(M, "BACKOFF_MIN_S", 0.3)
+    monkeypatch.setattr(sys, "getswitchinterval", sys.getswitchinterval)
+    started = time.monotonic()
+
+    def checking() -> None:
+        for k in range(1, 9):
+            time.sleep(max(0.0, started + 0.5 * k - time.monotonic()))
+            sum(range(20000))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)  # the GIL stays with the sampler's thread while it computes
+    try:
+        main = threading.Thread(target=checking, daemon=True)
+        main.start()
+        m = M.Motion(FakeRecorder(tmp_path))
+        m.watch(main)
+        seen = []
+        held = False
+        while main.is_alive() and len(seen) < 150:
+            if not held and time.monotonic() + 0.05 >= started + 1.47:  # across the third wake-up, then a sample
+                held = True  # with the GIL still held
+                time.sleep(max(0.0, started + 1.47 - time.monotonic()))
+                while time.monotonic() < started + 1.53:
+                    pass
+            m.tick(time.monotonic())
+            seen.append(m.waiting)
+            time.sleep(0.05)
+    finally:
+        sys.setswitchinterval(interval)
+    # THEN it polls from its first wake-up seen to its end: the wake-up was not counted twice (two counts 50 ms apart
+    # made its closest gap 0.1 s, and each steady gap after looked grown: a backoff)
+    polled = seen.index(P.WAIT_POLL)
+    assert set(seen[polled:]) == {P.WAIT_POLL} and len(seen) - polled >= 50, seen
