@@ -134,7 +134,7 @@ def rows(two_hosts: Optional[bool] = None) -> list[Row]:
     out.append(_scenario("ddp-memmap-hang", "hang", 1, "memmap-hang-step1"))
     out += [_quiet(c, "hang", "hang.io") for c in ("final-barrier", "exit-read")]  # after training, at the end
     out += [_quiet(c, "hang", "hang.io") for c in ("stuck", "ema-hang", "woken-read")]
-    out += [_quiet(c, "hang", "hang.poll") for c in ("stale-lock", "marker", "store-poll")]  # a poll loop's wait
+    out += [_quiet(c, "hang", "hang.poll") for c in ("stale-lock", "marker", "slow-marker", "store-poll")]  # polls
     out.append(_quiet("thread-deadlock", "hang"))  # no category of blackbox's is the truth
     out += [_quiet(c, "healthy") for c in ("save", "forward", "loader", "metrics", "index", "dcp", "compile", "tool",
                                            "captured", "workers", "upload", "pool", "oversubscribed", "polled-tool",

@@ -23,8 +23,9 @@ producer started beside the job makes for the whole pause, compressing as it goe
 that are not quiet: stuck (rank 0 waits for a child that waits for input that never comes: a credential prompt),
 ema-hang (rank 0's main thread blocks for good in a read while a thread of its own keeps running a module),
 woken-read (rank 0 blocks for good in a read of a pipe while an interval timer's signal wakes it five times a
-second), stale-lock (a `filelock` another process holds forever: it polls every 50 ms), marker (a loop that waits for
-a marker file nothing writes) and store-poll (a loop that polls the job's store for a key no rank sets). And nap:
+second), stale-lock (a `filelock` another process holds forever: it polls every 50 ms), marker (a loop that waits
+for a marker file nothing writes; slow-marker: checking every 5 s) and store-poll (a loop that polls the job's store
+for a key no rank sets). And nap:
 rank 0 sleeps the pause (with a short --stall-timeout, a stall whose rank moves again while its evidence is
 collected). For tests/integration/test_flush.py: flush (a checkpoint fsynced while a throttled disk takes it) and
 dirty (a hang: a checkpoint written through the page cache to a disk that takes nothing). For the hang
@@ -364,11 +365,16 @@ def stale_lock(deadline: float) -> None:
     FileLock(path).acquire()
 
 
-def marker(deadline: float) -> None:
+def marker(deadline: float, every: float = 0.1) -> None:
     """A hang: rank 0 waits in a loop for a marker file nothing will write (an earlier stage's `DONE` file)."""
     path = os.path.join(WORK, "stage1.done")
     while not os.path.exists(path):
-        time.sleep(0.1)
+        time.sleep(every)
+
+
+def slow_marker(deadline: float) -> None:
+    """The same, checking every 5 s (a steady pace a loaded machine's late samples made look like a backoff)."""
+    marker(deadline, every=5.0)
 
 
 def store_poll(deadline: float) -> None:
@@ -581,6 +587,7 @@ def pause(rank: int, model: DistributedDataParallel) -> None:
             "polled-upload": lambda d: upload(d, poll=True),
             "polled-tool": polled_tool,
             "marker": marker,
+            "slow-marker": slow_marker,
             "store-poll": store_poll,
             "stale-lock": stale_lock,
             "thread-deadlock": thread_deadlock,
