@@ -16,7 +16,7 @@ import threading
 import time
 import types
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import pytest
 
@@ -795,15 +795,7 @@ def test_a_loop_whose_wakeups_grow_apart_backs_off_and_sleeps_one_at_a_steady_pa
             sum(range(20000))
 
     for target, expected in ((retrying, P.WAIT_SLEEP), (checking, P.WAIT_POLL)):
-        main = threading.Thread(target=target, daemon=True)
-        main.start()
-        m = M.Motion(FakeRecorder(tmp_path))
-        m.watch(main)
-        seen = []
-        while main.is_alive() and len(seen) < 150:
-            m.tick(time.monotonic())
-            seen.append(m.waiting)
-            time.sleep(0.05)
+        seen = _waits(tmp_path, target)
         # THEN once its wake-ups have come further apart than its first two twice, the backoff sleeps — to its end,
         # the short wait too; the steady loop polls
         if expected == P.WAIT_SLEEP:
@@ -827,15 +819,7 @@ def test_a_steady_loop_polls_though_its_sampler_comes_late(tmp_path: Path, monke
             time.sleep(0.3)
             sum(range(20000))
 
-    main = threading.Thread(target=checking, daemon=True)
-    main.start()
-    m = M.Motion(FakeRecorder(tmp_path))
-    m.watch(main)
-    seen = []
-    while main.is_alive() and len(seen) < 150:
-        m.tick(time.monotonic())
-        seen.append(m.waiting)
-        time.sleep(0.2 if len(seen) % 20 == 0 else 0.05)
+    seen = _waits(tmp_path, checking, lambda n: time.sleep(0.2 if n % 20 == 0 else 0.05))
     # THEN from its first wake-up seen to its end, it polls: a late sample widens what is known of a gap, never grows it
     polled = seen.index(P.WAIT_POLL)
     assert set(seen[polled:]) == {P.WAIT_POLL} and len(seen) - polled >= 50, seen
@@ -848,7 +832,6 @@ def test_a_wakeup_seen_while_the_thread_waits_for_the_gil_counts_once(
     # has woken from its sleep but waits for the GIL (the sampler's thread holds it): its frames stand at the sleep's
     # instruction, its CPU time moved
     monkeypatch.setattr(M, "BACKOFF_MIN_S", 0.3)
-    monkeypatch.setattr(sys, "getswitchinterval", sys.getswitchinterval)
     started = time.monotonic()
 
     def checking() -> None:
@@ -856,27 +839,40 @@ def test_a_wakeup_seen_while_the_thread_waits_for_the_gil_counts_once(
             time.sleep(max(0.0, started + 0.5 * k - time.monotonic()))
             sum(range(20000))
 
+    held: list[int] = []
+
+    def pause(n: int) -> None:
+        time.sleep(0.05)
+        if not held and time.monotonic() + 0.05 >= started + 1.47:  # across the third wake-up, then a sample with
+            held.append(n)  # the GIL still held
+            time.sleep(max(0.0, started + 1.47 - time.monotonic()))
+            while time.monotonic() < started + 1.53:
+                pass
+
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1.0)  # the GIL stays with the sampler's thread while it computes
     try:
-        main = threading.Thread(target=checking, daemon=True)
-        main.start()
-        m = M.Motion(FakeRecorder(tmp_path))
-        m.watch(main)
-        seen = []
-        held = False
-        while main.is_alive() and len(seen) < 150:
-            if not held and time.monotonic() + 0.05 >= started + 1.47:  # across the third wake-up, then a sample
-                held = True  # with the GIL still held
-                time.sleep(max(0.0, started + 1.47 - time.monotonic()))
-                while time.monotonic() < started + 1.53:
-                    pass
-            m.tick(time.monotonic())
-            seen.append(m.waiting)
-            time.sleep(0.05)
+        seen = _waits(tmp_path, checking, pause)
     finally:
         sys.setswitchinterval(interval)
     # THEN it polls from its first wake-up seen to its end: the wake-up was not counted twice (two counts 50 ms apart
     # made its closest gap 0.1 s, and each steady gap after looked grown: a backoff)
     polled = seen.index(P.WAIT_POLL)
     assert set(seen[polled:]) == {P.WAIT_POLL} and len(seen) - polled >= 50, seen
+
+
+def _waits(
+    tmp_path: Path, target: Callable[[], None], pause: Callable[[int], None] = lambda n: time.sleep(0.05)
+) -> list[int]:
+    """What a Motion sampling `target`, run as its main thread, found it waiting for (P.WAIT_*), sample by sample
+    (`pause` after sample n: 50 ms), until it ends."""
+    main = threading.Thread(target=target, daemon=True)
+    main.start()
+    m = M.Motion(FakeRecorder(tmp_path))
+    m.watch(main)
+    seen: list[int] = []
+    while main.is_alive() and len(seen) < 150:
+        m.tick(time.monotonic())
+        seen.append(m.waiting)
+        pause(len(seen))
+    return seen
