@@ -11,7 +11,7 @@ from typing import Any, Optional
 from .._recorder import protocol as P
 from ..adapters import flight_recorder as fr
 from . import layout as L
-from .reader import Bundle, expand_rank_table, integer
+from .reader import Bundle, expand_rank_table, integer, parse_json
 from .writer import BundleWriter
 
 WHY = {  # collection.unanswered, as the collector wrote it
@@ -26,7 +26,8 @@ WHY = {  # collection.unanswered, as the collector wrote it
 @dataclass(frozen=True)
 class RankEvidence:
     rank: int
-    stack: list[str]  # where its stack comes from: py-spy, faulthandler, its own dump
+    stack: list[str]  # where its stack comes from: py-spy, faulthandler, its own dump — or, for a rank that died
+    # before it could be read, faulthandler at its SIGTERM or the traceback of the exception it raised
     position: list[str]  # where its place in the collectives comes from: flight recorder, its ring, its join state
     memory: bool  # a CUDA memory snapshot
     last_words: list[str]  # what it left on its own: a fatal signal's dump, SIGTERM's, an exception
@@ -70,7 +71,10 @@ def _one(bundle: Bundle, rank: int, traced: bool, why: Optional[str]) -> RankEvi
         return any(n.startswith(prefix) and bundle.files[n] for n in names)
 
     stack = [label for label, name in (("py-spy", L.PYSPY + ".json"), ("faulthandler", P.RANK_STACKS),
-                                       ("its own dump", P.RANK_PYDUMP)) if has(name)]  # fmt: skip
+                                       ("its own dump", P.RANK_PYDUMP), ("faulthandler at SIGTERM", P.RANK_SIGTERM))
+             if has(name)]  # fmt: skip
+    if _raised(bundle, rank):
+        stack.append("its traceback")
     position = ["flight recorder"] if traced or has(P.RANK_FR_JSON) else []
     entries = ring(bundle, rank)
     # it says which collective it was at, its own (a Python collective) or torch's count (DDP's, FSDP's, from C++)
@@ -81,6 +85,19 @@ def _one(bundle: Bundle, rank: int, traced: bool, why: Optional[str]) -> RankEvi
     last = [label for label, name in (("fatal signal", P.RANK_FATAL), ("SIGTERM", P.RANK_SIGTERM),
                                       ("exception", P.RANK_EXCEPTIONS)) if has(name)]  # fmt: skip
     return RankEvidence(rank, stack, position, has(P.RANK_MEMORY_SNAPSHOT), last, why)
+
+
+def _raised(bundle: Bundle, rank: int) -> bool:
+    """Whether the rank's main thread raised an exception its record holds the traceback of (exceptions.jsonl): where
+    the rank stood when it failed, whether or not it lived to be read."""
+    for line in (bundle.files.get(L.rank_member(rank, P.RANK_EXCEPTIONS)) or b"").splitlines():
+        try:
+            record = parse_json(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("thread") == "MainThread" and record.get("traceback"):
+            return True
+    return False
 
 
 def _before_any(hb: Any) -> bool:

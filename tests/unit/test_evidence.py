@@ -166,3 +166,36 @@ def test_a_rank_that_has_not_joined_its_group_is_placed_before_the_first_collect
     assert position("", 5, "b") == ["its join state (no collective yet)"]
     # BUT a layout-4 page's empty join word may be an older recorder's, and a joined rank with no record is unplaced
     assert position("", 4, "c") == [] and position("joined", 5, "d") == []
+
+
+def test_a_rank_that_died_before_it_was_read_has_the_stack_it_left(tmp_path: Path) -> None:
+    # GIVEN a crash: rank 1 raised and exited before py-spy or its own dump could read it (its record holds the
+    # traceback), rank 3 was ended by the launcher's SIGTERM first (faulthandler's dump of it), and rank 2 left only
+    # an exception of another thread; none has a py-spy stack, a faulthandler dump or a dump of its own
+    def died(files: dict[str, bytes]) -> None:
+        for rank in (1, 2, 3):
+            for name in [n for n in files if n.startswith(tuple(f"ranks/{rank}/{k}" for k in ("py-spy", "stacks-",
+                                                                                               "pydump-")))]:  # fmt: skip
+                del files[name]
+        frames = [{"file": "train.py", "line": 40, "function": "main"}, {"file": "train.py", "line": 12,
+                                                                       "function": "step"}]  # fmt: skip
+        files["ranks/1/exceptions.jsonl"] = (
+            b"not json\n"
+            + json.dumps(
+                {"time": T0, "thread": "MainThread", "type": "builtins.ValueError", "traceback": frames}
+            ).encode()
+            + b"\n"
+        )
+        files["ranks/2/exceptions.jsonl"] = json.dumps({"time": T0, "thread": "Thread-1", "traceback": frames}).encode()
+        files["ranks/3/sigterm.txt"] = b'Thread 0x01 (most recent call first):\n  File "train.py", line 9 in main\n'
+
+    b = read_bundle(str(bundle_with(tmp_path, died)))
+    by_rank = {e.rank: e for e in per_rank(b, [0, 1, 2, 3])}
+    # THEN the raising rank's stack is its traceback, the terminated rank's is faulthandler's at SIGTERM — each with
+    # its place from the flight recorder, complete — and another thread's exception is no stack of the rank
+    assert (by_rank[1].stack, by_rank[1].last_words, by_rank[1].complete) == (["its traceback"], ["exception"], True)
+    assert (by_rank[3].stack, by_rank[3].last_words, by_rank[3].complete) == (["faulthandler at SIGTERM"],
+                                                                             ["SIGTERM"], True)  # fmt: skip
+    assert (by_rank[2].stack, by_rank[2].complete) == ([], False)
+    texts = [f.text for f in analyze(b).findings]
+    assert "evidence: 3/4 rank(s) with a stack and their place in the collectives" in texts, texts
