@@ -173,10 +173,9 @@ def test_a_rank_that_died_before_it_was_read_has_the_stack_it_left(tmp_path: Pat
     # traceback), rank 3 was ended by the launcher's SIGTERM first (faulthandler's dump of it), and rank 2 left only
     # an exception of another thread; none has a py-spy stack, a faulthandler dump or a dump of its own
     def died(files: dict[str, bytes]) -> None:
-        for rank in (1, 2, 3):
-            for name in [n for n in files if n.startswith(tuple(f"ranks/{rank}/{k}" for k in ("py-spy", "stacks-",
-                                                                                               "pydump-")))]:  # fmt: skip
-                del files[name]
+        read = tuple(f"ranks/{rank}/{kind}" for rank in (1, 2, 3) for kind in ("py-spy", "stacks-", "pydump-"))
+        for name in [n for n in files if n.startswith(read)]:
+            del files[name]
         frames = [{"file": "train.py", "line": 40, "function": "main"}, {"file": "train.py", "line": 12,
                                                                        "function": "step"}]  # fmt: skip
         files["ranks/1/exceptions.jsonl"] = (
