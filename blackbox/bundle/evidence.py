@@ -27,7 +27,7 @@ WHY = {  # collection.unanswered, as the collector wrote it
 class RankEvidence:
     rank: int
     stack: list[str]  # where its stack comes from: py-spy, faulthandler, its own dump — or, for a rank that died
-    # before it could be read, faulthandler at its SIGTERM or the traceback of the exception it raised
+    # before it could be read, faulthandler at its SIGTERM or fatal signal, or the traceback of the exception it raised
     position: list[str]  # where its place in the collectives comes from: flight recorder, its ring, its join state
     memory: bool  # a CUDA memory snapshot
     last_words: list[str]  # what it left on its own: a fatal signal's dump, SIGTERM's, an exception
@@ -71,8 +71,8 @@ def _one(bundle: Bundle, rank: int, traced: bool, why: Optional[str]) -> RankEvi
         return any(n.startswith(prefix) and bundle.files[n] for n in names)
 
     stack = [label for label, name in (("py-spy", L.PYSPY + ".json"), ("faulthandler", P.RANK_STACKS),
-                                       ("its own dump", P.RANK_PYDUMP), ("faulthandler at SIGTERM", P.RANK_SIGTERM))
-             if has(name)]  # fmt: skip
+                                       ("its own dump", P.RANK_PYDUMP), ("faulthandler at SIGTERM", P.RANK_SIGTERM),
+                                       ("faulthandler at its fatal signal", P.RANK_FATAL)) if has(name)]  # fmt: skip
     if _raised(bundle, rank):
         stack.append("its traceback")
     position = ["flight recorder"] if traced or has(P.RANK_FR_JSON) else []

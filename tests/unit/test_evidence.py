@@ -170,10 +170,11 @@ def test_a_rank_that_has_not_joined_its_group_is_placed_before_the_first_collect
 
 def test_a_rank_that_died_before_it_was_read_has_the_stack_it_left(tmp_path: Path) -> None:
     # GIVEN a crash: rank 1 raised and exited before py-spy or its own dump could read it (its record holds the
-    # traceback), rank 3 was ended by the launcher's SIGTERM first (faulthandler's dump of it), and rank 2 left only
-    # an exception of another thread; none has a py-spy stack, a faulthandler dump or a dump of its own
+    # traceback), rank 3 was ended by the launcher's SIGTERM first and rank 0 by a segfault (faulthandler's dumps of
+    # them), and rank 2 left only an exception of another thread; none has a py-spy stack, a faulthandler dump on the
+    # dump signal or a dump of its own
     def died(files: dict[str, bytes]) -> None:
-        read = tuple(f"ranks/{rank}/{kind}" for rank in (1, 2, 3) for kind in ("py-spy", "stacks-", "pydump-"))
+        read = tuple(f"ranks/{rank}/{kind}" for rank in (0, 1, 2, 3) for kind in ("py-spy", "stacks-", "pydump-"))
         for name in [n for n in files if n.startswith(read)]:
             del files[name]
         frames = [{"file": "train.py", "line": 40, "function": "main"}, {"file": "train.py", "line": 12,
@@ -187,6 +188,7 @@ def test_a_rank_that_died_before_it_was_read_has_the_stack_it_left(tmp_path: Pat
         )
         files["ranks/2/exceptions.jsonl"] = json.dumps({"time": T0, "thread": "Thread-1", "traceback": frames}).encode()
         files["ranks/3/sigterm.txt"] = b'Thread 0x01 (most recent call first):\n  File "train.py", line 9 in main\n'
+        files["ranks/0/fatal.txt"] = b'Fatal Python error: Segmentation fault\n\nCurrent thread 0x01:\n  File "x.py"\n'
 
     b = read_bundle(str(bundle_with(tmp_path, died)))
     by_rank = {e.rank: e for e in per_rank(b, [0, 1, 2, 3])}
@@ -195,6 +197,7 @@ def test_a_rank_that_died_before_it_was_read_has_the_stack_it_left(tmp_path: Pat
     assert (by_rank[1].stack, by_rank[1].last_words, by_rank[1].complete) == (["its traceback"], ["exception"], True)
     assert (by_rank[3].stack, by_rank[3].last_words, by_rank[3].complete) == (["faulthandler at SIGTERM"],
                                                                              ["SIGTERM"], True)  # fmt: skip
+    assert (by_rank[0].stack, by_rank[0].complete) == (["faulthandler at its fatal signal"], True)
     assert (by_rank[2].stack, by_rank[2].complete) == ([], False)
     texts = [f.text for f in analyze(b).findings]
     assert "evidence: 3/4 rank(s) with a stack and their place in the collectives" in texts, texts
