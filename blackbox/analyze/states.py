@@ -10,7 +10,6 @@ flight-recorder adapters, and the bundle reader."""
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -19,6 +18,7 @@ from .._recorder import protocol as P
 from ..adapters import comm_log, stacks, torchelastic
 from ..adapters import flight_recorder as fr
 from ..bundle import layout as L
+from ..bundle.evidence import exception_records
 from ..bundle.reader import Bundle, integer, number
 from ..detections import human_bytes
 from ..frames import SETUP_FUNCS, Where, is_native, looks_like_data, where
@@ -193,19 +193,6 @@ def native_stack(bundle: Bundle, rank: int, rs: Optional[RankStack]) -> Optional
     if rs is not None and any(is_native(f) for f in rs.thread.frames):
         return rs.thread
     return None
-
-
-def exception_records(bundle: Bundle, rank: int) -> list[dict[str, Any]]:
-    """The rank's uncaught main-thread exceptions (the recorder's exceptions.jsonl), earliest first."""
-    out = []
-    for line in bundle.text(L.rank_member(rank, P.RANK_EXCEPTIONS)).splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and rec.get("thread") == "MainThread" and number(rec.get("time")) is not None:
-            out.append({**rec, "rank": rank})
-    return sorted(out, key=lambda r: float(r["time"]))
 
 
 def console_exception(ev: JobEvidence, rank: int) -> Optional[dict[str, Any]]:

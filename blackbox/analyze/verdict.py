@@ -14,7 +14,7 @@ from ..adapters import comm_log, cuda_memory, stacks
 from ..adapters import flight_recorder as fr
 from ..adapters.cuda_memory import human
 from ..bundle import layout as L
-from ..bundle.evidence import per_rank
+from ..bundle.evidence import exception_records, per_rank
 from ..bundle.reader import Bundle, integer, number
 from ..detections import ON_REQUEST_RULES, Trigger, life_stage, plural_ranks
 from .actions import Blocked, Facts, next_actions
@@ -26,7 +26,7 @@ from .motion import findings as motion_findings
 from .nodes import node_findings, preempted_before, unreachable
 from .sources import flight_recorder_dumps, hosts, rank_hosts
 from .stackgroups import RankStack, group, rank_stack, signature
-from .states import JobEvidence, RankState, exception_line, exception_records, job_evidence, late_arrival, read_state
+from .states import JobEvidence, RankState, exception_line, job_evidence, late_arrival, read_state
 from .timeshare import findings as time_findings
 from .timeshare import time_ledger
 

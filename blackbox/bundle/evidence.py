@@ -11,7 +11,7 @@ from typing import Any, Optional
 from .._recorder import protocol as P
 from ..adapters import flight_recorder as fr
 from . import layout as L
-from .reader import Bundle, expand_rank_table, integer, parse_json
+from .reader import Bundle, expand_rank_table, integer, number, parse_json
 from .writer import BundleWriter
 
 WHY = {  # collection.unanswered, as the collector wrote it
@@ -88,16 +88,22 @@ def _one(bundle: Bundle, rank: int, traced: bool, why: Optional[str]) -> RankEvi
 
 
 def _raised(bundle: Bundle, rank: int) -> bool:
-    """Whether the rank's main thread raised an exception its record holds the traceback of (exceptions.jsonl): where
-    the rank stood when it failed, whether or not it lived to be read."""
-    for line in (bundle.files.get(L.rank_member(rank, P.RANK_EXCEPTIONS)) or b"").splitlines():
+    """Whether the rank's main thread raised an exception its record holds the traceback of: where the rank stood
+    when it failed, whether or not it lived to be read."""
+    return any(record.get("traceback") for record in exception_records(bundle, rank))
+
+
+def exception_records(bundle: Bundle, rank: int) -> list[dict[str, Any]]:
+    """The rank's uncaught main-thread exceptions (the recorder's exceptions.jsonl), earliest first."""
+    out = []
+    for line in bundle.text(L.rank_member(rank, P.RANK_EXCEPTIONS)).splitlines():
         try:
-            record = parse_json(line)
+            rec = parse_json(line.encode())
         except ValueError:
             continue
-        if isinstance(record, dict) and record.get("thread") == "MainThread" and record.get("traceback"):
-            return True
-    return False
+        if isinstance(rec, dict) and rec.get("thread") == "MainThread" and number(rec.get("time")) is not None:
+            out.append({**rec, "rank": rank})
+    return sorted(out, key=lambda r: float(r["time"]))
 
 
 def _before_any(hb: Any) -> bool:
