@@ -148,7 +148,7 @@ def rows(two_hosts: Optional[bool] = None) -> list[Row]:
     # the whole life, healthy: 150 s of preparation before the group, a retry's 50 s backoff (doubling; full jitter),
     # 50 s in one GIL-held native call, an upload from a non-daemon thread as the interpreter exits
     out += [_quiet("prep", "healthy", pause_s=150), _quiet("backoff", "healthy", pause_s=50),
-            _quiet("jittered-backoff", "healthy", pause_s=50),
+            _quiet("jittered-backoff", "healthy", pause_s=50), _quiet("profiled-sleep", "healthy", pause_s=50),
             _quiet("gil-native", "healthy", pause_s=50), _quiet("exit-upload", "healthy")]  # fmt: skip
     # ... and before the first batch, the group set up: weights read from a slow server, a pool of workers preparing
     out += [_quiet(c, "healthy", at_start=True) for c in ("index", "scoring")]

@@ -33,6 +33,8 @@ THREAD_WAITS = frozenset((("threading.py", "wait"), ("threading.py", "join"), ("
                           ("queue.py", "get"), ("queue.py", "join")))  # fmt: skip
 # Where a thread sleeps on a timer (`time.sleep`; a select or poll on no descriptor), by machine: system call number
 # (/proc/self/task/TID/syscall) -> the argument that counts the descriptors, which must be 0 (None: any arguments).
+CLOCK_NANOSLEEP = {"x86_64": 230, "aarch64": 115}  # with TIMER_ABSTIME, Python >= 3.11's time.sleep: its deadline is
+# the same across a signal's interruptions of one sleep (a retry), new at each sleep of a loop
 TIMER_SLEEPS = {"x86_64": {35: None, 230: None, 23: 0, 270: 0, 7: 1, 271: 1},
                 "aarch64": {101: None, 115: None, 72: 0, 73: 1}}  # fmt: skip
 CPU_FLOOR = 0.02  # a stack change is work when its thread used this share of a CPU since the sample before ...
@@ -94,12 +96,15 @@ class Motion:
         self._status = ""
         self.watch(threading.main_thread())
         self._sleeps = TIMER_SLEEPS.get(os.uname().machine, {})
+        self._clock_nanosleep = CLOCK_NANOSLEEP.get(os.uname().machine, -1)
+        self._until: Optional[bytes] = None  # the deadline of the timer sleep found at the last ask, where known
         self._signature: tuple[Any, ...] = ()
         self._at = 0.0  # the sample before: when, and the main thread's CPU seconds then
         self._cpu = -1.0
         self._slept_at = -POLL_S  # when the main thread was last seen asleep on a timer, its CPU seconds then ...
         self._slept_cpu = -1.0
-        self._slept_switches = -1  # (and how many times it had switched out: a wake-up is counted once it slept again)
+        self._slept_switches = -1  # (and how many times it had switched out: a wake-up is counted once it slept again,
+        self._slept_until: Optional[bytes] = None  # and the deadline it slept to, where known)
         self._polled_at = -POLL_S  # ... and having woken (used CPU) since then: a loop
         self._woke_in: Optional[tuple[float, float]] = None  # the loop's last wake-up: after, and by (samples' times)
         self._closest = float("inf")  # the most two wake-ups of this loop can have been apart, at the closest
@@ -175,9 +180,9 @@ class Motion:
         # (waiting for the GIL, or for a CPU on a loaded machine)
         before = self._was_asleep
         if before is None or sig != self._signature or cpu != self._cpu:
-            asleep, switches = self._asleep(), self._switches()
+            asleep, switches, until = self._asleep(), self._switches(), self._until
         else:
-            asleep, switches = before, self._slept_switches  # no CPU time: no switch either
+            asleep, switches, until = before, self._slept_switches, self._slept_until  # no CPU time: no switch either
         self._was_asleep = asleep  # a thread found running is asked again: it may be on its way into the sleep
         if not asleep:
             return
@@ -188,9 +193,10 @@ class Motion:
         if now - self._slept_at <= POLL_S and cpu > self._slept_cpu >= 0:
             if 0 <= switches == self._slept_switches:
                 return  # woken, not asleep again yet: the last sample that found it asleep stays the bound
-            self._polled_at = now
-            self._woke(self._slept_at, now)
-        self._slept_at, self._slept_cpu, self._slept_switches = now, cpu, switches
+            if until is None or until != self._slept_until:  # (the same deadline: one sleep a signal interrupted)
+                self._polled_at = now
+                self._woke(self._slept_at, now)
+        self._slept_at, self._slept_cpu, self._slept_switches, self._slept_until = now, cpu, switches, until
 
     def _switches(self) -> int:
         """How many times the main thread has given up its CPU to wait (voluntary context switches); -1 where that
@@ -294,11 +300,29 @@ class Motion:
                 os.close(fd)
             nr = int(fields[0])
         except (OSError, ValueError, IndexError):
+            self._until = None
             return None  # "running", or no such file (another kernel)
+        self._until = self._deadline(fields) if nr == self._clock_nanosleep else None
         if nr not in self._sleeps:
             return False
         count = self._sleeps[nr]
         return count is None or (len(fields) > count + 1 and int(fields[count + 1], 16) == 0)
+
+    @staticmethod
+    def _deadline(fields: list[bytes]) -> Optional[bytes]:
+        """The deadline of a clock_nanosleep with TIMER_ABSTIME (its third argument points at it), read from this
+        process's memory through /proc/self/mem — where the address is no longer mapped the read fails, it never
+        faults; None for a relative sleep, or where it cannot be read."""
+        try:
+            if not int(fields[2], 16) & 1:  # TIMER_ABSTIME
+                return None
+            fd = os.open("/proc/self/mem", os.O_RDONLY)
+            try:
+                return os.pread(fd, 16, int(fields[3], 16)) or None
+            finally:
+                os.close(fd)
+        except (OSError, ValueError, IndexError, OverflowError):
+            return None
 
     def _read(self, frame: Any) -> tuple[tuple[Any, ...], bool]:
         """A thread's innermost frames as the signature compared between samples — their code objects and instruction

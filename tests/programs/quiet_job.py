@@ -35,7 +35,8 @@ and a thread of its own each wait for the other's lock), and the whole life of a
 pure Python for the pause before it joins the group, rank 1 waits in rendezvous), backoff (rank 0 sleeps the pause
 on a retry's doubling timer), jittered-backoff (the same on a full-jitter timer, as tenacity's
 wait_random_exponential and botocore's retries wait: a random share of a doubling wait capped at 20 s — its waits from
-a fixed seed, one whose short wait after a long one the rule before 2026-12-07 took for a poll loop), gil-native
+a fixed seed, one whose short wait after a long one the rule before 2026-12-07 took for a poll loop), profiled-sleep
+(rank 0 sleeps the pause in one call that a sampling profiler's timer signal interrupts five times a second), gil-native
 (rank 0 holds the GIL in one native call for the pause), exit-upload (training is over: a non-daemon thread of
 rank 0 uploads to a slow peer for the pause while its interpreter exits; rank 1 has exited) — healthy — and two
 hangs at the end: exit-read (a non-daemon thread of rank 0 reads a pipe nobody writes: it cannot exit) and
@@ -480,6 +481,18 @@ def backoff(deadline: float) -> None:
         delay *= 2
 
 
+def profiled_sleep(deadline: float) -> None:
+    """One sleep for the pause, interrupted five times a second by a signal-based sampling profiler's timer
+    (setitimer; its handler records nothing here)."""
+    previous = signal.signal(signal.SIGALRM, lambda *_: None)
+    signal.setitimer(signal.ITIMER_REAL, 0.2, 0.2)
+    try:
+        time.sleep(max(0.0, deadline - time.monotonic()))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def jittered_backoff(deadline: float) -> None:
     """A retry's full-jitter backoff: asleep a random share of a doubling wait, capped at 20 s (0.97 s, 0.02, 2.94,
     1.26, 15.78, 0.34, 17.59 ...), nothing else to do meanwhile."""
@@ -600,6 +613,7 @@ def pause(rank: int, model: DistributedDataParallel) -> None:
             "oversubscribed": oversubscribed,
             "backoff": backoff,
             "jittered-backoff": jittered_backoff,
+            "profiled-sleep": profiled_sleep,
             "gil-native": gil_native,
         }
         if CASE in work:

@@ -10,6 +10,7 @@ import os
 import random
 import re
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -876,3 +877,34 @@ def _waits(
         seen.append(m.waiting)
         pause(len(seen))
     return seen
+
+
+def test_one_sleep_a_timer_signal_interrupts_is_no_loop(tmp_path: Path) -> None:
+    # GIVEN a main thread in one 3 s sleep, interrupted five times a second by a signal whose handler does nothing
+    # (a signal-based sampling profiler's timer): each interruption returns from the system call, uses a moment's
+    # CPU and sleeps again to the same deadline (Python >= 3.11: clock_nanosleep with TIMER_ABSTIME)
+    if sys.version_info < (3, 11):
+        pytest.skip("time.sleep sleeps to an absolute deadline from Python 3.11")
+    previous = signal.signal(signal.SIGALRM, lambda *_: None)
+    stop = threading.Event()
+    sleeper: list[threading.Thread] = []
+
+    def sleeping() -> None:
+        sleeper.append(threading.current_thread())
+        time.sleep(3.0)
+        stop.set()
+
+    def interrupt() -> None:
+        while not stop.wait(0.2):
+            if sleeper:
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pthread_kill(sleeper[0].ident or 0, signal.SIGALRM)
+
+    try:
+        threading.Thread(target=interrupt, daemon=True).start()
+        seen = _waits(tmp_path, sleeping)
+    finally:
+        stop.set()
+        signal.signal(signal.SIGALRM, previous)
+    # THEN it sleeps, from its first sample to its end: no wake-up of a loop
+    assert set(seen[1:]) == {P.WAIT_SLEEP} and len(seen) >= 40, seen
