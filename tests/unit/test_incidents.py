@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from blackbox.analyze.verdict import analyze
-from blackbox.bundle.reader import read_bundle
+from blackbox.bundle import layout as L
+from blackbox.bundle.reader import Bundle, read_bundle
 from blackbox.incidents.fingerprint import normalise, signature
 from blackbox.incidents.store import SCHEMA_VERSION, IncidentIndex, IndexUnavailable
 from tests.conftest import ROOT
@@ -81,6 +82,37 @@ def test_the_same_jobs_other_node_is_not_seen_before(tmp_path: Path) -> None:
     assert [f["id"] for f in found] == [other_job]
     everything = index.similar("f" * 20, "hang.data_loading", "__getitem__ (train.py)", set())
     assert [f["id"] for f in everything] == [other_job, same_job]
+    index.close()
+
+
+def in_work_tree(bundle: Bundle, toplevel: str) -> Bundle:
+    """The bundle as a job run in the git work tree `toplevel` leaves it (node.json names the tree's root)."""
+    node = json.loads(bundle.files[L.NODE])
+    node["git"] = {"commit": "0" * 40, "branch": "main", "dirty": False, "toplevel": toplevel}
+    return Bundle(bundle.path, bundle.manifest, {**bundle.files, L.NODE: json.dumps(node).encode()}, bundle.skipped)
+
+
+def test_another_projects_frame_of_the_same_name_is_not_seen_before(tmp_path: Path) -> None:
+    # GIVEN the scenario's hang (rank 1 in `__getitem__ (train.py)`, its file scripts/scenarios/train.py of the
+    # work tree /work/main), and earlier incidents with the same fingerprint: one of this project (any clone), one
+    # of another project's train.py at its root, one whose file is not known (outside a work tree, an older record)
+    bundle = read_bundle(str(GOLDEN / "data-hang.tar.gz"))
+    plain = signature(analyze(bundle))
+    sig = signature(analyze(in_work_tree(bundle, "/work/main")))
+    assert (plain.top_frame, plain.top_path) == ("__getitem__ (train.py)", None)
+    assert (sig.top_frame, sig.top_path) == ("__getitem__ (train.py)", "scripts/scenarios/train.py")
+    assert sig.fingerprint() == plain.fingerprint()  # the file is never hashed: earlier fingerprints still match
+    assert signature(analyze(in_work_tree(bundle, "/work/mai"))).top_path is None  # a prefix is not the tree
+    index = IncidentIndex(str(tmp_path / "i.sqlite"))
+    this, _ = index.add({**record(1, sig.fingerprint()), "top_path": "scripts/scenarios/train.py"})
+    other, _ = index.add({**record(2, sig.fingerprint()), "top_path": "train.py"})
+    unknown, _ = index.add(record(3, sig.fingerprint()))
+    # WHEN this incident is looked up: THEN the other project's is left out, and only it
+    found = index.similar(sig.fingerprint(), sig.category, sig.top_frame, set(), top_path=sig.top_path)
+    assert [f["id"] for f in found] == [unknown, this]
+    # AND an incident whose own file is unknown matches all three, as before
+    assert [f["id"] for f in index.similar(sig.fingerprint(), sig.category, sig.top_frame, set())] == [
+        unknown, other, this]  # fmt: skip
     index.close()
 
 
