@@ -7,6 +7,8 @@ import contextlib
 import copy
 import io
 import json
+import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -114,6 +116,26 @@ def test_another_projects_frame_of_the_same_name_is_not_seen_before(tmp_path: Pa
     assert [f["id"] for f in index.similar(sig.fingerprint(), sig.category, sig.top_frame, set())] == [
         unknown, other, this]  # fmt: skip
     index.close()
+
+
+def test_the_work_tree_is_named_from_any_directory_in_it(tmp_path: Path) -> None:
+    from blackbox.adapters.host import git_state
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    tree = tmp_path / "proj"
+    (tree / "scripts").mkdir(parents=True)
+    (tree / "scripts" / "train.py").write_text("print()\n")
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for args in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-q", "-m", "c"]):
+        subprocess.run(["git", *args], cwd=tree, check=True, env={**os.environ, **env})
+    state = git_state(str(tree / "scripts"))
+    assert (state.branch, state.dirty, state.toplevel) == ("main", False, str(tree.resolve()))
+    assert state.commit is not None and len(state.commit) == 40
+    (tree / "scripts" / "train.py").write_text("print(1)\n")
+    assert git_state(str(tree)).dirty is True
+    assert git_state(str(tmp_path)) == git_state(str(tmp_path / "nowhere"))  # outside a work tree: nothing known
+    assert git_state(str(tmp_path)).toplevel is None
 
 
 WRITER = """
