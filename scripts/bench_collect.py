@@ -9,8 +9,10 @@ without suspending it, nothing waits for it). Prints a Markdown table; docs/benc
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -95,7 +97,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
     # every bundle reported or collected is indexed (that cost is measured too), in a scratch index
-    os.environ["BLACKBOX_HOME"] = tempfile.mkdtemp(prefix="bb-bench-home-")
+    os.environ["BLACKBOX_HOME"] = home = tempfile.mkdtemp(prefix="bb-bench-home-")
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
     rows = {}
     for n in [int(s) for s in args.sizes.split(",")]:
         rows[n] = bench(n, args.repeats)

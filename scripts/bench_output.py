@@ -10,8 +10,10 @@ Prints a Markdown table; docs/benchmarks.md quotes it. Run with the project's ve
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
 import select
+import shutil
 import statistics
 import subprocess
 import sys
@@ -80,7 +82,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--pty", action="store_true", help="the job's stdout (and blackbox's) is a terminal, not a pipe")
     args = p.parse_args()
-    os.environ["BLACKBOX_HOME"] = tempfile.mkdtemp(prefix="bb-bench-home-")
+    os.environ["BLACKBOX_HOME"] = home = tempfile.mkdtemp(prefix="bb-bench-home-")
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, (code, unbuffered) in JOBS.items():

@@ -9,8 +9,10 @@ same bundles, alternating new and old run by run, and prints both side by side.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -130,7 +132,8 @@ def main() -> int:
     p.add_argument("--against", default=None, metavar="REV", help="also time this commit's code, side by side")
     args = p.parse_args()
     # every bundle reported or collected is indexed (that cost is measured too), in a scratch index
-    os.environ["BLACKBOX_HOME"] = tempfile.mkdtemp(prefix="bb-bench-home-")
+    os.environ["BLACKBOX_HOME"] = home = tempfile.mkdtemp(prefix="bb-bench-home-")
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
     rows = []
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory())

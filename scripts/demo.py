@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -15,8 +16,16 @@ BIN = Path(sys.executable).parent
 
 
 def main() -> int:
+    # the job's temporary files (each rank's work directory, torchrun's) in a directory removed at the end: its ranks
+    # are ended, never left to clean up after themselves
+    with tempfile.TemporaryDirectory(prefix="bb-demo-", ignore_cleanup_errors=True) as scratch:
+        return demo(scratch)
+
+
+def demo(scratch: str) -> int:
     run_dir = ROOT / "blackbox-runs" / ("demo-" + datetime.now().strftime("%Y%m%d-%H%M%S"))
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1",
+           "TMPDIR": scratch}  # fmt: skip
     cmd = ["blackbox", "run", "--run-dir", str(run_dir), "--stall-timeout", "10", "--kill-grace", "10", "--",
            "torchrun", "--standalone", "--nproc-per-node", "2", str(ROOT / "scripts" / "scenarios" / "train.py"),
            "data-hang", "1"]  # fmt: skip

@@ -10,11 +10,12 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -89,6 +90,7 @@ def server(workdir: Path, free_port: Callable[[], int], ip: str = "127.0.0.1",
         finally:
             stop(proc)
             stopped(proc.pid)
+            _unlink_sockets(ports.values())
     raise RuntimeError(f"SeaweedFS did not start (see {log}): {log.read_text()[-500:]}")
 
 
@@ -101,6 +103,16 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, 9)
         proc.wait()
+
+
+def _unlink_sockets(ports: Iterable[int]) -> None:
+    """Remove the local sockets `weed` made for its ports (/tmp/seaweedfs-NAME-PORT.sock, a path it fixes) and leaves
+    behind when it stops: none is another's, since its ports were the stopped server's."""
+    for port in ports:
+        for path in Path("/tmp").glob(f"seaweedfs-*-{port}.sock"):
+            with contextlib.suppress(OSError):
+                if stat.S_ISSOCK(path.lstat().st_mode):
+                    path.unlink()
 
 
 def _ready(made: S3Server, timeout: float = 60.0) -> bool:

@@ -66,6 +66,7 @@ class GitState:
     commit: Optional[str]
     branch: Optional[str]
     dirty: Optional[bool]
+    toplevel: Optional[str] = None  # the work tree's root: where the job's files are named from ("seen before")
 
     def describe(self) -> str:
         if self.commit is None:
@@ -85,12 +86,13 @@ def _git(cwd: str, *args: str, timeout: float) -> Optional[str]:
 def git_state(cwd: str, timeout: float = 3.0) -> GitState:
     if shutil.which("git") is None:
         return GitState(None, None, None)
-    commit = _git(cwd, "rev-parse", "HEAD", timeout=timeout)
-    if commit is None:
+    out = _git(cwd, "rev-parse", "HEAD", "--abbrev-ref", "HEAD", "--show-toplevel", timeout=timeout)
+    lines = (out or "").split("\n")
+    if len(lines) != 3:
         return GitState(None, None, None)
-    branch = _git(cwd, "rev-parse", "--abbrev-ref", "HEAD", timeout=timeout)
+    commit, branch, toplevel = lines
     status = _git(cwd, "status", "--porcelain", "--untracked-files=no", timeout=timeout)
-    return GitState(commit, branch, None if status is None else bool(status))
+    return GitState(commit, branch, None if status is None else bool(status), toplevel)
 
 
 def package_version(name: str) -> Optional[str]:

@@ -32,6 +32,7 @@ class RankRow:
     collective: Optional[str] = None
     last_step_s: Optional[float] = None  # how long its last step took (recorder only)
     stage: str = ""  # where in its life: rendezvous, startup, training, exiting, exited (life_stage); "" unknown
+    top_path: Optional[str] = None  # top_frame's file from the job's git work tree (`scripts/train.py`), where known
 
 
 @dataclass
@@ -60,7 +61,8 @@ class Report:
     # per GPU: {"index", "name", "samples": [[wall time, utilisation %, temperature C]]} (the supervisor's watch)
     gpus: list[Any] = field(default_factory=list)
     # the first exception that explains the verdict: {"rank", "type", "message" (one line), "frame" (the innermost
-    # user frame, "function (file:line)")}; None when no rank raised one
+    # user frame, "function (file:line)"), "path" (its file from the job's git work tree, where known)}; None when no
+    # rank raised one
     exception: Optional[dict[str, Any]] = None
     # earlier incidents of the local index with the same fingerprint ("same") or the same category and top frame
     # ("similar"), newest first, each with its linked fix (blackbox.incidents)

@@ -33,7 +33,7 @@ from .timeshare import time_ledger
 CONSOLE_LINES = 15
 
 
-def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack]) -> list[RankRow]:
+def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack], tree: Optional[str]) -> list[RankRow]:
     """One row per rank: from its heartbeat where the recorder ran, else from the manifest and its stacks."""
     rows: dict[int, RankRow] = {}
     rank_nodes = bundle.manifest.get("rank_nodes")  # merged node bundles: which node each rank came from
@@ -51,7 +51,7 @@ def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack]) -> list[
         rows[rank] = RankRow(
             rank=rank, node=host, pid=integer(hb.get("pid")) or 0, state=str(hb.get("state", "unknown")),
             step=integer(hb.get("step", 0)), phase=str(hb.get("phase", "unknown")),
-            top_frame=_top_frame(rank_stacks.get(rank)),
+            top_frame=_top_frame(rank_stacks.get(rank)), top_path=_top_path(rank_stacks.get(rank), tree),
             idle_s=number(hb.get("idle_s")), alive=bool(hb.get("alive")),
             collective=str(hb.get("collective")) if hb.get("phase") == "collective" else None,
             last_step_s=number(hb.get("last_step_dt")),
@@ -64,13 +64,32 @@ def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack]) -> list[
         host = str(entry.get("node") or rank_nodes.get(str(rank), node))
         rows[rank] = RankRow(rank=rank, node=host, pid=pid, state="running" if entry.get("alive") else "gone",
                              step=None, phase=rs.waits_in if rs else "unknown", top_frame=_top_frame(rs),
-                             alive=bool(entry.get("alive")))  # fmt: skip
+                             alive=bool(entry.get("alive")), top_path=_top_path(rs, tree))  # fmt: skip
     return [rows[r] for r in sorted(rows)]
 
 
 def _top_frame(rs: Optional[RankStack]) -> Optional[str]:
     frame = rs.thread.top_user_frame() if rs is not None else None
     return frame.describe() if frame is not None else None
+
+
+def work_tree(bundle: Bundle) -> Optional[str]:
+    """The root of the git work tree the job ran in (node.json), where it is known."""
+    node = bundle.json(L.NODE)
+    git = node.get("git") if isinstance(node, dict) else None
+    top = git.get("toplevel") if isinstance(git, dict) else None
+    return top.rstrip("/") if isinstance(top, str) and top.startswith("/") and len(top) > 1 else None
+
+
+def in_tree(file: str, tree: Optional[str]) -> Optional[str]:
+    """A file named from the job's work tree (`scripts/train.py`): the same in every clone of the project, another
+    in another project; None for a file outside it, or where the tree is unknown."""
+    return file[len(tree) + 1 :][:500] if tree and file.startswith(tree + "/") and "/../" not in file else None
+
+
+def _top_path(rs: Optional[RankStack], tree: Optional[str]) -> Optional[str]:
+    frame = rs.thread.top_user_frame() if rs is not None else None
+    return in_tree(frame.file, tree) if frame is not None else None
 
 
 def _int_list(value: Any) -> list[int]:
@@ -94,13 +113,14 @@ _CONSOLE_CATEGORY = {  # a console trigger's kind of fatal line
 }  # fmt: skip
 
 
-def _exception_record(exc: dict[str, Any]) -> dict[str, Any]:
+def _exception_record(exc: dict[str, Any], tree: Optional[str]) -> dict[str, Any]:
     tb: list[Any] = exc["traceback"] if isinstance(exc.get("traceback"), list) else []
     frames = [stacks.Frame(str(f.get("file", "?")), int(f.get("line") or 0), str(f.get("function", "?")))
               for f in tb if isinstance(f, dict)]  # fmt: skip
     user = [f for f in frames if not f.is_library] or frames
     return {"rank": exc.get("rank"), "type": str(exc.get("type")), "message": exception_line(exc),
-            "frame": user[-1].describe() if user else None}  # fmt: skip
+            "frame": user[-1].describe() if user else None, "path": in_tree(user[-1].file, tree) if user else None
+            }  # fmt: skip
 
 
 def _collective_findings(
@@ -496,7 +516,8 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     m = bundle.manifest
     node = str(m.get("node", "unknown"))
     rank_stacks = {rs.rank: rs for rs in (rank_stack(bundle, r) for r in _rank_ids(bundle)) if rs is not None}
-    rows = _rows(bundle, node, rank_stacks)
+    tree = work_tree(bundle)
+    rows = _rows(bundle, node, rank_stacks, tree)
     groups = group(list(rank_stacks.values()))
     rule, reason, detection = _trigger(bundle)
     options = bundle.section("collection").get("options")
@@ -566,7 +587,7 @@ def analyze(bundle: Bundle, torch_fr: Optional[tuple[Optional[str], str]] = None
     return Report(
         run_id=str(m.get("run_id", "unknown")), node=node, trigger=str(m.get("trigger", "unknown")), bundle=bundle.path,
         verdict=verdict, ranks=rows, findings=findings, next_actions=next_actions(verdict, facts), console_tail=tail,
-        collectives=[u.__dict__ for u in unjoined], exception=None if first is None else _exception_record(first),
+        collectives=[u.__dict__ for u in unjoined], exception=None if first is None else _exception_record(first, tree),
         timeline=_timeline(bundle, rows, suspects), gpus=gpu_series(bundle), time=time,
         evidence=[e.to_json() for e in evidence],
         stack_groups=[{"ranks": g.ranks, "waits_in": g.waits_in, "signature": g.signature, "frames": g.frames,

@@ -71,7 +71,8 @@ def shown(num: int) -> dict[str, Any]:
     index = open_index()
     row = incident(index, num)
     row["links"] = index.links(num)
-    similar = index.similar(row["fingerprint"], row["category"], row["top_frame"], {row["sha256"]}) if names_a_cause(
+    similar = index.similar(row["fingerprint"], row["category"], row["top_frame"], {row["sha256"]},
+                            top_path=row.get("top_path")) if names_a_cause(
         row["top_frame"], row.get("exception_type"), row.get("message")) else []  # fmt: skip
     row["same_fingerprint"] = [s["id"] for s in similar if s["match"] == "same"]
     return row

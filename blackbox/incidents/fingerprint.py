@@ -1,13 +1,14 @@
 """What makes two incidents the same failure: the stable fields of a report (category, phase, exception type,
 its message with numbers, addresses, paths and sizes replaced by placeholders, the top user frame without its
-line number), hashed. Never times, pids, hosts, ranks or run ids. Imports the stdlib and the report model."""
+line number), hashed. Never times, pids, hosts, ranks or run ids. The top frame's file named from the job's work
+tree only tells two projects apart (`differ`). Imports the stdlib and the report model."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from ..analyze.model import Report
@@ -46,10 +47,21 @@ class Signature:
     exception_type: Optional[str]
     message: Optional[str]  # normalised
     top_frame: Optional[str]  # without line number
+    # its file from the job's git work tree (`scripts/train.py`), where known: never hashed (fingerprints stay those
+    # of earlier versions, and of bundles from outside a work tree), only compared (`differ`)
+    top_path: Optional[str] = field(default=None, compare=False)
 
     def fingerprint(self) -> str:
-        data = json.dumps({"v": FINGERPRINT_VERSION, **asdict(self)}, sort_keys=True)
+        fields = asdict(self)
+        del fields["top_path"]
+        data = json.dumps({"v": FINGERPRINT_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(data.encode()).hexdigest()[:20]
+
+
+def differ(top_path: Optional[str], other: Optional[str]) -> bool:
+    """Whether two incidents' top frames are in different files although their names match: another project's
+    `train.py:get_batch` is not the same failure. Only where both files are known from their work trees."""
+    return bool(top_path and other) and top_path != other
 
 
 def names_a_cause(top_frame: Optional[str], exception_type: Optional[str], message: Optional[str]) -> bool:
@@ -59,23 +71,28 @@ def names_a_cause(top_frame: Optional[str], exception_type: Optional[str], messa
     return bool(top_frame or exception_type or message)
 
 
-def top_frame(report: Report) -> Optional[str]:
-    """The frame that says where: the exception's innermost user frame, else the first suspect's main-thread
-    frame (a hang), else the frame most ranks share."""
+def top_frame(report: Report) -> tuple[Optional[str], Optional[str]]:
+    """The frame that says where, and its file from the job's work tree: the exception's innermost user frame, else
+    the first suspect's main-thread frame (a hang), else the frame most ranks share."""
     if report.exception and report.exception.get("frame"):
-        return str(report.exception["frame"])
+        path = report.exception.get("path")
+        return str(report.exception["frame"]), str(path) if path else None
     rows = {r.rank: r for r in report.ranks}
     for rank in report.verdict.suspect_ranks:
         row = rows.get(rank)
         if row is not None and row.top_frame:
-            return row.top_frame
+            return row.top_frame, row.top_path
     frames = [r.top_frame for r in report.ranks if r.top_frame]
-    return max(set(frames), key=frames.count) if frames else None
+    if not frames:
+        return None, None
+    common = max(set(frames), key=frames.count)
+    return common, next((r.top_path for r in report.ranks if r.top_frame == common and r.top_path), None)
 
 
 def signature(report: Report) -> Signature:
     exc = report.exception or {}
     kind = str(exc["type"]).rsplit(".", 1)[-1] if exc.get("type") else None
+    frame, path = top_frame(report)
     message = str(exc.get("message") or "")
     if kind and message.startswith(kind + ": "):
         message = message[len(kind) + 2 :]
@@ -84,5 +101,6 @@ def signature(report: Report) -> Signature:
         phase=report.verdict.phase,
         exception_type=kind,
         message=normalise(message) if message else None,
-        top_frame=frame_key(top_frame(report)),
+        top_frame=frame_key(frame),
+        top_path=path,
     )

@@ -46,7 +46,8 @@ def record(sig: Signature, report: Report, bundle: Bundle, path: str, sha256: st
         "trigger": str(m.get("trigger") or ""), "created": m.get("created"), "command": job.get("command"),
         "git_commit": git.get("commit"), "category": sig.category, "phase": sig.phase,
         "suspects": report.verdict.suspect_ranks, "exception_type": sig.exception_type, "message": sig.message,
-        "top_frame": sig.top_frame, "fingerprint": sig.fingerprint(), "summary": report.verdict.summary[:1000],
+        "top_frame": sig.top_frame, "top_path": sig.top_path, "fingerprint": sig.fingerprint(),
+        "summary": report.verdict.summary[:1000],
         "config_name": config_name, "config": config,
     }  # fmt: skip
 
@@ -103,8 +104,8 @@ def index_bundle(report: Report, bundle: Bundle, warn: Callable[[str], None],
         files = bundle_files(bundle)
         job = bundle.section("multinode").get("job_id")
         found = index.similar(sig.fingerprint(), sig.category, sig.top_frame, {sha for _, sha in files},
-                              job=str(job) if job else None) if names_a_cause(sig.top_frame, sig.exception_type,
-                                                                              sig.message) else []  # fmt: skip
+                              job=str(job) if job else None, top_path=sig.top_path) if names_a_cause(
+            sig.top_frame, sig.exception_type, sig.message) else []  # fmt: skip
         for p, sha in files if add else ():
             index.add(record(sig, report, bundle, p, sha))
     except Exception as exc:  # a full disk, a read-only file, a locked database past every retry

@@ -54,6 +54,9 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE incidents ADD COLUMN bundle_url TEXT;  -- where `blackbox run --upload` copied the bundle
     """,
+    """
+    ALTER TABLE incidents ADD COLUMN top_path TEXT;  -- top_frame's file from the job's git work tree
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -190,11 +193,12 @@ class IncidentIndex:
         return int(self.db.execute("SELECT COUNT(*) FROM incidents").fetchone()[0])
 
     def similar(self, fingerprint: str, category: str, top_frame: Optional[str], exclude: set[str], limit: int = 5,
-                job: Optional[str] = None) -> list[dict[str, Any]]:  # fmt: skip
+                job: Optional[str] = None, top_path: Optional[str] = None) -> list[dict[str, Any]]:  # fmt: skip
         """Earlier incidents: the same fingerprint ("same"), else the same category and top frame with another
         message ("similar"); newest first, each with its latest linked fix. Other nodes' bundles of the same
         incident are not earlier incidents, nor are those of the same multi-node `job` (a node cut off from the
-        others posts its own incident for the same failure)."""
+        others posts its own incident for the same failure), nor those whose top frame is in another file of
+        another work tree (`top_path`: another project's function of the same name)."""
         rows = self.db.execute(
             "SELECT * FROM incidents WHERE fingerprint = ? OR (category = ? AND top_frame IS ?) ORDER BY id DESC",
             (fingerprint, category, top_frame),
@@ -204,6 +208,8 @@ class IncidentIndex:
         for row in rows:
             rec = _plain(row)
             if rec["sha256"] in exclude or (job and rec.get("job_id") == job):
+                continue
+            if top_path and rec.get("top_path") and rec["top_path"] != top_path:  # (fingerprint.differ)
                 continue
             if rec.get("incident_id"):
                 if rec["incident_id"] in seen_incidents:

@@ -67,7 +67,7 @@ def make_record(report: Report, manifest: dict[str, Any], run: str, node: str, h
         "verdict": {"category": v.category, "phase": v.phase, "suspect_ranks": list(v.suspect_ranks),
                     "confidence": v.confidence, "summary": v.summary[:1000]},
         "fingerprint": sig.fingerprint(), "exception_type": sig.exception_type, "message": sig.message,
-        "top_frame": sig.top_frame, "bundle": None, "sha256": sha256, "size": size,
+        "top_frame": sig.top_frame, "top_path": sig.top_path, "bundle": None, "sha256": sha256, "size": size,
     }  # fmt: skip
 
 
@@ -96,7 +96,7 @@ def parse_record(data: bytes, where: str) -> Optional[dict[str, Any]]:
     verdict: dict[str, Any] = raw["verdict"] if isinstance(raw.get("verdict"), dict) else {}
     suspects = verdict.get("suspect_ranks")
     fields = ("id", "run", "run_id", "node", "host", "incident_id", "trigger", "time", "fingerprint",
-              "exception_type", "message", "top_frame", "bundle", "sha256")  # fmt: skip
+              "exception_type", "message", "top_frame", "top_path", "bundle", "sha256")  # fmt: skip
     out: dict[str, Any] = {k: _text(raw.get(k)) for k in fields}
     out.update(
         category=_text(verdict.get("category"), 64), phase=_text(verdict.get("phase"), 64),

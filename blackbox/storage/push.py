@@ -68,7 +68,8 @@ def push(request: dict[str, Any]) -> dict[str, Any]:
         try:
             answer["seen"] = seen_before(store, record["fingerprint"], record["verdict"]["category"],
                                          record.get("top_frame"), record.get("incident_id"),
-                                         record.get("sha256"), run=record.get("run"))  # fmt: skip
+                                         record.get("sha256"), run=record.get("run"),
+                                         top_path=record.get("top_path"))  # fmt: skip
         except Exception as exc:
             answer["seen_error"] = exc.message if isinstance(exc, BlackboxError) else describe_error(exc)
     answer["seconds"] = round(time.monotonic() - started, 3)

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from ..bundle.reader import MAX_TOTAL_BYTES, Bundle, read_bundle
 from ..errors import BlackboxError
+from ..incidents.fingerprint import differ
 from . import layout as SL
 from .urls import describe_error, display, is_url, join, open_fs
 
@@ -291,10 +292,11 @@ def link_fix(store: Store, record_path: str, fields: dict[str, Any]) -> str:
 
 
 def seen_before(store: Store, fingerprint: str, category: str, top_frame: Optional[str], incident_id: Optional[str],
-                sha256: Optional[str], limit: int = 5, run: Optional[str] = None) -> list[dict[str, Any]]:  # fmt: skip
+                sha256: Optional[str], limit: int = 5, run: Optional[str] = None, top_path: Optional[str] = None
+                ) -> list[dict[str, Any]]:  # fmt: skip
     """Earlier incidents under the prefix like this one: the same fingerprint ("same"), else the same category
     and top frame ("similar"); one line per incident (not one per node bundle), newest first. An incident of the
-    same `run` is not "before"."""
+    same `run` is not "before", nor one whose top frame is in another file of another work tree (`top_path`)."""
     out: list[dict[str, Any]] = []
     seen_incidents: set[str] = set()
     for rec in records(store):
@@ -303,6 +305,8 @@ def seen_before(store: Store, fingerprint: str, category: str, top_frame: Option
             continue
         same = rec.get("fingerprint") == fingerprint
         if not same and not (rec.get("category") == category and rec.get("top_frame") == top_frame):
+            continue
+        if differ(top_path, rec.get("top_path")):
             continue
         key = str(rec.get("incident_id") or rec.get("id"))
         if key in seen_incidents:

@@ -7,6 +7,8 @@ import contextlib
 import copy
 import io
 import json
+import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -15,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from blackbox.analyze.verdict import analyze
-from blackbox.bundle.reader import read_bundle
+from blackbox.bundle import layout as L
+from blackbox.bundle.reader import Bundle, read_bundle
 from blackbox.incidents.fingerprint import normalise, signature
 from blackbox.incidents.store import SCHEMA_VERSION, IncidentIndex, IndexUnavailable
 from tests.conftest import ROOT
@@ -82,6 +85,57 @@ def test_the_same_jobs_other_node_is_not_seen_before(tmp_path: Path) -> None:
     everything = index.similar("f" * 20, "hang.data_loading", "__getitem__ (train.py)", set())
     assert [f["id"] for f in everything] == [other_job, same_job]
     index.close()
+
+
+def in_work_tree(bundle: Bundle, toplevel: str) -> Bundle:
+    """The bundle as a job run in the git work tree `toplevel` leaves it (node.json names the tree's root)."""
+    node = json.loads(bundle.files[L.NODE])
+    node["git"] = {"commit": "0" * 40, "branch": "main", "dirty": False, "toplevel": toplevel}
+    return Bundle(bundle.path, bundle.manifest, {**bundle.files, L.NODE: json.dumps(node).encode()}, bundle.skipped)
+
+
+def test_another_projects_frame_of_the_same_name_is_not_seen_before(tmp_path: Path) -> None:
+    # GIVEN the scenario's hang (rank 1 in `__getitem__ (train.py)`, its file scripts/scenarios/train.py of the
+    # work tree /work/main), and earlier incidents with the same fingerprint: one of this project (any clone), one
+    # of another project's train.py at its root, one whose file is not known (outside a work tree, an older record)
+    bundle = read_bundle(str(GOLDEN / "data-hang.tar.gz"))
+    plain = signature(analyze(bundle))
+    sig = signature(analyze(in_work_tree(bundle, "/work/main")))
+    assert (plain.top_frame, plain.top_path) == ("__getitem__ (train.py)", None)
+    assert (sig.top_frame, sig.top_path) == ("__getitem__ (train.py)", "scripts/scenarios/train.py")
+    assert sig.fingerprint() == plain.fingerprint()  # the file is never hashed: earlier fingerprints still match
+    assert signature(analyze(in_work_tree(bundle, "/work/mai"))).top_path is None  # a prefix is not the tree
+    index = IncidentIndex(str(tmp_path / "i.sqlite"))
+    this, _ = index.add({**record(1, sig.fingerprint()), "top_path": "scripts/scenarios/train.py"})
+    other, _ = index.add({**record(2, sig.fingerprint()), "top_path": "train.py"})
+    unknown, _ = index.add(record(3, sig.fingerprint()))
+    # WHEN this incident is looked up: THEN the other project's is left out, and only it
+    found = index.similar(sig.fingerprint(), sig.category, sig.top_frame, set(), top_path=sig.top_path)
+    assert [f["id"] for f in found] == [unknown, this]
+    # AND an incident whose own file is unknown matches all three, as before
+    assert [f["id"] for f in index.similar(sig.fingerprint(), sig.category, sig.top_frame, set())] == [
+        unknown, other, this]  # fmt: skip
+    index.close()
+
+
+def test_the_work_tree_is_named_from_any_directory_in_it(tmp_path: Path) -> None:
+    from blackbox.adapters.host import git_state
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    tree = tmp_path / "proj"
+    (tree / "scripts").mkdir(parents=True)
+    (tree / "scripts" / "train.py").write_text("print()\n")
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    for args in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-q", "-m", "c"]):
+        subprocess.run(["git", *args], cwd=tree, check=True, env={**os.environ, **env})
+    state = git_state(str(tree / "scripts"))
+    assert (state.branch, state.dirty, state.toplevel) == ("main", False, str(tree.resolve()))
+    assert state.commit is not None and len(state.commit) == 40
+    (tree / "scripts" / "train.py").write_text("print(1)\n")
+    assert git_state(str(tree)).dirty is True
+    assert git_state(str(tmp_path)) == git_state(str(tmp_path / "nowhere"))  # outside a work tree: nothing known
+    assert git_state(str(tmp_path)).toplevel is None
 
 
 WRITER = """

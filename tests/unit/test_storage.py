@@ -214,6 +214,18 @@ def test_an_incident_of_the_same_run_is_not_seen_before(tmp_path: Path) -> None:
     assert [s["id"] for s in remote.seen_before(store, "f" * 20, "x", None, None, None, run="r2")] == ["aaaa00000000"]
 
 
+def test_another_projects_record_of_the_same_frame_is_not_seen_before(tmp_path: Path) -> None:
+    pytest.importorskip("fsspec")
+    node = tmp_path / "p" / "r1" / "node0-h"
+    node.mkdir(parents=True)
+    for name, path in (("a", "train.py"), ("b", "scripts/scenarios/train.py"), ("c", None)):
+        (node / f"{name}.incident.json").write_bytes(record(id=f"{name * 4}00000000", sha256=name * 64, top_path=path))
+    store = remote.Store(str(tmp_path / "p"))
+    seen = remote.seen_before(store, "f" * 20, "x", None, None, None, top_path="scripts/scenarios/train.py")
+    assert sorted(s["id"] for s in seen) == ["bbbb00000000", "cccc00000000"]
+    assert len(remote.seen_before(store, "f" * 20, "x", None, None, None)) == 3
+
+
 def test_an_attempt_that_outlives_the_deadline_is_given_up_with_what_is_known() -> None:
     import threading
 
