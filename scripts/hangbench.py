@@ -204,6 +204,7 @@ def _env(row: Row, contender: str, work: Path, link: Optional[s3local.Link] = No
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BLACKBOX_", "TORCH_FR_", "TORCH_NCCL_", "BB_"))}
     env.pop("PYTHONPATH", None)
     env.update(OMP_NUM_THREADS="1", TMPDIR=str(work), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", **row.env)
+    env["BLACKBOX_HOME"] = str(work / "home")  # its incident index: never the user's (its bundles are removed after)
     if link is not None and S3 is not None:  # the upload rows: the server's user, through the row's own link
         env.update(S3.env(AWS_ENDPOINT_URL=f"http://127.0.0.1:{link.port}"), BB_UPLOAD_KEY=f"{s3local.BUCKET}/"
                    f"{work.name}/ckpt.pt")  # fmt: skip
