@@ -60,7 +60,7 @@ def _show_shared(source: str, ident: str, fmt: str) -> int:
         f"  bundle: {row.get('bundle')}",
         f"  record: {row.get('record')}",
         f"  exception: {row.get('exception_type') or '-'}: {row.get('message') or '-'}",
-        f"  top frame: {row.get('top_frame') or '-'}",
+        f"  top frame: {row.get('top_frame') or '-'}" + (f" in {row['top_path']}" if row.get("top_path") else ""),
         f"  fingerprint: {row.get('fingerprint')}",
     ]  # fmt: skip
     if isinstance(fix, dict):
@@ -182,7 +182,7 @@ def _shown_lines(row: dict[str, Any], number: int) -> list[str]:
         f"  command: {' '.join(row.get('command') or []) or '?'}",
         f"  git commit: {row.get('git_commit') or 'unknown'}",
         f"  exception: {row.get('exception_type') or '-'}: {row.get('message') or '-'}",
-        f"  top frame: {row.get('top_frame') or '-'}",
+        f"  top frame: {row.get('top_frame') or '-'}" + (f" in {row['top_path']}" if row.get("top_path") else ""),
         f"  fingerprint: {row.get('fingerprint')}"
         + (f" (also #{', #'.join(map(str, row['same_fingerprint']))})" if row["same_fingerprint"] else ""),
         f"  config: {row.get('config_name') or 'none in the bundle'}",

@@ -94,7 +94,8 @@ def in_work_tree(bundle: Bundle, toplevel: str) -> Bundle:
     return Bundle(bundle.path, bundle.manifest, {**bundle.files, L.NODE: json.dumps(node).encode()}, bundle.skipped)
 
 
-def test_another_projects_frame_of_the_same_name_is_not_seen_before(tmp_path: Path) -> None:
+def test_another_projects_frame_of_the_same_name_is_not_seen_before(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                    ) -> None:  # fmt: skip
     # GIVEN the scenario's hang (rank 1 in `__getitem__ (train.py)`, its file scripts/scenarios/train.py of the
     # work tree /work/main), and earlier incidents with the same fingerprint: one of this project (any clone), one
     # of another project's train.py at its root, one whose file is not known (outside a work tree, an older record)
@@ -105,7 +106,7 @@ def test_another_projects_frame_of_the_same_name_is_not_seen_before(tmp_path: Pa
     assert (sig.top_frame, sig.top_path) == ("__getitem__ (train.py)", "scripts/scenarios/train.py")
     assert sig.fingerprint() == plain.fingerprint()  # the file is never hashed: earlier fingerprints still match
     assert signature(analyze(in_work_tree(bundle, "/work/mai"))).top_path is None  # a prefix is not the tree
-    index = IncidentIndex(str(tmp_path / "i.sqlite"))
+    index = IncidentIndex(str(tmp_path / "incidents.sqlite"))
     this, _ = index.add({**record(1, sig.fingerprint()), "top_path": "scripts/scenarios/train.py"})
     other, _ = index.add({**record(2, sig.fingerprint()), "top_path": "train.py"})
     unknown, _ = index.add(record(3, sig.fingerprint()))
@@ -116,6 +117,11 @@ def test_another_projects_frame_of_the_same_name_is_not_seen_before(tmp_path: Pa
     assert [f["id"] for f in index.similar(sig.fingerprint(), sig.category, sig.top_frame, set())] == [
         unknown, other, this]  # fmt: skip
     index.close()
+    # AND `incidents show` names the file, so that the reader sees which project an incident came from
+    monkeypatch.setenv("BLACKBOX_HOME", str(tmp_path))
+    code, out, err = cli("incidents", "show", str(this))
+    assert code == 0, err
+    assert "top frame: __getitem__ (train.py) in scripts/scenarios/train.py" in out
 
 
 def test_the_work_tree_is_named_from_any_directory_in_it(tmp_path: Path) -> None:
