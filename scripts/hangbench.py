@@ -48,6 +48,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
 import netns  # noqa: E402  (beside this file)
@@ -237,6 +239,7 @@ def run_one(row: Row, contender: str, scratch: Path) -> Outcome:
     finally:
         if link is not None:
             link.close()
+        _kill_strays(work)
     judge = _blackbox if contender == "blackbox" else _torch
     o = judge(row, contender, work, err, code, end, onset)
     o.wall_s = round(end - start, 1)
@@ -348,6 +351,17 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     finally:
         with _LIVE_LOCK:
             _LIVE.discard(proc)
+
+
+def _kill_strays(under: Path) -> None:
+    """SIGKILL to every process left of the jobs whose work directory is `under` or inside it (their TMPDIR says
+    which): torchrun starts each rank in a session of its own, out of the group `_stop` ends, and a rank that cannot
+    act on the launcher's SIGTERM — the stopped rank of ddp-stopped — outlived every run of the benchmark."""
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):  # gone, or not ours to read
+            tmp = proc.environ().get("TMPDIR", "")
+            if tmp == str(under) or tmp.startswith(f"{under}{os.sep}"):
+                proc.kill()  # (psutil checks that the pid is still the process it read)
 
 
 def _stop_all() -> None:
@@ -559,6 +573,7 @@ def main(argv: list[str]) -> int:
         print("hangbench: interrupted: its jobs and its S3 server were stopped; no result written", file=sys.stderr)
         return 130
     finally:
+        _kill_strays(scratch)
         shutil.rmtree(scratch, ignore_errors=True)
     result = {
         "date": time.strftime("%Y-%m-%d"), "wall_s": round(time.monotonic() - started), "jobs": args.jobs,
