@@ -97,7 +97,6 @@ class Motion:
         self.watch(threading.main_thread())
         self._sleeps = TIMER_SLEEPS.get(os.uname().machine, {})
         self._clock_nanosleep = CLOCK_NANOSLEEP.get(os.uname().machine, -1)
-        self._until: Optional[bytes] = None  # the deadline of the timer sleep found at the last ask, where known
         self._signature: tuple[Any, ...] = ()
         self._at = 0.0  # the sample before: when, and the main thread's CPU seconds then
         self._cpu = -1.0
@@ -180,7 +179,7 @@ class Motion:
         # (waiting for the GIL, or for a CPU on a loaded machine)
         before = self._was_asleep
         if before is None or sig != self._signature or cpu != self._cpu:
-            asleep, switches, until = self._asleep(), self._switches(), self._until
+            (asleep, until), switches = self._asleep(), self._switches()
         else:
             asleep, switches, until = before, self._slept_switches, self._slept_until  # no CPU time: no switch either
         self._was_asleep = asleep  # a thread found running is asked again: it may be on its way into the sleep
@@ -288,10 +287,10 @@ class Motion:
                 self._accelerated = True  # not known: CPU time does not count, as before
         return self._accelerated
 
-    def _asleep(self) -> Optional[bool]:
+    def _asleep(self) -> tuple[Optional[bool], Optional[bytes]]:
         """Whether the main thread sleeps on a timer now (TIMER_SLEEPS): False in another system call, None where
         that is not known (running — on a loaded machine a sample lands between the sleep's line and its system
-        call, or while the thread waits for a CPU — or unreadable)."""
+        call, or while the thread waits for a CPU — or unreadable); and its sleep's deadline, where known."""
         try:
             fd = os.open(self._syscall, os.O_RDONLY)  # plain system calls: a file object costs as much as the read
             try:
@@ -300,13 +299,12 @@ class Motion:
                 os.close(fd)
             nr = int(fields[0])
         except (OSError, ValueError, IndexError):
-            self._until = None
-            return None  # "running", or no such file (another kernel)
-        self._until = self._deadline(fields) if nr == self._clock_nanosleep else None
+            return None, None  # "running", or no such file (another kernel)
+        until = self._deadline(fields) if nr == self._clock_nanosleep else None
         if nr not in self._sleeps:
-            return False
+            return False, until
         count = self._sleeps[nr]
-        return count is None or (len(fields) > count + 1 and int(fields[count + 1], 16) == 0)
+        return count is None or (len(fields) > count + 1 and int(fields[count + 1], 16) == 0), until
 
     @staticmethod
     def _deadline(fields: list[bytes]) -> Optional[bytes]:
