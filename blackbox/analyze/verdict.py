@@ -48,10 +48,11 @@ def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack], tree: Op
         rank = integer(hb.get("rank"))
         rank = rank_id if rank is None else rank
         host = str(rank_nodes.get(str(rank), node))
+        top_frame, top_path = _top(rank_stacks.get(rank), tree)
         rows[rank] = RankRow(
             rank=rank, node=host, pid=integer(hb.get("pid")) or 0, state=str(hb.get("state", "unknown")),
             step=integer(hb.get("step", 0)), phase=str(hb.get("phase", "unknown")),
-            top_frame=_top_frame(rank_stacks.get(rank)), top_path=_top_path(rank_stacks.get(rank), tree),
+            top_frame=top_frame, top_path=top_path,
             idle_s=number(hb.get("idle_s")), alive=bool(hb.get("alive")),
             collective=str(hb.get("collective")) if hb.get("phase") == "collective" else None,
             last_step_s=number(hb.get("last_step_dt")),
@@ -62,15 +63,17 @@ def _rows(bundle: Bundle, node: str, rank_stacks: dict[int, RankStack], tree: Op
             continue
         rs = rank_stacks.get(rank)
         host = str(entry.get("node") or rank_nodes.get(str(rank), node))
+        top_frame, top_path = _top(rs, tree)
         rows[rank] = RankRow(rank=rank, node=host, pid=pid, state="running" if entry.get("alive") else "gone",
-                             step=None, phase=rs.waits_in if rs else "unknown", top_frame=_top_frame(rs),
-                             alive=bool(entry.get("alive")), top_path=_top_path(rs, tree))  # fmt: skip
+                             step=None, phase=rs.waits_in if rs else "unknown", top_frame=top_frame,
+                             alive=bool(entry.get("alive")), top_path=top_path)  # fmt: skip
     return [rows[r] for r in sorted(rows)]
 
 
-def _top_frame(rs: Optional[RankStack]) -> Optional[str]:
+def _top(rs: Optional[RankStack], tree: Optional[str]) -> tuple[Optional[str], Optional[str]]:
+    """A rank's top user frame, and its file from the job's work tree (`in_tree`)."""
     frame = rs.thread.top_user_frame() if rs is not None else None
-    return frame.describe() if frame is not None else None
+    return (frame.describe(), in_tree(frame.file, tree)) if frame is not None else (None, None)
 
 
 def work_tree(bundle: Bundle) -> Optional[str]:
@@ -85,11 +88,6 @@ def in_tree(file: str, tree: Optional[str]) -> Optional[str]:
     """A file named from the job's work tree (`scripts/train.py`): the same in every clone of the project, another
     in another project; None for a file outside it, or where the tree is unknown."""
     return file[len(tree) + 1 :][:500] if tree and file.startswith(tree + "/") and "/../" not in file else None
-
-
-def _top_path(rs: Optional[RankStack], tree: Optional[str]) -> Optional[str]:
-    frame = rs.thread.top_user_frame() if rs is not None else None
-    return in_tree(frame.file, tree) if frame is not None else None
 
 
 def _int_list(value: Any) -> list[int]:

@@ -1,7 +1,7 @@
 """What makes two incidents the same failure: the stable fields of a report (category, phase, exception type,
 its message with numbers, addresses, paths and sizes replaced by placeholders, the top user frame without its
 line number), hashed. Never times, pids, hosts, ranks or run ids. The top frame's file named from the job's work
-tree only tells two projects apart (`differ`). Imports the stdlib and the report model."""
+tree only tells two projects apart (`store.differ`). Imports the stdlib and the report model."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ class Signature:
     message: Optional[str]  # normalised
     top_frame: Optional[str]  # without line number
     # its file from the job's git work tree (`scripts/train.py`), where known: never hashed (fingerprints stay those
-    # of earlier versions, and of bundles from outside a work tree), only compared (`differ`)
+    # of earlier versions, and of bundles from outside a work tree), only compared (`store.differ`)
     top_path: Optional[str] = field(default=None, compare=False)
 
     def fingerprint(self) -> str:
@@ -56,12 +56,6 @@ class Signature:
         del fields["top_path"]
         data = json.dumps({"v": FINGERPRINT_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(data.encode()).hexdigest()[:20]
-
-
-def differ(top_path: Optional[str], other: Optional[str]) -> bool:
-    """Whether two incidents' top frames are in different files although their names match: another project's
-    `train.py:get_batch` is not the same failure. Only where both files are known from their work trees."""
-    return bool(top_path and other) and top_path != other
 
 
 def names_a_cause(top_frame: Optional[str], exception_type: Optional[str], message: Optional[str]) -> bool:

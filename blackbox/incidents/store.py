@@ -61,6 +61,12 @@ MIGRATIONS: tuple[str, ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
+def differ(top_path: Optional[str], other: Optional[str]) -> bool:
+    """Whether two incidents' top frames are in different files although their names match: another project's
+    `train.py:get_batch` is not the same failure. Only where both files are known from their work trees."""
+    return bool(top_path and other) and top_path != other
+
+
 class IndexUnavailable(Exception):
     """The index cannot be used: `str()` is one sentence that names the file and what to do."""
 
@@ -209,7 +215,7 @@ class IncidentIndex:
             rec = _plain(row)
             if rec["sha256"] in exclude or (job and rec.get("job_id") == job):
                 continue
-            if top_path and rec.get("top_path") and rec["top_path"] != top_path:  # (fingerprint.differ)
+            if differ(top_path, rec.get("top_path")):
                 continue
             if rec.get("incident_id"):
                 if rec["incident_id"] in seen_incidents:

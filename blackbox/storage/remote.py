@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from ..bundle.reader import MAX_TOTAL_BYTES, Bundle, read_bundle
 from ..errors import BlackboxError
-from ..incidents.fingerprint import differ
+from ..incidents.store import differ
 from . import layout as SL
 from .urls import describe_error, display, is_url, join, open_fs
 
